@@ -1,0 +1,105 @@
+/* simcuda: the CPU implementation of the CUDA runtime/driver subset Medusa uses.
+ *
+ * This header is for CPU kernel libraries (the analogue of nvcc output) and for tools that want
+ * simcuda's few extensions. Everything else is the real CUDA ABI from cuda.h / cuda_runtime_api.h.
+ *
+ * A kernel library describes its kernels in a module table and registers it, like the
+ * __cudaRegisterFatBinary/__cudaRegisterFunction calls nvcc emits:
+ *
+ *   static void vadd(const simcuda_kctx *ctx, const void *params) { ... }
+ *   SIMCUDA_STUB(vector_add)                      // exported host stub: dlsym finds it
+ *   static const simcuda_kernel_desc k[] = {{"vector_add", "p p p i", vadd, vector_add}};
+ *   SIMCUDA_MODULE(mylib, k, NULL, 0)             // registered at load time
+ *
+ * Hidden kernels (like cuBLAS's) have static stubs and a module registered lazily, on the library's
+ * first use, with SIMCUDA_MODULE_LAZY + simcudaRegisterModule.
+ *
+ * Signature grammar: parameters separated by spaces, laid out with C alignment rules:
+ *   p            pointer (8 bytes; memcheck verifies it)
+ *   b h i u f    1, 2, 4, 4, 4-byte scalars        l q d   8-byte scalars
+ *   sN@o1,o2     N-byte struct (8-aligned) holding pointers at byte offsets o1, o2, ... ("sN" if none)
+ */
+#ifndef SIMCUDA_SIMCUDA_H
+#define SIMCUDA_SIMCUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SIMCUDA_EXPORT __attribute__((visibility("default")))
+#define SIMCUDA_IMAGE_MAGIC "SIMCUBIN"
+#define SIMCUDA_IMAGE_VERSION 1u
+
+typedef struct simcuda_kctx {
+    unsigned grid[3];
+    unsigned block[3];
+    unsigned shared_bytes;
+    void *shared;          /* dynamic shared memory scratch, shared_bytes long */
+    void *const *globals;  /* device addresses of the module's globals, in declaration order */
+} simcuda_kctx;
+
+/* A CPU kernel runs the whole grid in one call. */
+typedef void (*simcuda_kernel_fn)(const simcuda_kctx *ctx, const void *params);
+
+typedef struct simcuda_kernel_desc {
+    const char *name;      /* device-side (possibly mangled) name, as cuFuncGetName reports it */
+    const char *signature; /* parameter layout, grammar above */
+    simcuda_kernel_fn fn;
+    const void *host_stub; /* what cudaLaunchKernel takes; static (unexported) for hidden kernels */
+} simcuda_kernel_desc;
+
+typedef struct simcuda_global_desc {
+    const char *name;
+    size_t size;
+    const void *init; /* NULL: zero-filled */
+} simcuda_global_desc;
+
+typedef struct simcuda_module_desc {
+    const char *name; /* unique per process; the table is exported as __simcuda_module_<name> */
+    const simcuda_kernel_desc *kernels;
+    unsigned num_kernels;
+    const simcuda_global_desc *globals;
+    unsigned num_globals;
+} simcuda_module_desc;
+
+/* Registers a module with the runtime (cudart's __cudaRegisterFatBinary analogue). The runtime
+ * hands the module's image to the driver with cuLibraryLoadData. Returns a cudaError_t. */
+SIMCUDA_EXPORT int simcudaRegisterModule(const simcuda_module_desc *desc);
+
+/* Kernels call this for each read they make, so traffic by memory class can be measured. */
+SIMCUDA_EXPORT void simcudaCountRead(const void *ptr, size_t bytes);
+
+enum { SIMCUDA_TRAFFIC_DEVICE = 0, SIMCUDA_TRAFFIC_HOST_MAPPED = 1, SIMCUDA_TRAFFIC_OTHER = 2 };
+SIMCUDA_EXPORT void simcudaGetTraffic(uint64_t out[3]);
+SIMCUDA_EXPORT void simcudaResetTraffic(void);
+
+/* The message of the last memcheck or launch failure on this thread ("" if none). */
+SIMCUDA_EXPORT const char *simcudaGetLastMessage(void);
+
+/* Arena placement, for diagnostics: base address and size of the device address space. */
+SIMCUDA_EXPORT int simcudaGetArenaInfo(uint64_t *base, uint64_t *size);
+
+#define SIMCUDA_STUB(name)                                                                         \
+    SIMCUDA_EXPORT void name(void);                                                                \
+    SIMCUDA_EXPORT void name(void) {}
+
+#define SIMCUDA_HIDDEN_STUB(name)                                                                  \
+    static void name(void) {}
+
+#define SIMCUDA_MODULE_LAZY(mname, kernels, globals, nglobals)                                     \
+    SIMCUDA_EXPORT const simcuda_module_desc __simcuda_module_##mname = {                          \
+        #mname, kernels, (unsigned)(sizeof(kernels) / sizeof((kernels)[0])), globals, nglobals};
+
+#define SIMCUDA_MODULE(mname, kernels, globals, nglobals)                                          \
+    SIMCUDA_MODULE_LAZY(mname, kernels, globals, nglobals)                                         \
+    __attribute__((constructor)) static void simcuda_register_##mname(void) {                      \
+        simcudaRegisterModule(&__simcuda_module_##mname);                                          \
+    }
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,250 @@
+/* simcuda internals: the one registry (guarded by g_sim.lock) and the helpers the API files share. */
+#ifndef SIMCUDA_INTERNAL_H
+#define SIMCUDA_INTERNAL_H
+
+
+#include <cuda.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "simcuda/simcuda.h"
+
+#define SIM_API __attribute__((visibility("default")))
+#define SIM_ALLOC_ALIGN 256u
+#define SIM_VMM_GRANULARITY (2u << 20)
+#define SIM_MAX_PARAMS 64
+#define SIM_MAX_PARAM_BYTES 32764u
+#define SIM_MAX_ATTRS 8
+#define SIM_LAUNCH_ATTRIBUTE_LAST 63 /* launch attribute ids are small; the enum has no MAX */
+
+/* ---- handle registry: every handle given out is checked before it is dereferenced ---- */
+enum sim_htype { H_STREAM = 1, H_EVENT, H_GRAPH, H_NODE, H_EXEC, H_LIBRARY, H_FUNC, H_MEMHANDLE };
+void sim_handle_add(const void *h, int type);
+void sim_handle_del(const void *h);
+bool sim_handle_is(const void *h, int type);
+
+/* ---- sorted range sets (allocations, free VA, host ranges, mappings) ---- */
+typedef struct sim_range {
+    uintptr_t base;
+    size_t size;
+    int kind;
+    uint64_t aux; /* kind-specific: flags, size asked, access */
+    void *obj;    /* kind-specific: the physical handle of a mapping */
+} sim_range;
+typedef struct sim_rangeset {
+    sim_range *v;
+    size_t n, cap;
+} sim_rangeset;
+sim_range *rs_find(const sim_rangeset *rs, uintptr_t p); /* the range holding p, or NULL */
+sim_range *rs_exact(const sim_rangeset *rs, uintptr_t base);
+int rs_insert(sim_rangeset *rs, sim_range r);
+void rs_remove(sim_rangeset *rs, sim_range *r);
+
+enum sim_akind { A_DEVICE = 1, A_GLOBAL, A_RESERVE, A_MAPPING, A_HOST };
+
+/* ---- configuration (environment, read once) ---- */
+typedef struct sim_config {
+    char name[256];
+    size_t total_mem;
+    int sms;
+    int cc_major, cc_minor;
+    uint64_t seed;
+    bool seeded;
+    bool memcheck;
+    bool eager_loading;
+    unsigned char uuid[16];
+} sim_config;
+
+/* ---- kernels, libraries ---- */
+typedef struct sim_param {
+    uint32_t offset, size;
+} sim_param;
+
+struct sim_library;
+typedef struct sim_func {
+    struct sim_library *lib;
+    const char *name;
+    simcuda_kernel_fn fn;
+    uint32_t num_params, param_bytes;
+    sim_param params[SIM_MAX_PARAMS];
+    uint32_t num_ptr_words;
+    uint32_t *ptr_words; /* byte offsets of pointer words in the packed parameter buffer */
+    bool loaded;
+    int max_dynamic_smem;
+    int attr_values[CU_FUNC_ATTRIBUTE_MAX];
+} sim_func;
+
+typedef struct sim_library {
+    unsigned char *image;
+    size_t image_size;
+    char module_name[128];
+    void *dl;
+    unsigned num_funcs;
+    sim_func *funcs;
+    unsigned num_globals;
+    char **global_names;
+    size_t *global_sizes;
+    void **globals; /* device addresses */
+    bool as_module; /* created by cuModuleLoadData: cuModuleUnload frees it */
+    int module_tag; /* address taken as the CUmodule handle */
+} sim_library;
+
+int sim_parse_signature(sim_func *f, const char *sig);
+CUresult sim_library_from_image(const void *image, sim_library **out);
+void sim_library_free(sim_library *lib);
+sim_library *sim_library_of_module(CUmodule m);
+CUresult sim_func_load(sim_func *f);
+
+/* ---- streams, events, capture ---- */
+typedef struct sim_node sim_node;
+typedef struct sim_graph sim_graph;
+typedef struct sim_dep {
+    sim_node *node;
+    CUgraphEdgeData data;
+} sim_dep;
+typedef struct sim_deps {
+    sim_dep *v;
+    size_t n, cap;
+} sim_deps;
+
+#define SIM_MAX_CAPTURE_STREAMS 64
+#define SIM_MAX_CAPTURES 64
+typedef struct sim_capture {
+    sim_graph *graph;
+    CUstreamCaptureMode mode;
+    uint64_t id;
+    bool invalidated;
+    pthread_t thread;
+    struct sim_stream *streams[SIM_MAX_CAPTURE_STREAMS]; /* [0] is the origin */
+    int num_streams;
+} sim_capture;
+
+typedef struct sim_stream {
+    unsigned flags;
+    int priority;
+    sim_capture *cap;
+    sim_deps deps; /* the capture's current dependencies on this stream */
+    uint64_t id;
+} sim_stream;
+
+typedef struct sim_event {
+    unsigned flags;
+    double time_ms;
+    bool recorded;
+    sim_capture *cap; /* set when last recorded in a capturing stream */
+    sim_deps deps;
+} sim_event;
+
+sim_stream *sim_stream_resolve(CUstream s, bool ptsz, CUresult *err);
+void sim_deps_set(sim_deps *d, const sim_dep *src, size_t n);
+void sim_deps_add(sim_deps *d, sim_dep dep);
+void sim_deps_free(sim_deps *d);
+bool sim_capture_active_global(void);
+void sim_capture_invalidate_all(void);
+CUresult sim_capture_check_unsafe(void);
+
+/* ---- graphs ---- */
+typedef struct sim_kernel_op {
+    sim_func *func;
+    unsigned grid[3], block[3], smem;
+    unsigned char *params; /* packed, func->param_bytes long */
+} sim_kernel_op;
+
+typedef struct sim_memcpy_op {
+    uintptr_t dst, src;
+    size_t bytes;
+} sim_memcpy_op;
+
+typedef struct sim_memset_op {
+    uintptr_t dst;
+    size_t pitch, width, height;
+    unsigned value, elem;
+} sim_memset_op;
+
+struct sim_node {
+    CUgraphNodeType type;
+    uint64_t mark; /* traversal stamp */
+    sim_graph *graph;
+    sim_deps deps;
+    sim_kernel_op k;
+    void *param_ptrs[SIM_MAX_PARAMS]; /* kernelParams as returned by GetParams */
+    sim_memcpy_op c;
+    sim_memset_op s;
+    int num_attrs;
+    CUlaunchAttributeID attr_ids[SIM_MAX_ATTRS];
+    CUlaunchAttributeValue attr_vals[SIM_MAX_ATTRS];
+};
+
+struct sim_graph {
+    sim_node **nodes;
+    size_t n, cap;
+};
+
+CUresult sim_graph_add_node(sim_graph *g, CUgraphNodeType type, const sim_dep *deps, size_t ndeps,
+                            sim_node **out);
+CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
+                            const unsigned block[3], unsigned smem, void **kernelParams,
+                            void **extra);
+void sim_kernel_op_free(sim_kernel_op *op);
+
+/* ---- execution ---- */
+CUresult sim_run_kernel(const sim_kernel_op *op);
+CUresult sim_run_memcpy(const sim_memcpy_op *op);
+CUresult sim_run_memset(const sim_memset_op *op);
+CUresult sim_check_range(uintptr_t p, size_t n, bool device_only);
+CUresult sim_fail(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- memory ---- */
+CUresult sim_dev_alloc(size_t size, int kind, uintptr_t *out);
+CUresult sim_dev_free(uintptr_t p, int kind);
+int sim_mem_class(uintptr_t p); /* SIMCUDA_TRAFFIC_* */
+
+/* ---- state ---- */
+typedef struct sim_state {
+    pthread_mutex_t lock;
+    bool initialized;
+    sim_config cfg;
+    uintptr_t va_base;
+    size_t va_size;
+    size_t mem_used;
+    sim_rangeset va_free;
+    sim_rangeset allocs; /* device allocations, globals, reservations */
+    sim_rangeset maps;   /* VMM mappings inside reservations */
+    sim_rangeset hosts;  /* pinned / registered host memory */
+    sim_stream legacy;
+    uint64_t next_capture_id;
+    uint64_t next_stream_id;
+    uint64_t next_mark;
+    sim_capture *caps[SIM_MAX_CAPTURES];
+    int num_captures;
+    CUresult sticky; /* an illegal address poisons the context, as on a GPU */
+} sim_state;
+
+extern sim_state g_sim;
+void sim_lock(void);
+void sim_unlock(void);
+CUresult sim_ensure_init(void); /* CUDA_ERROR_NOT_INITIALIZED until cuInit */
+double sim_now_ms(void);
+
+/* Expand the header's name macros (cuMemcpyHtoD -> cuMemcpyHtoD_v2) before adding a suffix. */
+#define SIM_CAT_(a, b) a##b
+#define SIM_CAT(a, b) SIM_CAT_(a, b)
+
+CUresult sim_submit(CUstream s, bool ptsz, CUgraphNodeType type, void *op,
+                    const CUlaunchAttribute *attrs, unsigned num_attrs);
+CUresult sim_sync_guard(void);
+CUresult sim_sync_guard_locked(void);
+CUresult sim_legacy_implicit(void);
+void sim_graph_destroy(sim_graph *g);
+
+#define SIM_LOCKED(expr)                                                                           \
+    do {                                                                                           \
+        sim_lock();                                                                                \
+        CUresult r_ = (expr);                                                                      \
+        sim_unlock();                                                                              \
+        return r_;                                                                                 \
+    } while (0)
+
+#endif

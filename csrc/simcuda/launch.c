@@ -1,0 +1,201 @@
+/* Kernel launch: parameter packing, launch checks, memcheck, and running a CPU kernel with faults
+ * turned into CUDA_ERROR_ILLEGAL_ADDRESS (sticky, as on a GPU) instead of a crash. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static _Atomic uint64_t g_traffic[3];
+static __thread sigjmp_buf t_jmp;
+static __thread volatile int t_in_kernel;
+static __thread void *t_shared;
+static __thread size_t t_shared_size;
+static struct sigaction g_old_segv, g_old_bus;
+static pthread_once_t g_sig_once = PTHREAD_ONCE_INIT;
+
+SIM_API void simcudaCountRead(const void *ptr, size_t bytes) {
+    sim_lock();
+    int c = sim_mem_class((uintptr_t)ptr);
+    sim_unlock();
+    atomic_fetch_add_explicit(&g_traffic[c], bytes, memory_order_relaxed);
+}
+
+SIM_API void simcudaGetTraffic(uint64_t out[3]) {
+    for (int i = 0; i < 3; i++)
+        out[i] = atomic_load(&g_traffic[i]);
+}
+
+SIM_API void simcudaResetTraffic(void) {
+    for (int i = 0; i < 3; i++)
+        atomic_store(&g_traffic[i], 0);
+}
+
+static void on_fault(int sig, siginfo_t *info, void *uc) {
+    (void)info, (void)uc;
+    if (t_in_kernel)
+        siglongjmp(t_jmp, 1);
+    /* Not ours: restore the previous disposition and let the fault happen again. */
+    sigaction(sig, sig == SIGSEGV ? &g_old_segv : &g_old_bus, NULL);
+}
+
+static void install_fault_handler(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+    sigaction(SIGBUS, &sa, &g_old_bus);
+}
+
+CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
+                            const unsigned block[3], unsigned smem, void **kernelParams,
+                            void **extra) {
+    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || block[0] == 0 || block[1] == 0 ||
+        block[2] == 0 || grid[1] > 65535 || grid[2] > 65535 || block[0] > 1024 ||
+        block[1] > 1024 || block[2] > 64 || (uint64_t)block[0] * block[1] * block[2] > 1024)
+        return sim_fail(CUDA_ERROR_INVALID_VALUE, "%s: invalid launch configuration", f->name);
+    if (smem > (unsigned)f->max_dynamic_smem)
+        return sim_fail(CUDA_ERROR_INVALID_VALUE,
+                        "%s: %u bytes of dynamic shared memory asked, %d allowed (set "
+                        "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                        f->name, smem, f->max_dynamic_smem);
+    const void *packed = NULL;
+    if (extra && kernelParams)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (extra) {
+        size_t *size = NULL;
+        for (void **x = extra; *x != CU_LAUNCH_PARAM_END; x += 2) {
+            if (x[0] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+                packed = x[1];
+            else if (x[0] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+                size = x[1];
+            else
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (!packed || !size || *size < f->param_bytes)
+            return sim_fail(CUDA_ERROR_INVALID_VALUE, "%s: parameter buffer missing or short", f->name);
+    } else if (!kernelParams && f->num_params) {
+        return sim_fail(CUDA_ERROR_INVALID_VALUE, "%s: no kernel parameters given", f->name);
+    }
+    op->func = f;
+    memcpy(op->grid, grid, sizeof op->grid);
+    memcpy(op->block, block, sizeof op->block);
+    op->smem = smem;
+    op->params = malloc(f->param_bytes ? f->param_bytes : 1);
+    if (packed)
+        memcpy(op->params, packed, f->param_bytes);
+    else
+        for (uint32_t i = 0; i < f->num_params; i++)
+            memcpy(op->params + f->params[i].offset, kernelParams[i], f->params[i].size);
+    return CUDA_SUCCESS;
+}
+
+void sim_kernel_op_free(sim_kernel_op *op) {
+    free(op->params);
+    op->params = NULL;
+}
+
+static CUresult memcheck(const sim_kernel_op *op) {
+    const sim_func *f = op->func;
+    CUresult e = CUDA_SUCCESS;
+    sim_lock();
+    for (uint32_t i = 0; i < f->num_ptr_words && !e; i++) {
+        uint64_t v;
+        memcpy(&v, op->params + f->ptr_words[i], 8);
+        if (v && sim_check_range(v, 1, false)) {
+            uint32_t arg = 0;
+            while (arg + 1 < f->num_params && f->params[arg + 1].offset <= f->ptr_words[i])
+                arg++;
+            e = sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS,
+                         "memcheck: kernel %s argument %u (byte %u) = 0x%lx is not inside a live "
+                         "allocation",
+                         f->name, arg, f->ptr_words[i] - f->params[arg].offset, (unsigned long)v);
+        }
+    }
+    sim_unlock();
+    return e;
+}
+
+CUresult sim_run_kernel(const sim_kernel_op *op) {
+    sim_func *f = op->func;
+    if (g_sim.sticky)
+        return g_sim.sticky;
+    CUresult e = g_sim.cfg.memcheck ? memcheck(op) : CUDA_SUCCESS;
+    if (e) {
+        g_sim.sticky = e;
+        return e;
+    }
+    if (!f->loaded)
+        sim_func_load(f);
+    if (op->smem > t_shared_size) {
+        free(t_shared);
+        t_shared = malloc(op->smem);
+        t_shared_size = op->smem;
+    }
+    simcuda_kctx ctx = {{op->grid[0], op->grid[1], op->grid[2]},
+                        {op->block[0], op->block[1], op->block[2]},
+                        op->smem, t_shared, f->lib->globals};
+    pthread_once(&g_sig_once, install_fault_handler);
+    if (sigsetjmp(t_jmp, 1)) {
+        t_in_kernel = 0;
+        g_sim.sticky = sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS, "kernel %s accessed an illegal address", f->name);
+        return g_sim.sticky;
+    }
+    t_in_kernel = 1;
+    f->fn(&ctx, op->params);
+    t_in_kernel = 0;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction h, const unsigned grid[3], const unsigned block[3], unsigned smem,
+                       CUstream s, void **params, void **extra, const CUlaunchAttribute *attrs,
+                       unsigned num_attrs, bool ptsz) {
+    CUresult e = sim_ensure_init();
+    if (e)
+        return e;
+    sim_lock();
+    sim_func *f = sim_handle_is(h, H_FUNC) ? (sim_func *)h : NULL;
+    sim_kernel_op op = {0};
+    e = f ? sim_kernel_op_init(&op, f, grid, block, smem, params, extra) : CUDA_ERROR_INVALID_HANDLE;
+    for (unsigned i = 0; !e && i < num_attrs; i++)
+        if (attrs[i].id <= CU_LAUNCH_ATTRIBUTE_IGNORE || attrs[i].id > SIM_LAUNCH_ATTRIBUTE_LAST)
+            e = CUDA_ERROR_INVALID_VALUE;
+    sim_unlock();
+    if (!e)
+        e = sim_submit(s, ptsz, CU_GRAPH_NODE_TYPE_KERNEL, &op, attrs, num_attrs);
+    sim_kernel_op_free(&op);
+    return e;
+}
+
+#define LAUNCH_ARGS                                                                                \
+    CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,    \
+        unsigned smem, CUstream s, void **params, void **extra
+
+SIM_API CUresult cuLaunchKernel(LAUNCH_ARGS) {
+    const unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+    return launch(f, g, b, smem, s, params, extra, NULL, 0, false);
+}
+
+SIM_API CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS) {
+    const unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+    return launch(f, g, b, smem, s, params, extra, NULL, 0, true);
+}
+
+static CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, void **params, void **extra, bool ptsz) {
+    if (!c || (c->numAttrs && !c->attrs))
+        return CUDA_ERROR_INVALID_VALUE;
+    const unsigned g[3] = {c->gridDimX, c->gridDimY, c->gridDimZ};
+    const unsigned b[3] = {c->blockDimX, c->blockDimY, c->blockDimZ};
+    return launch(f, g, b, c->sharedMemBytes, c->hStream, params, extra, c->attrs, c->numAttrs, ptsz);
+}
+
+SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **x) {
+    return launch_ex(c, f, p, x, false);
+}
+SIM_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **x) {
+    return launch_ex(c, f, p, x, true);
+}

@@ -1,0 +1,63 @@
+/* cuGetProcAddress: the driver's entry-point table, generated from procs.def. */
+#include <string.h>
+
+#include "internal.h"
+
+/* procs.def names these driver symbols by their versioned names. */
+#undef cuGetProcAddress
+#undef cuStreamBeginCapture
+#undef cuGraphAddDependencies
+#undef cuGraphGetEdges
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+
+#define P(name, version, sym, ptsz)
+#define X(name, version, sym, ptsz) extern char sym[];
+#include "procs.def"
+#undef P
+#undef X
+
+typedef struct {
+    const char *name;
+    int version;
+    void *fn;
+    int ptsz;
+} proc_entry;
+
+static const proc_entry g_procs[] = {
+#define P(name, version, sym, ptsz) {#name, version, (void *)&sym, ptsz},
+#define X(name, version, sym, ptsz) {#name, version, (void *)sym, ptsz},
+#include "procs.def"
+#undef P
+#undef X
+};
+
+SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                     CUdriverProcAddressQueryResult *status) {
+    if (!symbol || !pfn || (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                                                   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)))
+        return CUDA_ERROR_INVALID_VALUE;
+    int want = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? 1 : 0;
+    const proc_entry *best[2] = {NULL, NULL};
+    bool named = false;
+    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
+        const proc_entry *e = &g_procs[i];
+        if (strcmp(e->name, symbol) != 0)
+            continue;
+        named = true;
+        if (e->version <= cudaVersion && (!best[e->ptsz] || e->version >= best[e->ptsz]->version))
+            best[e->ptsz] = e;
+    }
+    /* A function without stream semantics has one variant for both kinds of caller. */
+    const proc_entry *pick = best[want] ? best[want] : best[0];
+    *pfn = pick ? pick->fn : NULL;
+    if (status)
+        *status = pick ? CU_GET_PROC_ADDRESS_SUCCESS
+                  : named ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                          : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return pick ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+/* The CUDA 11.3 form, without the query result. */
+SIM_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}

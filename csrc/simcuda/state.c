@@ -1,0 +1,226 @@
+/* The registry: configuration, the lock, handle table, range sets, messages. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+sim_state g_sim = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void sim_lock(void) { pthread_mutex_lock(&g_sim.lock); }
+void sim_unlock(void) { pthread_mutex_unlock(&g_sim.lock); }
+
+double sim_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- messages ---- */
+static __thread char t_message[512];
+
+SIM_API const char *simcudaGetLastMessage(void) { return t_message; }
+
+CUresult sim_fail(CUresult r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t_message, sizeof t_message, fmt, ap);
+    va_end(ap);
+    if (getenv("MEDUSA_SIM_VERBOSE"))
+        fprintf(stderr, "simcuda: %s\n", t_message);
+    return r;
+}
+
+/* ---- handle table: open addressing on the pointer value ---- */
+typedef struct {
+    const void *h;
+    int type;
+} hslot;
+static hslot *h_tab;
+static size_t h_cap, h_used, h_tomb;
+#define H_TOMB ((const void *)1)
+
+static size_t h_hash(const void *h) {
+    uint64_t x = (uint64_t)(uintptr_t)h;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static void h_grow(void) {
+    hslot *old = h_tab;
+    size_t oldcap = h_cap;
+    h_cap = h_cap ? h_cap * 2 : 1024;
+    h_tab = calloc(h_cap, sizeof *h_tab);
+    h_used = h_tomb = 0;
+    for (size_t i = 0; i < oldcap; i++)
+        if (old[i].h && old[i].h != H_TOMB)
+            sim_handle_add(old[i].h, old[i].type);
+    free(old);
+}
+
+void sim_handle_add(const void *h, int type) {
+    if ((h_used + h_tomb + 1) * 2 > h_cap)
+        h_grow();
+    size_t i = h_hash(h) & (h_cap - 1);
+    while (h_tab[i].h && h_tab[i].h != H_TOMB)
+        i = (i + 1) & (h_cap - 1);
+    if (h_tab[i].h == H_TOMB)
+        h_tomb--;
+    h_tab[i] = (hslot){h, type};
+    h_used++;
+}
+
+static hslot *h_lookup(const void *h) {
+    if (!h_cap || !h || h == H_TOMB)
+        return NULL;
+    size_t i = h_hash(h) & (h_cap - 1);
+    while (h_tab[i].h) {
+        if (h_tab[i].h == h)
+            return &h_tab[i];
+        i = (i + 1) & (h_cap - 1);
+    }
+    return NULL;
+}
+
+void sim_handle_del(const void *h) {
+    hslot *s = h_lookup(h);
+    if (s) {
+        s->h = H_TOMB;
+        h_used--;
+        h_tomb++;
+    }
+}
+
+bool sim_handle_is(const void *h, int type) {
+    hslot *s = h_lookup(h);
+    return s && s->type == type;
+}
+
+/* ---- range sets, sorted by base ---- */
+static size_t rs_lower(const sim_rangeset *rs, uintptr_t p) {
+    size_t lo = 0, hi = rs->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (rs->v[mid].base <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo; /* first index with base > p */
+}
+
+sim_range *rs_find(const sim_rangeset *rs, uintptr_t p) {
+    size_t i = rs_lower(rs, p);
+    if (i == 0)
+        return NULL;
+    sim_range *r = &rs->v[i - 1];
+    return p - r->base < r->size ? r : NULL;
+}
+
+sim_range *rs_exact(const sim_rangeset *rs, uintptr_t base) {
+    size_t i = rs_lower(rs, base);
+    return i && rs->v[i - 1].base == base ? &rs->v[i - 1] : NULL;
+}
+
+int rs_insert(sim_rangeset *rs, sim_range r) {
+    if (rs->n == rs->cap) {
+        size_t cap = rs->cap ? rs->cap * 2 : 64;
+        sim_range *v = realloc(rs->v, cap * sizeof *v);
+        if (!v)
+            return -1;
+        rs->v = v;
+        rs->cap = cap;
+    }
+    size_t i = rs_lower(rs, r.base);
+    memmove(&rs->v[i + 1], &rs->v[i], (rs->n - i) * sizeof *rs->v);
+    rs->v[i] = r;
+    rs->n++;
+    return 0;
+}
+
+void rs_remove(sim_rangeset *rs, sim_range *r) {
+    size_t i = (size_t)(r - rs->v);
+    memmove(&rs->v[i], &rs->v[i + 1], (rs->n - i - 1) * sizeof *rs->v);
+    rs->n--;
+}
+
+/* ---- configuration ---- */
+static size_t parse_size(const char *s, size_t dflt) {
+    if (!s || !*s)
+        return dflt;
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 'k': case 'K': v *= 1024.0; break;
+    case 'm': case 'M': v *= 1024.0 * 1024; break;
+    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+    }
+    return v > 0 ? (size_t)v : dflt;
+}
+
+static void load_config(sim_config *c) {
+    const char *e;
+    snprintf(c->name, sizeof c->name, "%s",
+             (e = getenv("MEDUSA_SIM_DEVICE_NAME")) && *e ? e : "simcuda H100 80GB HBM3 (CPU)");
+    c->total_mem = parse_size(getenv("MEDUSA_SIM_MEMORY"), (size_t)8 << 30);
+    c->total_mem = (c->total_mem + SIM_VMM_GRANULARITY - 1) & ~(size_t)(SIM_VMM_GRANULARITY - 1);
+    c->sms = (e = getenv("MEDUSA_SIM_SMS")) && atoi(e) > 0 ? atoi(e) : 132;
+    c->cc_major = 9;
+    c->cc_minor = 0;
+    if ((e = getenv("MEDUSA_SIM_CC")) && *e)
+        sscanf(e, "%d.%d", &c->cc_major, &c->cc_minor);
+    if ((e = getenv("MEDUSA_SIM_SEED")) && *e) {
+        c->seed = strtoull(e, NULL, 0);
+        c->seeded = true;
+    } else if (getrandom(&c->seed, sizeof c->seed, 0) != sizeof c->seed) {
+        c->seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    }
+    c->memcheck = (e = getenv("MEDUSA_SIM_MEMCHECK")) && *e && strcmp(e, "0") != 0;
+    c->eager_loading = (e = getenv("CUDA_MODULE_LOADING")) && strcasecmp(e, "EAGER") == 0;
+    /* A device UUID stable for a given name and memory size, like a board's. */
+    uint64_t h = 1469598103934665603ULL;
+    for (const char *p = c->name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    h ^= c->total_mem;
+    memcpy(c->uuid, &h, 8);
+    h = h * 6364136223846793005ULL + (uint64_t)c->sms;
+    memcpy(c->uuid + 8, &h, 8);
+}
+
+CUresult sim_arena_init(void); /* memory.c */
+
+CUresult sim_ensure_init(void) {
+    return g_sim.initialized ? g_sim.sticky : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+SIM_API CUresult cuInit(unsigned int flags) {
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_lock();
+    CUresult r = CUDA_SUCCESS;
+    if (!g_sim.initialized) {
+        load_config(&g_sim.cfg);
+        r = sim_arena_init();
+        if (r == CUDA_SUCCESS) {
+            g_sim.legacy.id = g_sim.next_stream_id++;
+            g_sim.initialized = true;
+        }
+    }
+    sim_unlock();
+    return r;
+}
+
+SIM_API CUresult cuDriverGetVersion(int *v) {
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = CUDA_VERSION;
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,49 @@
+"""Every MEDUSA_* environment variable, declared once and typed.
+
+The MEDUSA_SIM_* variables are read by libsimcuda itself (C); they are declared here so that there
+is one place that lists them, and so that tools can pass them to child processes by name.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    name: str
+    default: T
+    help: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        if isinstance(self.default, bool):
+            return raw.lower() not in ("0", "false", "no", "off")  # type: ignore[return-value]
+        if isinstance(self.default, int):
+            try:
+                return int(raw, 0)  # type: ignore[return-value]
+            except ValueError:
+                raise ValueError(f"{self.name}={raw!r} is not an integer") from None
+        return raw  # type: ignore[return-value]
+
+
+DEVICE = EnvVar("MEDUSA_DEVICE", "auto", "back-end: auto (a real GPU if present, else sim), cuda, sim")
+LIB_DIR = EnvVar("MEDUSA_LIB_DIR", "", "directory holding libsimcuda.so (default: the package's)")
+SIM_SEED = EnvVar("MEDUSA_SIM_SEED", "", "simcuda: seed for the arena's random base address")
+SIM_MEMORY = EnvVar("MEDUSA_SIM_MEMORY", "8G", "simcuda: device memory size (e.g. 8G, 12G)")
+SIM_SMS = EnvVar("MEDUSA_SIM_SMS", 132, "simcuda: number of SMs the device reports")
+SIM_CC = EnvVar("MEDUSA_SIM_CC", "9.0", "simcuda: compute capability the device reports")
+SIM_DEVICE_NAME = EnvVar("MEDUSA_SIM_DEVICE_NAME", "", "simcuda: device name it reports")
+SIM_MEMCHECK = EnvVar("MEDUSA_SIM_MEMCHECK", False, "simcuda: check kernel pointer arguments")
+SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messages to stderr")
+
+ALL: tuple[EnvVar, ...] = (
+    DEVICE, LIB_DIR, SIM_SEED, SIM_MEMORY, SIM_SMS, SIM_CC, SIM_DEVICE_NAME, SIM_MEMCHECK,
+    SIM_VERBOSE,
+)
