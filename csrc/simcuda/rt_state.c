@@ -83,6 +83,8 @@ CUfunction rt_func_of_stub(const void *stub) {
     return f;
 }
 
+/* NOTE: only exported stubs are given back. A hidden library (cuBLAS) launches through its own,
+ * statically linked runtime, whose stubs the application's runtime cannot name. */
 const void *rt_stub_of_func(CUfunction f) {
     const void *stub = NULL;
     pthread_mutex_lock(&rt.lock);
@@ -90,7 +92,8 @@ const void *rt_stub_of_func(CUfunction f) {
         if (rt.stubs[i].func == f)
             stub = rt.stubs[i].stub;
     pthread_mutex_unlock(&rt.lock);
-    return stub;
+    Dl_info info;
+    return stub && dladdr(stub, &info) && info.dli_saddr == stub ? stub : NULL;
 }
 
 /* Hands a module's image to the driver and maps its host stubs to the driver's kernels. */

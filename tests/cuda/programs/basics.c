@@ -20,10 +20,10 @@ int main(void) {
     float h[N], out_eager[N], out_graph[N];
     float *a, *b, *c;
     CHECK(cudaMalloc((void **)&a, N * 4));
-    printf("first %p\n", (void *)a);
+    printf("first: %p\n", (void *)a);
     CHECK(cudaFree(a));
     CHECK(cudaMalloc((void **)&a, N * 4));
-    printf("reused %p\n", (void *)a);
+    printf("reused: %p\n", (void *)a);
     CHECK(cudaMalloc((void **)&b, N * 4));
     CHECK(cudaMalloc((void **)&c, N * 4));
     for (int i = 0; i < N; i++)
@@ -47,13 +47,13 @@ int main(void) {
     CHECK(cudaStreamEndCapture(st, &g));
     size_t nodes = 0;
     CHECK(cudaGraphGetNodes(g, NULL, &nodes));
-    printf("nodes %zu\n", nodes);
+    printf("nodes: %zu\n", nodes);
     cudaGraphExec_t x;
     CHECK(cudaGraphInstantiate(&x, g, 0));
     CHECK(cudaGraphLaunch(x, st));
     CHECK(cudaStreamSynchronize(st));
     CHECK(cudaMemcpy(out_graph, c, sizeof h, cudaMemcpyDeviceToHost));
-    printf("identical %d\n", memcmp(out_eager, out_graph, sizeof h) == 0);
+    printf("identical: %d\n", memcmp(out_eager, out_graph, sizeof h) == 0);
     /* a synchronising call during capture fails the capture */
     CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     cudaError_t e = cudaDeviceSynchronize();

@@ -1,0 +1,39 @@
+"""Compiles small C programs against simcuda (tests, benchmarks, examples)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from medusa.cuda import paths
+
+
+def c_compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise FileNotFoundError("no C compiler found (install gcc, or set CC)")
+    return cc
+
+
+def compile_program(src: Path, out_dir: Path, *, libs: Sequence[str] = ("simcuda",),
+                    shared: bool = False, extra: Sequence[str] = ()) -> Path:
+    """Builds src (an executable, or a shared object) linked to the given package libraries.
+
+    The output is named after a hash of the source and flags, so an unchanged program is reused.
+    """
+    flags = ["-O2", "-Wall", "-Werror", *(f"-I{d}" for d in paths.include_dirs()), *extra]
+    lib_dir = paths.lib_dir()
+    link = [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", *(f"-l{lib}" for lib in libs), "-ldl"]
+    key = hashlib.sha256(src.read_bytes() + " ".join(flags + link).encode()).hexdigest()[:12]
+    out = out_dir / f"{src.stem}-{key}{'.so' if shared else ''}"
+    if not out.exists():
+        cmd = [c_compiler(), *flags, *(["-shared", "-fPIC"] if shared else []), str(src), "-o",
+               str(out), *link]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"compiling {src} failed:\n{res.stderr}")
+    return out

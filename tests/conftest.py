@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from medusa.cuda.toolchain import compile_program
+
+PROGRAMS = Path(__file__).parent / "cuda" / "programs"
+
+
+@pytest.fixture(scope="session")
+def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cprogs")
+
+
+@pytest.fixture(scope="session")
+def cprog(build_dir: Path) -> Callable[..., Path]:
+    """Compiles tests/cuda/programs/<name>.c against simcuda and its test kernels."""
+
+    def build(name: str, **kw: object) -> Path:
+        libs = kw.pop("libs", ("simcuda", "simcuda_testkernels"))
+        return compile_program(PROGRAMS / f"{name}.c", build_dir, libs=libs, **kw)  # type: ignore[arg-type]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def run() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs a program with extra environment; fails the test on a crash or non-zero exit."""
+
+    def go(prog: Path, *args: str, env: dict[str, str] | None = None,
+           check: bool = True) -> subprocess.CompletedProcess[str]:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_SIM_")}
+        full_env.update(env or {})
+        res = subprocess.run([str(prog), *args], env=full_env, capture_output=True, text=True,
+                             timeout=120)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{prog.name} exited {res.returncode}\n{res.stdout}\n{res.stderr}")
+        return res
+
+    return go
+
+
+def lines(out: str) -> dict[str, str]:
+    """'label: value' lines of a program's output, as a dict."""
+    return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)

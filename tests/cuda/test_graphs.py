@@ -1,0 +1,47 @@
+"""simcuda capture and graphs."""
+
+from __future__ import annotations
+
+from tests.conftest import lines
+
+
+def test_graph_replay_is_bit_identical_to_eager(cprog, run):
+    out = lines(run(cprog("basics")).stdout)
+    assert out["nodes"] == "2"
+    assert out["identical"] == "1"
+
+
+def test_a_sync_during_capture_fails_the_capture(cprog, run):
+    out = lines(run(cprog("basics")).stdout)
+    assert out["sync during capture"] == "cudaErrorStreamCaptureUnsupported"
+    assert out["end capture"] == "cudaErrorStreamCaptureInvalidated graph=(nil)"
+
+
+def test_capture_rules(cprog, run):
+    out = lines(run(cprog("capture_rules")).stdout)
+    assert "forkjoin nodes=3 edges=3" in run(cprog("capture_rules")).stdout
+    assert out["unjoined"] == "cudaErrorStreamCaptureUnjoined"
+    assert out["legacy launch"] == "cudaErrorStreamCaptureImplicit"
+    assert out["end after implicit"] == "cudaErrorStreamCaptureInvalidated"
+    assert out["malloc global"] == "cudaErrorStreamCaptureUnsupported"
+    assert out["end global"] == "cudaErrorStreamCaptureInvalidated"
+    assert out["malloc relaxed"] == "cudaSuccess"
+    assert out["end relaxed"] == "cudaSuccess"
+    assert out["capture legacy"] == "cudaErrorStreamCaptureUnsupported"
+    assert out["capture per-thread"] == "cudaSuccess"
+    assert out["end per-thread"] == "cudaSuccess"
+
+
+def test_programmatic_launch_becomes_a_programmatic_edge(cprog, run):
+    res = run(cprog("capture_rules"))
+    assert "pdl edge type=1 from_port=1" in res.stdout
+    assert lines(res.stdout)["edges without data"] == "cudaErrorLossyQuery"
+
+
+def test_struct_pointer_array_and_global_kernels_in_a_graph(cprog, run):
+    out = lines(run(cprog("kernels"), env={"MEDUSA_SIM_MEMCHECK": "1"}).stdout)
+    assert out["graph result ok"] == "1"
+    assert "axpy param0 offset=0 size=24" in run(cprog("kernels")).stdout
+    assert out["axpy param1"] == "cudaErrorInvalidValue"
+    assert "gather param3 offset=20 size=4" in run(cprog("kernels")).stdout
+    assert "global bias=1.5 size=4" in run(cprog("kernels")).stdout

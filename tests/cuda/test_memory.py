@@ -1,0 +1,58 @@
+"""simcuda memory: addresses differ per process, freed ranges come back, bad input is refused."""
+
+from __future__ import annotations
+
+from tests.conftest import lines
+
+
+def test_two_processes_get_different_addresses(cprog, run):
+    prog = cprog("basics")
+    first = [lines(run(prog).stdout)["first"] for _ in range(3)]
+    assert len(set(first)) == 3, first
+
+
+def test_seed_fixes_the_base_address(cprog, run):
+    prog = cprog("basics")
+    a = lines(run(prog, env={"MEDUSA_SIM_SEED": "7"}).stdout)["first"]
+    b = lines(run(prog, env={"MEDUSA_SIM_SEED": "7"}).stdout)["first"]
+    c = lines(run(prog, env={"MEDUSA_SIM_SEED": "8"}).stdout)["first"]
+    assert a == b != c
+
+
+def test_a_freed_address_is_handed_out_again(cprog, run):
+    out = lines(run(cprog("basics")).stdout)
+    assert out["first"] == out["reused"]
+
+
+def test_bad_input_gets_the_real_errors_and_no_crash(cprog, run):
+    out = lines(run(cprog("bad_input")).stdout)
+    assert out["huge malloc"] == "cudaErrorMemoryAllocation"
+    assert out["last error"] == "cudaErrorMemoryAllocation"
+    assert out["last error again"] == "cudaSuccess"
+    assert out["arena intact"] == "1"
+    assert out["free interior"] == "cudaErrorInvalidValue"
+    assert out["double free"] == "cudaErrorInvalidValue"
+    assert out["bad stream"] == "cudaErrorInvalidResourceHandle"
+    assert out["unknown stub"] == "cudaErrorInvalidDeviceFunction"
+    assert out["zero grid"] == "cudaErrorInvalidValue"
+    assert out["2048 threads"] == "cudaErrorInvalidValue"
+    assert out["64K smem"] == "cudaErrorInvalidValue"
+    assert out["64K smem after attribute"] == "cudaSuccess"
+    assert out["copy from freed"] == "cudaErrorInvalidValue"
+    assert out["copy past end"] == "cudaErrorInvalidValue"
+    assert out["bad kind"] == "cudaErrorInvalidMemcpyDirection"
+    assert out["end without begin"] == "cudaErrorIllegalState"
+    assert out["bad device"] == "cudaErrorInvalidDevice"
+    assert out["bad graph launch"] == "cudaErrorInvalidValue"
+    assert out["sync captured event"] == "cudaErrorCapturedEvent"
+
+
+def test_memcheck_names_the_kernel_and_argument_of_a_stale_pointer(cprog, run):
+    prog = cprog("memcheck")
+    checked = run(prog, env={"MEDUSA_SIM_MEMCHECK": "1", "MEDUSA_SIM_VERBOSE": "1"})
+    out = lines(checked.stdout)
+    assert out["stale launch"] == "cudaErrorIllegalAddress"
+    assert out["after"] == "cudaErrorIllegalAddress"  # sticky, as on a GPU
+    assert "kernel scale_inplace argument 0" in checked.stderr
+    # Without memcheck the stale range is still mapped arena memory: nothing notices.
+    assert lines(run(prog).stdout)["stale launch"] == "cudaSuccess"
