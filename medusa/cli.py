@@ -14,8 +14,12 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--device", type=click.Choice(["auto", "cuda", "sim"]), default=None,
-              help="Back-end to check (default: MEDUSA_DEVICE, else auto).")
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cuda", "sim"]),
+    default=None,
+    help="Back-end to check (default: MEDUSA_DEVICE, else auto).",
+)
 def doctor(device: str | None) -> None:
     """Print the back-end in use, its libraries and versions, and the device; run a kernel."""
     from medusa.doctor import run_doctor

@@ -7,8 +7,7 @@ import struct
 import click
 
 from medusa import __version__, env
-from medusa.cuda import CudaError, load_backend
-from medusa.cuda import paths
+from medusa.cuda import CudaError, load_backend, paths
 
 _ATTR_SMS, _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 16, 75, 76
 
@@ -44,17 +43,23 @@ def run_doctor(device: str | None) -> int:
             click.echo(f"library         {lib}")
         if b.kind == "sim":
             info = paths.build_info()
-            click.echo(f"CUDA headers    {info['cuda_headers_version']} "
-                       f"({info['cuda_headers_source']}: {info['cuda_include_dir']})")
+            click.echo(
+                f"CUDA headers    {info['cuda_headers_version']} "
+                f"({info['cuda_headers_source']}: {info['cuda_include_dir']})"
+            )
         click.echo(f"versions        driver {drv}, runtime {rt}")
         click.echo(f"device          {b.device_name()}")
         click.echo(f"  memory        {total / 2**30:.1f} GiB total, {free / 2**30:.1f} GiB free")
         click.echo(f"  SMs           {b.device_attribute(_ATTR_SMS)}")
-        click.echo(f"  compute cap.  {b.device_attribute(_ATTR_CC_MAJOR)}."
-                   f"{b.device_attribute(_ATTR_CC_MINOR)}")
+        click.echo(
+            f"  compute cap.  {b.device_attribute(_ATTR_CC_MAJOR)}."
+            f"{b.device_attribute(_ATTR_CC_MINOR)}"
+        )
         arena = b.arena()
         if arena:
-            click.echo(f"  arena         base {arena[0]:#x}, {arena[1] / 2**30:.0f} GiB of address space")
+            click.echo(
+                f"  arena         base {arena[0]:#x}, {arena[1] / 2**30:.0f} GiB of address space"
+            )
         click.echo(f"smoke kernel    {_smoke_kernel(b.kind)}")
     except (CudaError, FileNotFoundError, ValueError, RuntimeError) as e:
         click.echo(f"error: {e}", err=True)

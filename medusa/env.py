@@ -33,7 +33,9 @@ class EnvVar(Generic[T]):
         return raw  # type: ignore[return-value]
 
 
-DEVICE = EnvVar("MEDUSA_DEVICE", "auto", "back-end: auto (a real GPU if present, else sim), cuda, sim")
+DEVICE = EnvVar(
+    "MEDUSA_DEVICE", "auto", "back-end: auto (a real GPU if present, else sim), cuda, sim"
+)
 LIB_DIR = EnvVar("MEDUSA_LIB_DIR", "", "directory holding libsimcuda.so (default: the package's)")
 SIM_SEED = EnvVar("MEDUSA_SIM_SEED", "", "simcuda: seed for the arena's random base address")
 SIM_MEMORY = EnvVar("MEDUSA_SIM_MEMORY", "8G", "simcuda: device memory size (e.g. 8G, 12G)")
@@ -44,6 +46,13 @@ SIM_MEMCHECK = EnvVar("MEDUSA_SIM_MEMCHECK", False, "simcuda: check kernel point
 SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messages to stderr")
 
 ALL: tuple[EnvVar, ...] = (
-    DEVICE, LIB_DIR, SIM_SEED, SIM_MEMORY, SIM_SMS, SIM_CC, SIM_DEVICE_NAME, SIM_MEMCHECK,
+    DEVICE,
+    LIB_DIR,
+    SIM_SEED,
+    SIM_MEMORY,
+    SIM_SMS,
+    SIM_CC,
+    SIM_DEVICE_NAME,
+    SIM_MEMCHECK,
     SIM_VERBOSE,
 )

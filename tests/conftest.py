@@ -32,12 +32,14 @@ def cprog(build_dir: Path) -> Callable[..., Path]:
 def run() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Runs a program with extra environment; fails the test on a crash or non-zero exit."""
 
-    def go(prog: Path, *args: str, env: dict[str, str] | None = None,
-           check: bool = True) -> subprocess.CompletedProcess[str]:
+    def go(
+        prog: Path, *args: str, env: dict[str, str] | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_SIM_")}
         full_env.update(env or {})
-        res = subprocess.run([str(prog), *args], env=full_env, capture_output=True, text=True,
-                             timeout=120)
+        res = subprocess.run(
+            [str(prog), *args], env=full_env, capture_output=True, text=True, timeout=120
+        )
         if check and res.returncode != 0:
             raise AssertionError(f"{prog.name} exited {res.returncode}\n{res.stdout}\n{res.stderr}")
         return res

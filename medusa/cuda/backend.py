@@ -73,7 +73,9 @@ class Backend:
     def load_kernels(self, name: str) -> None:
         """Loads a CPU kernel library (sim) into the global scope so its host stubs resolve."""
         if self.kind != "sim":
-            raise RuntimeError(f"kernel library {name!r} is a simcuda CPU library; the back-end is cuda")
+            raise RuntimeError(
+                f"kernel library {name!r} is a simcuda CPU library; the back-end is cuda"
+            )
         path = paths.library(name)
         self._handles.append(ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL))
         self.libraries.append(path)
@@ -150,20 +152,40 @@ class Backend:
     def stream_synchronize(self, stream: int) -> None:
         self.call("cudaStreamSynchronize", c_void_p(stream))
 
-    def launch(self, kernel: str, grid: int | Sequence[int], block: int | Sequence[int],
-               args: Sequence[Any], stream: int = 0, shared_mem: int = 0) -> None:
+    def launch(
+        self,
+        kernel: str,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        args: Sequence[Any],
+        stream: int = 0,
+        shared_mem: int = 0,
+    ) -> None:
         """Launches the kernel whose host stub is the global symbol `kernel`."""
-        holders = [a if isinstance(a, ctypes._SimpleCData | ctypes.Structure) else c_void_p(a)
-                   for a in args]
-        argv = (c_void_p * max(1, len(holders)))(*[ctypes.cast(ctypes.byref(h), c_void_p)
-                                                   for h in holders])
-        f = self._fn("cudaLaunchKernel", c_int,
-                     [c_void_p, Dim3, Dim3, ctypes.POINTER(c_void_p), c_size_t, c_void_p])
-        code = f(c_void_p(self.symbol(kernel)), _dim3(grid), _dim3(block), argv,
-                 c_size_t(shared_mem), c_void_p(stream))
+        holders = [
+            a if isinstance(a, ctypes._SimpleCData | ctypes.Structure) else c_void_p(a)
+            for a in args
+        ]
+        argv = (c_void_p * max(1, len(holders)))(
+            *[ctypes.cast(ctypes.byref(h), c_void_p) for h in holders]
+        )
+        f = self._fn(
+            "cudaLaunchKernel",
+            c_int,
+            [c_void_p, Dim3, Dim3, ctypes.POINTER(c_void_p), c_size_t, c_void_p],
+        )
+        code = f(
+            c_void_p(self.symbol(kernel)),
+            _dim3(grid),
+            _dim3(block),
+            argv,
+            c_size_t(shared_mem),
+            c_void_p(stream),
+        )
         if code:
-            raise CudaError(f"cudaLaunchKernel({kernel})", code, self.error_name(code),
-                            self.last_message())
+            raise CudaError(
+                f"cudaLaunchKernel({kernel})", code, self.error_name(code), self.last_message()
+            )
 
     def begin_capture(self, stream: int, mode: int = 0) -> None:
         self.call("cudaStreamBeginCapture", c_void_p(stream), c_int(mode))
@@ -202,7 +224,9 @@ def _cudart_path() -> Path:
     for cand in ([name] if name else []) + ["/usr/local/cuda/lib64/libcudart.so"]:
         if cand and (Path(cand).is_file() or not cand.startswith("/")):
             return Path(cand)
-    raise FileNotFoundError("libcudart was not found; install the CUDA toolkit or set MEDUSA_DEVICE=sim")
+    raise FileNotFoundError(
+        "libcudart was not found; install the CUDA toolkit or set MEDUSA_DEVICE=sim"
+    )
 
 
 _loaded: Backend | None = None
@@ -218,7 +242,9 @@ def load_backend(kind: str | None = None) -> Backend:
         kind = "cuda" if _real_driver_present() else "sim"
     if _loaded is not None:
         if _loaded.kind != kind:
-            raise RuntimeError(f"back-end {_loaded.kind} is loaded already; cannot switch to {kind}")
+            raise RuntimeError(
+                f"back-end {_loaded.kind} is loaded already; cannot switch to {kind}"
+            )
         return _loaded
     libs = [paths.library("simcuda")] if kind == "sim" else [_cudart_path()]
     _loaded = Backend(kind, libs)

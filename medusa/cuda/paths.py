@@ -32,7 +32,8 @@ def lib_dir() -> Path:
         if (d / "libsimcuda.so").is_file():
             return d
     raise FileNotFoundError(
-        "libsimcuda.so was not found in " + ", ".join(str(d) for d in tried)
+        "libsimcuda.so was not found in "
+        + ", ".join(str(d) for d in tried)
         + ". Install the package (`pip install .` in the repository) or set MEDUSA_LIB_DIR."
     )
 

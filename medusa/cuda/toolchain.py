@@ -19,8 +19,14 @@ def c_compiler() -> str:
     return cc
 
 
-def compile_program(src: Path, out_dir: Path, *, libs: Sequence[str] = ("simcuda",),
-                    shared: bool = False, extra: Sequence[str] = ()) -> Path:
+def compile_program(
+    src: Path,
+    out_dir: Path,
+    *,
+    libs: Sequence[str] = ("simcuda",),
+    shared: bool = False,
+    extra: Sequence[str] = (),
+) -> Path:
     """Builds src (an executable, or a shared object) linked to the given package libraries.
 
     The output is named after a hash of the source and flags, so an unchanged program is reused.
@@ -31,8 +37,15 @@ def compile_program(src: Path, out_dir: Path, *, libs: Sequence[str] = ("simcuda
     key = hashlib.sha256(src.read_bytes() + " ".join(flags + link).encode()).hexdigest()[:12]
     out = out_dir / f"{src.stem}-{key}{'.so' if shared else ''}"
     if not out.exists():
-        cmd = [c_compiler(), *flags, *(["-shared", "-fPIC"] if shared else []), str(src), "-o",
-               str(out), *link]
+        cmd = [
+            c_compiler(),
+            *flags,
+            *(["-shared", "-fPIC"] if shared else []),
+            str(src),
+            "-o",
+            str(out),
+            *link,
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"compiling {src} failed:\n{res.stderr}")

@@ -46,10 +46,17 @@ def test_an_unknown_back_end_is_refused_with_the_choices():
 
 def test_calls_resolve_in_global_scope_so_a_preload_sees_them(cprog, tmp_path):
     shim = cprog("procshim", libs=(), shared=True)
-    code = ("from medusa.cuda import load_backend; b = load_backend('sim'); "
-            "b.load_kernels('simcuda_testkernels'); p = b.malloc(64); "
-            "b.launch('scale_inplace', 1, 32, [p, __import__('ctypes').c_float(2.0), 16])")
-    res = subprocess.run([sys.executable, "-c", code], env={"LD_PRELOAD": str(shim), "PATH": "/usr/bin"},
-                         capture_output=True, text=True, timeout=60)
+    code = (
+        "from medusa.cuda import load_backend; b = load_backend('sim'); "
+        "b.load_kernels('simcuda_testkernels'); p = b.malloc(64); "
+        "b.launch('scale_inplace', 1, 32, [p, __import__('ctypes').c_float(2.0), 16])"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"LD_PRELOAD": str(shim), "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert "cuLaunchKernel=1" in res.stderr
