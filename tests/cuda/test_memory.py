@@ -56,3 +56,9 @@ def test_memcheck_names_the_kernel_and_argument_of_a_stale_pointer(cprog, run):
     assert "kernel scale_inplace argument 0" in checked.stderr
     # Without memcheck the stale range is still mapped arena memory: nothing notices.
     assert lines(run(prog).stdout)["stale launch"] == "cudaSuccess"
+
+
+def test_traffic_counters_split_device_and_host_mapped_reads(cprog, run):
+    out = lines(run(cprog("traffic")).stdout)
+    assert out["device"] == "4000"
+    assert out["host"] == "4000"
