@@ -18,8 +18,9 @@ def test_a_sync_during_capture_fails_the_capture(cprog, run):
 
 
 def test_capture_rules(cprog, run):
-    out = lines(run(cprog("capture_rules")).stdout)
-    assert "forkjoin nodes=3 edges=3" in run(cprog("capture_rules")).stdout
+    res = run(cprog("capture_rules"))
+    out = lines(res.stdout)
+    assert "forkjoin nodes=3 edges=3" in res.stdout
     assert out["unjoined"] == "cudaErrorStreamCaptureUnjoined"
     assert out["legacy launch"] == "cudaErrorStreamCaptureImplicit"
     assert out["end after implicit"] == "cudaErrorStreamCaptureInvalidated"
@@ -39,9 +40,10 @@ def test_programmatic_launch_becomes_a_programmatic_edge(cprog, run):
 
 
 def test_struct_pointer_array_and_global_kernels_in_a_graph(cprog, run):
-    out = lines(run(cprog("kernels"), env={"MEDUSA_SIM_MEMCHECK": "1"}).stdout)
+    stdout = run(cprog("kernels"), env={"MEDUSA_SIM_MEMCHECK": "1"}).stdout
+    out = lines(stdout)
     assert out["graph result ok"] == "1"
-    assert "axpy param0 offset=0 size=24" in run(cprog("kernels")).stdout
+    assert "axpy param0 offset=0 size=24" in stdout
     assert out["axpy param1"] == "cudaErrorInvalidValue"
-    assert "gather param3 offset=20 size=4" in run(cprog("kernels")).stdout
-    assert "global bias=1.5 size=4" in run(cprog("kernels")).stdout
+    assert "gather param3 offset=20 size=4" in stdout
+    assert "global bias=1.5 size=4" in stdout
