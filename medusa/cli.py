@@ -27,5 +27,64 @@ def doctor(device: str | None) -> None:
     raise SystemExit(run_doctor(device))
 
 
+@main.group()
+def trace() -> None:
+    """Record a program's CUDA calls with the LD_PRELOAD recorder, and read the traces."""
+
+
+@trace.command("record", context_settings={"ignore_unknown_options": True})
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    type=click.Path(dir_okay=False),
+    default="medusa.mtr",
+    show_default=True,
+    help="Trace file to create (%p in the name becomes the pid).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["record", "restore"]),
+    default="record",
+    show_default=True,
+    help="restore: allocations only (what relocation needs).",
+)
+@click.option("--force", is_flag=True, help="Replace an existing trace and its side files.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def trace_record(out: str, mode: str, force: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND under the recorder: medusa trace record -o t.mtr -- python serve.py"""
+    import subprocess
+    from pathlib import Path
+
+    from medusa.trace import recorder_env, remove_trace
+
+    if Path(out).exists():
+        if not force:
+            raise click.UsageError(f"{out} exists; pass --force to replace it, or pick another -o")
+        remove_trace(out)
+    res = subprocess.run(list(command), env=recorder_env(out, mode=mode))
+    if "%p" not in out and Path(out).exists():
+        click.echo(f"trace written to {out} (read it with: medusa trace summarize {out})", err=True)
+    raise SystemExit(res.returncode)
+
+
+@trace.command("summarize")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "--allow-truncated",
+    is_flag=True,
+    help="Read the complete records of a trace whose last record was cut off.",
+)
+def trace_summarize(file: str, allow_truncated: bool) -> None:
+    """Print counts per event type, live memory over time, kernels by library and the graphs."""
+    from medusa.trace import TraceError, read_trace, summarize
+
+    try:
+        t = read_trace(file, allow_truncated=allow_truncated)
+    except TraceError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(summarize(t))
+
+
 if __name__ == "__main__":
     main()

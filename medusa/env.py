@@ -44,6 +44,10 @@ SIM_CC = EnvVar("MEDUSA_SIM_CC", "9.0", "simcuda: compute capability the device 
 SIM_DEVICE_NAME = EnvVar("MEDUSA_SIM_DEVICE_NAME", "", "simcuda: device name it reports")
 SIM_MEMCHECK = EnvVar("MEDUSA_SIM_MEMCHECK", False, "simcuda: check kernel pointer arguments")
 SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messages to stderr")
+TRACE = EnvVar(
+    "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
+)
+MODE = EnvVar("MEDUSA_MODE", "record", "recorder: record (everything) or restore (allocations)")
 
 ALL: tuple[EnvVar, ...] = (
     DEVICE,
@@ -55,4 +59,6 @@ ALL: tuple[EnvVar, ...] = (
     SIM_DEVICE_NAME,
     SIM_MEMCHECK,
     SIM_VERBOSE,
+    TRACE,
+    MODE,
 )

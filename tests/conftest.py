@@ -23,7 +23,8 @@ def cprog(build_dir: Path) -> Callable[..., Path]:
 
     def build(name: str, **kw: object) -> Path:
         libs = kw.pop("libs", ("simcuda", "simcuda_testkernels"))
-        return compile_program(PROGRAMS / f"{name}.c", build_dir, libs=libs, **kw)  # type: ignore[arg-type]
+        src_dir = Path(kw.pop("src_dir", PROGRAMS))  # type: ignore[arg-type]
+        return compile_program(src_dir / f"{name}.c", build_dir, libs=libs, **kw)  # type: ignore[arg-type]
 
     return build
 

@@ -1,0 +1,424 @@
+/* The recorder's one registry: the trace files and their buffers, the live-allocation map, the
+ * function table and the host-stub set, all behind one lock. Files open at the first event, so a
+ * child that never touches CUDA writes nothing. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define BUF_LIMIT (1u << 20)
+
+typedef struct {
+    uint64_t key, size, seq;
+} live_slot; /* key 0: empty, 1: deleted */
+
+typedef struct {
+    const void *key;
+    mi_func_info info;
+} func_slot;
+
+typedef struct {
+    unsigned char *v;
+    size_t n, cap;
+} buf;
+
+static struct {
+    pthread_mutex_t lock;
+    unsigned mode;      /* 0: off */
+    bool opened, broken;
+    char path[4096];
+    int fd, bfd;
+    buf rec, blob;
+    uint64_t blob_file_off; /* file offset of blob.v[0] */
+    uint64_t seq, t0;
+    live_slot *live;
+    size_t live_cap, live_used;
+    func_slot *funcs;
+    size_t func_cap, func_used;
+    const void **stubs;
+    size_t stub_cap, stub_used;
+} W = {.lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1, .bfd = -1};
+
+static uint64_t now_ns(clockid_t c) {
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+bool mi_recording_on(void) { return __atomic_load_n(&W.mode, __ATOMIC_RELAXED) != 0; }
+unsigned mi_mode(void) { return W.mode; }
+const char *mi_trace_path(void) { return W.path; }
+
+void mi_writer_config(const char *path, unsigned mode) {
+    /* %p becomes the pid, so that several processes can record side by side. */
+    size_t o = 0;
+    for (const char *s = path; *s && o + 16 < sizeof W.path; s++) {
+        if (s[0] == '%' && s[1] == 'p') {
+            o += (size_t)snprintf(W.path + o, sizeof W.path - o, "%d", (int)getpid());
+            s++;
+        } else {
+            W.path[o++] = *s;
+        }
+    }
+    W.path[o] = 0;
+    W.mode = mode;
+}
+
+static bool put(buf *b, const void *p, size_t n) {
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1u << 16;
+        while (cap < b->n + n)
+            cap *= 2;
+        unsigned char *v = realloc(b->v, cap);
+        if (!v)
+            return false;
+        b->v = v, b->cap = cap;
+    }
+    memcpy(b->v + b->n, p, n);
+    b->n += n;
+    return true;
+}
+
+static bool write_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return false;
+        c += w, n -= (size_t)w;
+    }
+    return true;
+}
+
+/* Blobs first: a record on disk never points past the end of the blob file. */
+static bool flush_locked(void) {
+    if (!W.opened || W.broken)
+        return !W.broken;
+    if (!write_all(W.bfd, W.blob.v, W.blob.n) || !write_all(W.fd, W.rec.v, W.rec.n)) {
+        W.broken = true;
+        return false;
+    }
+    W.blob_file_off += W.blob.n;
+    W.blob.n = W.rec.n = 0;
+    return true;
+}
+
+static void append(medusa_trace_record *r, const void *blob, size_t len);
+
+static void emit_preamble(void) {
+    medusa_trace_record r = {.type = MEDUSA_EV_PROCESS, .u = {(uint64_t)getpid(), (uint64_t)getppid()}};
+    char argv[4096];
+    size_t n = 0;
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t got = read(fd, argv, sizeof argv);
+        n = got > 0 ? (size_t)got : 0;
+        close(fd);
+    }
+    append(&r, argv, n);
+    /* The api names, so that a trace reads the same whichever build wrote it. */
+    char names[4096];
+    size_t o = 0;
+    /* api 0 is "none": its name is the empty string, so the list starts with a NUL. */
+    for (int i = 0; i < H_COUNT; i++) {
+        size_t l = strlen(mi_hook_name[i]) + 1;
+        if (o + l > sizeof names)
+            break;
+        memcpy(names + o, mi_hook_name[i], l);
+        o += l;
+    }
+    medusa_trace_record a = {.type = MEDUSA_EV_APIS, .u = {H_COUNT}};
+    append(&a, names, o);
+}
+
+static bool open_locked(void) {
+    char bpath[4200], ipath[4200];
+    snprintf(bpath, sizeof bpath, "%s.blobs", W.path);
+    snprintf(ipath, sizeof ipath, "%s.images", W.path);
+    W.fd = open(W.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (W.fd < 0) {
+        char msg[4400];
+        snprintf(msg, sizeof msg, "cannot create %s (%s)%s", W.path, strerror(errno),
+                 errno == EEXIST ? "; remove it, or put %p in MEDUSA_TRACE for one file per process"
+                                 : "");
+        mi_fail(msg);
+        return false;
+    }
+    W.bfd = open(bpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    mkdir(ipath, 0755);
+    medusa_trace_header h = {.magic = MEDUSA_TRACE_MAGIC,
+                             .version = MEDUSA_TRACE_VERSION,
+                             .header_size = MEDUSA_TRACE_HEADER_SIZE,
+                             .record_size = MEDUSA_TRACE_RECORD_SIZE,
+                             .pid = (uint32_t)getpid(),
+                             .start_unix_ns = now_ns(CLOCK_REALTIME),
+                             .mode = W.mode};
+    if (W.bfd < 0 || !write_all(W.fd, &h, sizeof h) ||
+        !write_all(W.bfd, MEDUSA_TRACE_BLOB_MAGIC, 8)) {
+        mi_fail("cannot write the trace header");
+        return false;
+    }
+    W.blob_file_off = 8;
+    W.t0 = now_ns(CLOCK_MONOTONIC);
+    W.opened = true;
+    emit_preamble();
+    return true;
+}
+
+static void append(medusa_trace_record *r, const void *blob, size_t len) {
+    r->seq = ++W.seq;
+    r->t_ns = now_ns(CLOCK_MONOTONIC) - W.t0;
+    r->blob = 0;
+    if (blob && len) {
+        static const unsigned char pad[8];
+        uint32_t l = (uint32_t)len;
+        r->blob = W.blob_file_off + W.blob.n;
+        bool ok = put(&W.blob, &l, 4) && put(&W.blob, blob, len) &&
+                  put(&W.blob, pad, (8 - (4 + len) % 8) % 8);
+        if (!ok)
+            W.broken = true;
+    }
+    if (!put(&W.rec, r, sizeof *r))
+        W.broken = true;
+}
+
+/* ---- live allocations: open addressing on the address ---- */
+static size_t slot_of(uint64_t key, size_t cap) {
+    uint64_t x = key * 0x9e3779b97f4a7c15ull;
+    return (size_t)(x >> 17) & (cap - 1);
+}
+
+static bool live_grow(void) {
+    size_t cap = W.live_cap ? W.live_cap * 2 : 4096;
+    live_slot *n = calloc(cap, sizeof *n);
+    if (!n)
+        return false;
+    for (size_t i = 0; i < W.live_cap; i++)
+        if (W.live[i].key > 1) {
+            size_t j = slot_of(W.live[i].key, cap);
+            while (n[j].key)
+                j = (j + 1) & (cap - 1);
+            n[j] = W.live[i];
+        }
+    free(W.live);
+    W.live = n, W.live_cap = cap;
+    W.live_used = 0;
+    for (size_t i = 0; i < cap; i++)
+        W.live_used += n[i].key > 1;
+    return true;
+}
+
+static void live_add(uint64_t key, uint64_t size, uint64_t seq) {
+    if (key <= 1 || ((W.live_used + 1) * 2 > W.live_cap && !live_grow())) {
+        W.broken = key > 1;
+        return;
+    }
+    size_t i = slot_of(key, W.live_cap);
+    while (W.live[i].key > 1 && W.live[i].key != key)
+        i = (i + 1) & (W.live_cap - 1);
+    W.live_used += W.live[i].key <= 1;
+    W.live[i] = (live_slot){key, size, seq};
+}
+
+static void live_del(uint64_t key, uint64_t *size, uint64_t *seq) {
+    if (!W.live_cap || key <= 1)
+        return;
+    for (size_t i = slot_of(key, W.live_cap); W.live[i].key; i = (i + 1) & (W.live_cap - 1))
+        if (W.live[i].key == key) {
+            *size = W.live[i].size, *seq = W.live[i].seq;
+            W.live[i].key = 1;
+            return;
+        }
+}
+
+void mi_emit(medusa_trace_record *r, const void *blob, size_t len, live_op op) {
+    pthread_mutex_lock(&W.lock);
+    if (W.mode && !W.broken && (W.opened || open_locked())) {
+        if (op == LIVE_DEL)
+            live_del(r->u[0], &r->u[1], &r->u[3]);
+        append(r, blob, len);
+        if (op == LIVE_ADD && r->result == 0)
+            live_add(r->u[0], r->u[1], r->seq);
+        if (W.rec.n + W.blob.n >= BUF_LIMIT)
+            flush_locked();
+    }
+    bool broken = W.broken && W.opened;
+    pthread_mutex_unlock(&W.lock);
+    if (broken)
+        mi_fail("writing the trace failed (disk full?)");
+}
+
+int mi_flush(void) {
+    pthread_mutex_lock(&W.lock);
+    bool ok = flush_locked();
+    pthread_mutex_unlock(&W.lock);
+    return ok ? 0 : -1;
+}
+
+void mi_writer_close(void) {
+    pthread_mutex_lock(&W.lock);
+    if (W.opened && !W.broken) {
+        medusa_trace_record r = {.type = MEDUSA_EV_END, .u = {W.seq + 1}};
+        append(&r, NULL, 0);
+        flush_locked();
+        close(W.fd), close(W.bfd);
+        W.opened = false;
+    }
+    W.mode = 0;
+    pthread_mutex_unlock(&W.lock);
+}
+
+/* ---- fork: the child stops recording; its copy of the buffers belongs to the parent ---- */
+void mi_writer_fork_prepare(void) { pthread_mutex_lock(&W.lock); }
+void mi_writer_fork_parent(void) { pthread_mutex_unlock(&W.lock); }
+void mi_writer_fork_child(void) {
+    if (W.opened)
+        close(W.fd), close(W.bfd);
+    W.opened = false;
+    W.mode = 0;
+    W.rec.n = W.blob.n = 0;
+    pthread_mutex_init(&W.lock, NULL);
+}
+
+/* ---- functions and stubs ---- */
+static func_slot *func_find(const void *key) {
+    if (!W.func_cap)
+        return NULL;
+    for (size_t i = slot_of((uint64_t)(uintptr_t)key, W.func_cap); W.funcs[i].key;
+         i = (i + 1) & (W.func_cap - 1))
+        if (W.funcs[i].key == key)
+            return &W.funcs[i];
+    return NULL;
+}
+
+static func_slot *func_insert(const void *key) {
+    if ((W.func_used + 1) * 2 > W.func_cap) {
+        size_t cap = W.func_cap ? W.func_cap * 2 : 1024;
+        func_slot *n = calloc(cap, sizeof *n);
+        if (!n)
+            return NULL;
+        for (size_t i = 0; i < W.func_cap; i++)
+            if (W.funcs[i].key) {
+                size_t j = slot_of((uint64_t)(uintptr_t)W.funcs[i].key, cap);
+                while (n[j].key)
+                    j = (j + 1) & (cap - 1);
+                n[j] = W.funcs[i];
+            }
+        free(W.funcs);
+        W.funcs = n, W.func_cap = cap;
+    }
+    size_t i = slot_of((uint64_t)(uintptr_t)key, W.func_cap);
+    while (W.funcs[i].key)
+        i = (i + 1) & (W.func_cap - 1);
+    W.funcs[i].key = key;
+    W.func_used++;
+    return &W.funcs[i];
+}
+
+static void func_query(CUfunction f, mi_func_info *fi, medusa_trace_record *r, char **blob,
+                       size_t *len) {
+    const mi_driver *d = mi_drv();
+    uint32_t cap = 16, n = 0;
+    uint32_t(*lay)[2] = malloc(cap * sizeof *lay);
+    size_t off, size;
+    while (lay && d->funcGetParamInfo && n < 4096 && !d->funcGetParamInfo(f, n, &off, &size)) {
+        if (n == cap) {
+            uint32_t(*m)[2] = realloc(lay, (cap *= 2) * sizeof *lay);
+            if (!m)
+                break;
+            lay = m;
+        }
+        lay[n][0] = (uint32_t)off, lay[n][1] = (uint32_t)size;
+        fi->bytes = fi->bytes > off + size ? fi->bytes : (uint32_t)(off + size);
+        n++;
+    }
+    fi->num_params = lay ? n : 0;
+    fi->layout = lay;
+    const char *name = NULL;
+    if (d->funcGetName)
+        d->funcGetName(&name, f);
+    CUlibrary lib = NULL;
+    CUmodule mod = NULL;
+    if (d->kernelGetLibrary)
+        d->kernelGetLibrary(&lib, (CUkernel)f);
+    if (d->funcGetModule)
+        d->funcGetModule(&mod, f);
+    *r = (medusa_trace_record){.type = MEDUSA_EV_FUNC,
+                               .u = {(uint64_t)(uintptr_t)f, (uint64_t)(uintptr_t)lib,
+                                     (uint64_t)(uintptr_t)mod, fi->num_params, fi->bytes}};
+    size_t nl = name ? strlen(name) : 0;
+    *len = fi->num_params * 8u + nl;
+    *blob = malloc(*len + 1);
+    if (*blob) {
+        if (fi->num_params)
+            memcpy(*blob, lay, fi->num_params * 8u);
+        if (nl)
+            memcpy(*blob + fi->num_params * 8u, name, nl);
+    }
+}
+
+const mi_func_info *mi_func(CUfunction f) {
+    static const mi_func_info none;
+    pthread_mutex_lock(&W.lock);
+    func_slot *s = func_find(f);
+    pthread_mutex_unlock(&W.lock);
+    if (s)
+        return &s->info;
+    /* First sight: ask the driver outside the lock (it may take its own). */
+    mi_func_info fi = {0};
+    medusa_trace_record r;
+    char *blob = NULL;
+    size_t len = 0;
+    func_query(f, &fi, &r, &blob, &len);
+    pthread_mutex_lock(&W.lock);
+    s = func_find(f);
+    bool fresh = !s;
+    if (fresh && (s = func_insert(f)))
+        s->info = fi;
+    pthread_mutex_unlock(&W.lock);
+    if (fresh && s)
+        mi_emit(&r, blob, len, LIVE_NONE);
+    else
+        free(fi.layout);
+    free(blob);
+    return s ? &s->info : &none;
+}
+
+bool mi_stub_seen(const void *stub) {
+    pthread_mutex_lock(&W.lock);
+    bool seen = false;
+    if ((W.stub_used + 1) * 2 > W.stub_cap) {
+        size_t cap = W.stub_cap ? W.stub_cap * 2 : 256;
+        const void **n = calloc(cap, sizeof *n);
+        if (n) {
+            for (size_t i = 0; i < W.stub_cap; i++)
+                if (W.stubs[i]) {
+                    size_t j = slot_of((uint64_t)(uintptr_t)W.stubs[i], cap);
+                    while (n[j])
+                        j = (j + 1) & (cap - 1);
+                    n[j] = W.stubs[i];
+                }
+            free(W.stubs);
+            W.stubs = n, W.stub_cap = cap;
+        }
+    }
+    if (W.stub_cap) {
+        size_t i = slot_of((uint64_t)(uintptr_t)stub, W.stub_cap);
+        while (W.stubs[i] && W.stubs[i] != stub)
+            i = (i + 1) & (W.stub_cap - 1);
+        seen = W.stubs[i] == stub;
+        if (!seen)
+            W.stubs[i] = stub, W.stub_used++;
+    }
+    pthread_mutex_unlock(&W.lock);
+    return seen;
+}
