@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from medusa.trace.format import Ev
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Event:
     seq: int
     api: str
@@ -17,14 +17,14 @@ class Event:
     t_ns: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Process(Event):
     pid: int
     ppid: int
     argv: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Device(Event):
     ordinal: int
     name: str
@@ -36,7 +36,7 @@ class Device(Event):
     sm_count: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Alloc(Event):
     addr: int
     size: int
@@ -44,7 +44,7 @@ class Alloc(Event):
     flags: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Free(Event):
     addr: int
     size: int
@@ -52,7 +52,7 @@ class Free(Event):
     alloc_seq: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HostAlloc(Event):
     host: int
     size: int
@@ -60,14 +60,14 @@ class HostAlloc(Event):
     device: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HostFree(Event):
     host: int
     size: int
     alloc_seq: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HostRegister(Event):
     host: int
     size: int
@@ -75,7 +75,7 @@ class HostRegister(Event):
     device: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class VmmReserve(Event):
     addr: int
     size: int
@@ -83,25 +83,25 @@ class VmmReserve(Event):
     requested: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class VmmFree(Event):
     addr: int
     size: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class VmmCreate(Event):
     handle: int
     size: int
     location: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class VmmRelease(Event):
     handle: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class VmmMap(Event):
     addr: int
     size: int
@@ -109,13 +109,13 @@ class VmmMap(Event):
     handle: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class VmmUnmap(Event):
     addr: int
     size: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Load(Event):
     handle: int
     size: int
@@ -126,7 +126,7 @@ class Load(Event):
     library_options: tuple[tuple[int, int], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Func(Event):
     func: int
     library: int
@@ -136,7 +136,7 @@ class Func(Event):
     param_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Stub(Event):
     stub: int
     func: int
@@ -144,7 +144,7 @@ class Stub(Event):
     object: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Global(Event):
     addr: int
     size: int
@@ -152,14 +152,14 @@ class Global(Event):
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FuncAttr(Event):
     func: int
     attr: int
     value: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Launch(Event):
     func: int
     stream: int
@@ -170,13 +170,13 @@ class Launch(Event):
     params: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CaptureBegin(Event):
     stream: int
     mode: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CaptureEnd(Event):
     stream: int
     graph: int
@@ -184,7 +184,7 @@ class CaptureEnd(Event):
     num_edges: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Node(Event):
     graph: int
     node: int
@@ -207,7 +207,7 @@ class Node(Event):
     memory_types: tuple[int, int] = (0, 0)  # (src, dst) CUmemorytype
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Edge(Event):
     graph: int
     src: int
@@ -217,47 +217,47 @@ class Edge(Event):
     type: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NodeAttr(Event):
     node: int
     attr: int
     value: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Instantiate(Event):
     graph: int
     exec: int
     flags: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GraphLaunch(Event):
     exec: int
     stream: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Mark(Event):
     phase: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pause(Event):
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Resume(Event):
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class End(Event):
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Apis(Event):
     names: tuple[str, ...]
 
@@ -334,6 +334,28 @@ def _node(h: tuple, u: list[int], blob: bytes) -> Node:
 
 
 Builder = Callable[[tuple, list[int], bytes], Event]
+
+# Types whose fields are payload words as they are: (class, the words, in field order).
+SIMPLE: dict[int, tuple[type[Event], tuple[int, ...]]] = {
+    Ev.ALLOC: (Alloc, (0, 1, 2, 3)),
+    Ev.FREE: (Free, (0, 1, 2, 3)),
+    Ev.HOST_ALLOC: (HostAlloc, (0, 1, 2, 3)),
+    Ev.HOST_FREE: (HostFree, (0, 1, 3)),
+    Ev.HOST_REGISTER: (HostRegister, (0, 1, 2, 3)),
+    Ev.VMM_RESERVE: (VmmReserve, (0, 1, 2, 3)),
+    Ev.VMM_FREE: (VmmFree, (0, 1)),
+    Ev.VMM_RELEASE: (VmmRelease, (0,)),
+    Ev.VMM_MAP: (VmmMap, (0, 1, 2, 3)),
+    Ev.VMM_UNMAP: (VmmUnmap, (0, 1)),
+    Ev.CAPTURE_BEGIN: (CaptureBegin, (0, 1)),
+    Ev.CAPTURE_END: (CaptureEnd, (0, 1, 2, 3)),
+    Ev.EDGE: (Edge, (0, 1, 2, 3, 4, 5)),
+    Ev.INSTANTIATE: (Instantiate, (0, 1, 2)),
+    Ev.GRAPH_LAUNCH: (GraphLaunch, (0, 1)),
+    Ev.PAUSE: (Pause, ()),
+    Ev.RESUME: (Resume, ()),
+    Ev.END: (End, ()),
+}
 
 BUILDERS: dict[int, Builder] = {
     Ev.PROCESS: lambda h, u, b: Process(*h, u[0], u[1], tuple(_s(a) for a in b.split(b"\0") if a)),
