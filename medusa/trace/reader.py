@@ -141,9 +141,10 @@ class Trace:
                 map(R.Launch, *heads, *cols, grid, block, u[:, 6].tolist(), self._blobs_of(rows))
             )
         build = R.BUILDERS[t]
+        rows_of_heads = zip(*heads, strict=True)
         return [
             build(h, w, blob)
-            for h, w, blob in zip(zip(*heads), u.tolist(), self._blobs_of(rows), strict=True)
+            for h, w, blob in zip(rows_of_heads, u.tolist(), self._blobs_of(rows), strict=True)
         ]
 
     def of(self, cls: type[E], *types: Ev) -> list[E]:
