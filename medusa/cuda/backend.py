@@ -71,12 +71,18 @@ class Backend:
         return msg.decode()
 
     def load_kernels(self, name: str) -> None:
-        """Loads a CPU kernel library (sim) into the global scope so its host stubs resolve."""
-        if self.kind != "sim":
-            raise RuntimeError(
-                f"kernel library {name!r} is a simcuda CPU library; the back-end is cuda"
-            )
-        path = paths.library(name)
+        """Loads a kernel library into the global scope so its host stubs resolve: the CPU build
+        lib<name>.so on simcuda, the nvcc build lib<name>_cuda.so on a GPU."""
+        if self.kind == "sim":
+            path = paths.library(name)
+        else:
+            try:
+                path = paths.library(f"{name}_cuda")
+            except FileNotFoundError as e:
+                raise FileNotFoundError(
+                    f"{e}: GPU kernels are built with `pip install . "
+                    "--config-settings=cmake.define.MEDUSA_BUILD_CUDA=ON`"
+                ) from None
         self._handles.append(ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL))
         self.libraries.append(path)
 

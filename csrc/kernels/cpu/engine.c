@@ -1,0 +1,259 @@
+/* The reference engine's kernels on simcuda. Same names and parameters as
+ * csrc/kernels/cuda/engine.cu. Tensors are row-major float32; a "stride" is the distance in floats
+ * between two tokens' rows. Matrix multiplies are not here: they go through the mblas library. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simcuda/simcuda.h"
+
+struct embed_args { float *out; const float *table; const int *ids; int num_tokens, dim; };
+static void embed(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct embed_args *a = p;
+    for (int t = 0; t < a->num_tokens; t++) {
+        const float *row = a->table + (size_t)a->ids[t] * a->dim;
+        simcudaCountRead(row, (size_t)a->dim * 4);
+        memcpy(a->out + (size_t)t * a->dim, row, (size_t)a->dim * 4);
+    }
+}
+
+struct norm_args { float *out; const float *x; const float *w; int num_tokens, dim; float eps; };
+static void rms_norm(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct norm_args *a = p;
+    simcudaCountRead(a->x, (size_t)a->num_tokens * a->dim * 4);
+    for (int t = 0; t < a->num_tokens; t++) {
+        const float *x = a->x + (size_t)t * a->dim;
+        float *o = a->out + (size_t)t * a->dim;
+        double ss = 0;
+        for (int i = 0; i < a->dim; i++)
+            ss += (double)x[i] * x[i];
+        float r = 1.0f / sqrtf((float)(ss / a->dim) + a->eps);
+        for (int i = 0; i < a->dim; i++)
+            o[i] = x[i] * r * a->w[i];
+    }
+}
+
+/* neox = 0: pairs (2i, 2i+1), the layout GGUF files store Q/K in; neox = 1: pairs (i, i + d/2),
+ * the Hugging Face layout. */
+struct rope_args {
+    float *q, *k; const int *positions;
+    int num_tokens, num_heads, num_kv_heads, head_dim, stride; float theta; int neox;
+};
+static void rotate(float *v, int d, const float *cosv, const float *sinv, int neox) {
+    for (int i = 0; i < d / 2; i++) {
+        int a = neox ? i : 2 * i, b = neox ? i + d / 2 : 2 * i + 1;
+        float x = v[a], y = v[b];
+        v[a] = x * cosv[i] - y * sinv[i];
+        v[b] = x * sinv[i] + y * cosv[i];
+    }
+}
+static void rope(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct rope_args *a = p;
+    int d = a->head_dim;
+    float cosv[512], sinv[512];
+    if (d > 1024)
+        return;
+    for (int t = 0; t < a->num_tokens; t++) {
+        float pos = (float)a->positions[t];
+        for (int i = 0; i < d / 2; i++) {
+            float ang = pos * powf(a->theta, -2.0f * (float)i / (float)d);
+            cosv[i] = cosf(ang), sinv[i] = sinf(ang);
+        }
+        for (int h = 0; h < a->num_heads; h++)
+            rotate(a->q + (size_t)t * a->stride + (size_t)h * d, d, cosv, sinv, a->neox);
+        for (int h = 0; h < a->num_kv_heads; h++)
+            rotate(a->k + (size_t)t * a->stride + (size_t)h * d, d, cosv, sinv, a->neox);
+    }
+}
+
+/* Cache layout: [num_blocks, block_size, num_kv_heads, head_dim]; slot = block * block_size + i. */
+struct cache_args {
+    float *k_cache, *v_cache; const float *k, *v; const int *slots;
+    int num_tokens, num_kv_heads, head_dim, stride;
+};
+static void reshape_and_cache(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct cache_args *a = p;
+    size_t row = (size_t)a->num_kv_heads * a->head_dim;
+    for (int t = 0; t < a->num_tokens; t++) {
+        if (a->slots[t] < 0)
+            continue; /* a padding token */
+        memcpy(a->k_cache + (size_t)a->slots[t] * row, a->k + (size_t)t * a->stride, row * 4);
+        memcpy(a->v_cache + (size_t)a->slots[t] * row, a->v + (size_t)t * a->stride, row * 4);
+    }
+}
+
+/* Causal attention of each sequence's new tokens over its paged cache. Sequence b's queries are
+ * rows query_start[b] .. query_start[b+1]-1; the last of them sits at position seq_lens[b] - 1. */
+struct attn_args {
+    float *out; const float *q, *k_cache, *v_cache; const int *block_tables, *seq_lens, *query_start;
+    int num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks, q_stride; float scale;
+};
+static void attend(const struct attn_args *a, int b, int qi, int pos, float *scores) {
+    int d = a->head_dim, group = a->num_heads / a->num_kv_heads;
+    size_t row = (size_t)a->num_kv_heads * d;
+    const int *table = a->block_tables + (size_t)b * a->max_blocks;
+    for (int h = 0; h < a->num_heads; h++) {
+        const float *q = a->q + (size_t)qi * a->q_stride + (size_t)h * d;
+        int kvh = h / group;
+        float mx = -INFINITY;
+        for (int j = 0; j <= pos; j++) {
+            const float *k = a->k_cache + ((size_t)table[j / a->block_size] * a->block_size +
+                                           j % a->block_size) * row + (size_t)kvh * d;
+            float s = 0;
+            for (int i = 0; i < d; i++)
+                s += q[i] * k[i];
+            scores[j] = s * a->scale;
+            mx = scores[j] > mx ? scores[j] : mx;
+        }
+        float sum = 0;
+        for (int j = 0; j <= pos; j++)
+            sum += scores[j] = expf(scores[j] - mx);
+        float *o = a->out + (size_t)qi * a->num_heads * d + (size_t)h * d;
+        memset(o, 0, (size_t)d * 4);
+        for (int j = 0; j <= pos; j++) {
+            const float *v = a->v_cache + ((size_t)table[j / a->block_size] * a->block_size +
+                                           j % a->block_size) * row + (size_t)kvh * d;
+            float w = scores[j] / sum;
+            for (int i = 0; i < d; i++)
+                o[i] += w * v[i];
+        }
+    }
+}
+static void paged_attention(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct attn_args *a = p;
+    float *scores = malloc((size_t)a->max_blocks * a->block_size * sizeof(float));
+    for (int b = 0; scores && b < a->num_seqs; b++) {
+        int q0 = a->query_start[b], q1 = a->query_start[b + 1], len = a->seq_lens[b];
+        for (int qi = q0; qi < q1; qi++) {
+            int pos = len - (q1 - qi);
+            if (pos < 0) { /* a padding row */
+                memset(a->out + (size_t)qi * a->num_heads * a->head_dim, 0,
+                       (size_t)a->num_heads * a->head_dim * 4);
+                continue;
+            }
+            attend(a, b, qi, pos, scores);
+        }
+    }
+    free(scores);
+}
+
+struct silu_args { float *out; const float *gate_up; int num_tokens, dim; };
+static void silu_and_mul(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct silu_args *a = p;
+    for (int t = 0; t < a->num_tokens; t++) {
+        const float *g = a->gate_up + (size_t)t * 2 * a->dim, *u = g + a->dim;
+        float *o = a->out + (size_t)t * a->dim;
+        for (int i = 0; i < a->dim; i++)
+            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+struct bias_args { float *x; const float *bias; int num_tokens, dim; };
+static void add_bias(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct bias_args *a = p;
+    for (int t = 0; t < a->num_tokens; t++)
+        for (int i = 0; i < a->dim; i++)
+            a->x[(size_t)t * a->dim + i] += a->bias[i];
+}
+
+struct gather_args { float *out; const float *in; const int *rows; int num_rows, dim; };
+static void gather_rows(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct gather_args *a = p;
+    for (int r = 0; r < a->num_rows; r++)
+        memcpy(a->out + (size_t)r * a->dim, a->in + (size_t)a->rows[r] * a->dim, (size_t)a->dim * 4);
+}
+
+/* ---- sampling: greedy at temperature 0, else temperature + top-p from a counter-based RNG ---- */
+static uint64_t mix(uint64_t x) { /* splitmix64 finalizer */
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static const float *g_sort_probs;
+static int by_prob_desc(const void *x, const void *y) {
+    float a = g_sort_probs[*(const int *)x], b = g_sort_probs[*(const int *)y];
+    return (a < b) - (a > b);
+}
+
+static int sample_row(const float *logits, int vocab, float temp, float top_p, uint64_t seed,
+                      float *probs, int *order) {
+    int best = 0;
+    for (int i = 1; i < vocab; i++)
+        best = logits[i] > logits[best] ? i : best;
+    if (temp <= 0.0f)
+        return best;
+    double sum = 0;
+    for (int i = 0; i < vocab; i++)
+        sum += probs[i] = expf((logits[i] - logits[best]) / temp);
+    double u = (double)(mix(seed) >> 11) * 0x1.0p-53;
+    int n = vocab;
+    if (top_p < 1.0f) {
+        for (int i = 0; i < vocab; i++)
+            order[i] = i;
+        g_sort_probs = probs; /* NOTE: kernels run one at a time; qsort has no context argument */
+        qsort(order, (size_t)vocab, sizeof *order, by_prob_desc);
+        double c = 0;
+        for (n = 0; n < vocab && c < top_p * sum; n++)
+            c += probs[order[n]];
+        sum = c;
+    }
+    double acc = 0, target = u * sum;
+    for (int i = 0; i < n; i++) {
+        int tok = top_p < 1.0f ? order[i] : i;
+        acc += probs[tok];
+        if (acc > target)
+            return tok;
+    }
+    return top_p < 1.0f ? order[n - 1] : best;
+}
+
+struct sample_args {
+    int *out; const float *logits, *temperature, *top_p; const uint64_t *seeds; int num_seqs, vocab;
+};
+static void sample_tokens(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct sample_args *a = p;
+    float *probs = malloc((size_t)a->vocab * sizeof(float));
+    int *order = malloc((size_t)a->vocab * sizeof(int));
+    for (int b = 0; probs && order && b < a->num_seqs; b++)
+        a->out[b] = sample_row(a->logits + (size_t)b * a->vocab, a->vocab, a->temperature[b],
+                               a->top_p[b], a->seeds[b], probs, order);
+    free(probs);
+    free(order);
+}
+
+SIMCUDA_STUB(embed_tokens)
+SIMCUDA_STUB(rms_norm_kernel)
+SIMCUDA_STUB(rotary_embedding)
+SIMCUDA_STUB(reshape_and_cache_kernel)
+SIMCUDA_STUB(paged_attention_kernel)
+SIMCUDA_STUB(silu_and_mul_kernel)
+SIMCUDA_STUB(add_bias_kernel)
+SIMCUDA_STUB(gather_rows_kernel)
+SIMCUDA_STUB(sample_tokens_kernel)
+
+static const simcuda_kernel_desc kernels[] = {
+    {"embed_tokens", "p p p i i", embed, embed_tokens},
+    {"rms_norm_kernel", "p p p i i f", rms_norm, rms_norm_kernel},
+    {"rotary_embedding", "p p p i i i i i f i", rope, rotary_embedding},
+    {"reshape_and_cache_kernel", "p p p p p i i i i", reshape_and_cache, reshape_and_cache_kernel},
+    {"paged_attention_kernel", "p p p p p p p i i i i i i i f", paged_attention,
+     paged_attention_kernel},
+    {"silu_and_mul_kernel", "p p i i", silu_and_mul, silu_and_mul_kernel},
+    {"add_bias_kernel", "p p i i", add_bias, add_bias_kernel},
+    {"gather_rows_kernel", "p p p i i", gather_rows, gather_rows_kernel},
+    {"sample_tokens_kernel", "p p p p p i i", sample_tokens, sample_tokens_kernel},
+};
+
+SIMCUDA_MODULE(medusa_engine, kernels, NULL, 0)

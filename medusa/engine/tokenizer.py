@@ -1,0 +1,123 @@
+"""Tokenizers from GGUF metadata or tokenizer.json, chat templates, and incremental decoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+from medusa.engine.loader.errors import ModelError
+
+CONTROL = 3  # GGUF token type of special tokens
+
+# A template for chat models that ship none: ChatML, which SmolLM2 and Qwen use.
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class Tokenizer:
+    def __init__(
+        self, tk: HFTokenizer, eos_ids: tuple[int, ...], chat_template: str | None,
+        bos: str | None = None, eos: str | None = None,
+    ) -> None:  # fmt: skip
+        self.tk = tk
+        self.eos_ids = eos_ids
+        self.bos, self.eos = bos, eos
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self._template = env.from_string(chat_template or CHATML)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tk.get_vocab_size())
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, Any], path: Path) -> Tokenizer:
+        if meta.get("tokenizer.ggml.model") != "gpt2":
+            raise ModelError(
+                f"{path}: tokenizer model {meta.get('tokenizer.ggml.model')!r}; only byte-level "
+                "BPE ('gpt2') tokenizers are read from GGUF files"
+            )
+        tokens: list[str] = meta["tokenizer.ggml.tokens"]
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        tk = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=False))
+        # NOTE: llama.cpp's "smollm"/"gpt2" pre-tokenizers split digits one by one, then GPT-2's
+        # byte-level regex; the Hugging Face tokenizer.json of these models does the same.
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        )  # fmt: skip
+        tk.decoder = decoders.ByteLevel()
+        types = meta.get("tokenizer.ggml.token_type")
+        special = [tokens[i] for i in range(len(tokens)) if types is not None and types[i] == CONTROL]
+        tk.add_special_tokens(special)
+        eos = int(meta.get("tokenizer.ggml.eos_token_id", 0))
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        return cls(tk, (eos,), meta.get("tokenizer.chat_template"),
+                   tokens[int(bos)] if bos is not None else None, tokens[eos])  # fmt: skip
+
+    @classmethod
+    def from_directory(cls, path: Path) -> Tokenizer:
+        tj = path / "tokenizer.json"
+        if not tj.is_file():
+            raise ModelError(f"{path}: no tokenizer.json")
+        tk = HFTokenizer.from_file(str(tj))
+        cfg_path = path / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        eos_tok = _token_text(cfg.get("eos_token"))
+        eos_ids = {tk.token_to_id(eos_tok)} if eos_tok else set()
+        gen = path / "generation_config.json"
+        if gen.is_file():
+            e = json.loads(gen.read_text()).get("eos_token_id")
+            eos_ids |= set(e if isinstance(e, list) else [e] if e is not None else [])
+        eos_ids.discard(None)
+        return cls(tk, tuple(sorted(eos_ids)), cfg.get("chat_template"),
+                   _token_text(cfg.get("bos_token")), eos_tok)  # fmt: skip
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tk.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tk.decode(ids, skip_special_tokens=True))
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        return self._template.render(
+            messages=messages, add_generation_prompt=True, bos_token=self.bos or "",
+            eos_token=self.eos or "",
+        )  # fmt: skip
+
+
+class IncrementalDecoder:
+    """Turns a growing list of token ids into text deltas, holding back an incomplete UTF-8
+    sequence (a byte-level token may end in the middle of a character)."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_tail: list[int] | None = None) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tok.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+
+def _token_text(t: Any) -> str | None:
+    if isinstance(t, dict):
+        return str(t.get("content"))
+    return str(t) if t is not None else None
+
+
+def _raise(msg: str) -> None:
+    raise jinja2.TemplateError(msg)
