@@ -147,7 +147,9 @@ class LLMEngine:
         """Runs prompts to completion; returns each completion's text (stop strings cut off)."""
         seqs = []
         for p in prompts:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p
+            text = (
+                self.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p
+            )
             seqs.append(self.add_request(self.tokenizer.encode(text), params))
         while self.has_unfinished():
             outs = self.step()

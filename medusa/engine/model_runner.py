@@ -184,27 +184,28 @@ class ModelRunner:
     def _prefill_batch(self, prompts, tables, sampling) -> Batch:  # type: ignore[no-untyped-def]
         lens = [len(p) for p in prompts]
         qs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        slots = [x for n, t in zip(lens, tables, strict=True) for x in self._slots(t, range(n))]
         bt, temp, top_p, seeds = self._meta(len(prompts), tables, sampling)
         return Batch(
             ids=np.concatenate([np.asarray(p, np.int32) for p in prompts]),
             positions=np.concatenate([np.arange(n, dtype=np.int32) for n in lens]),
-            slots=np.asarray(
-                [x for p, t in zip(prompts, tables, strict=True) for x in self._slots(t, range(len(p)))],
-                np.int32,
-            ),
+            slots=np.asarray(slots, np.int32),
             block_tables=bt, seq_lens=np.asarray(lens, np.int32), query_start=qs,
             last_rows=qs[1:] - 1, temperature=temp, top_p=top_p, seeds=seeds,
         )  # fmt: skip
 
     def _decode_batch(self, seqs: list[Sequence], size: int) -> Batch:
         n = len(seqs)
-        bt, temp, top_p, seeds = self._meta(size, [s.block_table for s in seqs], self._sampling(seqs))
+        bt, temp, top_p, seeds = self._meta(
+            size, [s.block_table for s in seqs], self._sampling(seqs)
+        )
         pos = [len(s) - 1 for s in seqs] + [0] * (size - n)
+        lens = [len(s) for s in seqs] + [0] * (size - n)
         slots = [self._slots(s.block_table, [len(s) - 1])[0] for s in seqs] + [-1] * (size - n)
         return Batch(
             ids=np.asarray([s.last_token for s in seqs] + [0] * (size - n), np.int32),
             positions=np.asarray(pos, np.int32), slots=np.asarray(slots, np.int32),
-            block_tables=bt, seq_lens=np.asarray([len(s) for s in seqs] + [0] * (size - n), np.int32),
+            block_tables=bt, seq_lens=np.asarray(lens, np.int32),
             query_start=np.arange(size + 1, dtype=np.int32),
             last_rows=np.arange(size, dtype=np.int32), temperature=temp, top_p=top_p, seeds=seeds,
         )  # fmt: skip
@@ -242,29 +243,100 @@ class ModelRunner:
             raise RuntimeError("the KV cache is not allocated yet")
         dim, qkv, eps = s.hidden_size, s.qkv_size, s.rms_eps
         layer_bytes = kv.nbytes // (2 * s.num_layers)  # [layer][k|v][block][slot][kv head][dim]
-        q, k, v = a["qkv"].ptr, a["qkv"].ptr + s.q_size * F32, a["qkv"].ptr + (s.q_size + s.kv_size) * F32
+        q, k, v = (
+            a["qkv"].ptr,
+            a["qkv"].ptr + s.q_size * F32,
+            a["qkv"].ptr + (s.q_size + s.kv_size) * F32,
+        )
         d.launch("embed_tokens", a["x"].ptr, w["embed"].ptr, a["ids"].ptr, t, dim)
         for i in range(s.num_layers):
             kc = kv.ptr + 2 * i * layer_bytes
             vc = kc + layer_bytes
-            d.launch("rms_norm_kernel", a["h"].ptr, a["x"].ptr, w[f"layers.{i}.attn_norm"].ptr, t, dim, eps)
+            d.launch(
+                "rms_norm_kernel",
+                a["h"].ptr,
+                a["x"].ptr,
+                w[f"layers.{i}.attn_norm"].ptr,
+                t,
+                dim,
+                eps,
+            )
             d.linear(q, a["h"].ptr, w[f"layers.{i}.qkv"].ptr, t, qkv, dim)
             if s.qkv_bias:
                 d.launch("add_bias_kernel", q, w[f"layers.{i}.qkv_bias"].ptr, t, qkv)
-            d.launch("rotary_embedding", q, k, a["positions"].ptr, t, s.num_heads, s.num_kv_heads,
-                     s.head_dim, qkv, s.rope_theta, int(s.rope_neox))
-            d.launch("reshape_and_cache_kernel", kc, vc, k, v, a["slots"].ptr, t, s.num_kv_heads,
-                     s.head_dim, qkv)
-            d.launch("paged_attention_kernel", a["attn"].ptr, q, kc, vc, a["block_tables"].ptr,
-                     a["seq_lens"].ptr, a["query_start"].ptr, n, s.num_heads, s.num_kv_heads,
-                     s.head_dim, c.block_size, c.max_blocks_per_seq, qkv, s.head_dim**-0.5)
-            d.linear(a["x"].ptr, a["attn"].ptr, w[f"layers.{i}.o"].ptr, t, dim, s.q_size, accumulate=True)
-            d.launch("rms_norm_kernel", a["h"].ptr, a["x"].ptr, w[f"layers.{i}.ffn_norm"].ptr, t, dim, eps)
-            d.linear(a["gate_up"].ptr, a["h"].ptr, w[f"layers.{i}.gate_up"].ptr, t,
-                     2 * s.intermediate_size, dim)
+            d.launch(
+                "rotary_embedding",
+                q,
+                k,
+                a["positions"].ptr,
+                t,
+                s.num_heads,
+                s.num_kv_heads,
+                s.head_dim,
+                qkv,
+                s.rope_theta,
+                int(s.rope_neox),
+            )
+            d.launch(
+                "reshape_and_cache_kernel",
+                kc,
+                vc,
+                k,
+                v,
+                a["slots"].ptr,
+                t,
+                s.num_kv_heads,
+                s.head_dim,
+                qkv,
+            )
+            d.launch(
+                "paged_attention_kernel",
+                a["attn"].ptr,
+                q,
+                kc,
+                vc,
+                a["block_tables"].ptr,
+                a["seq_lens"].ptr,
+                a["query_start"].ptr,
+                n,
+                s.num_heads,
+                s.num_kv_heads,
+                s.head_dim,
+                c.block_size,
+                c.max_blocks_per_seq,
+                qkv,
+                s.head_dim**-0.5,
+            )
+            d.linear(
+                a["x"].ptr, a["attn"].ptr, w[f"layers.{i}.o"].ptr, t, dim, s.q_size, accumulate=True
+            )
+            d.launch(
+                "rms_norm_kernel",
+                a["h"].ptr,
+                a["x"].ptr,
+                w[f"layers.{i}.ffn_norm"].ptr,
+                t,
+                dim,
+                eps,
+            )
+            d.linear(
+                a["gate_up"].ptr,
+                a["h"].ptr,
+                w[f"layers.{i}.gate_up"].ptr,
+                t,
+                2 * s.intermediate_size,
+                dim,
+            )
             d.launch("silu_and_mul_kernel", a["act"].ptr, a["gate_up"].ptr, t, s.intermediate_size)
-            d.linear(a["x"].ptr, a["act"].ptr, w[f"layers.{i}.down"].ptr, t, dim,
-                     s.intermediate_size, accumulate=True)
+            d.linear(
+                a["x"].ptr,
+                a["act"].ptr,
+                w[f"layers.{i}.down"].ptr,
+                t,
+                dim,
+                s.intermediate_size,
+                accumulate=True,
+            )
         d.launch("gather_rows_kernel", a["last"].ptr, a["x"].ptr, a["last_rows"].ptr, n, dim)
         d.launch("rms_norm_kernel", a["last_h"].ptr, a["last"].ptr, w["norm"].ptr, n, dim, eps)
         head = w["embed" if s.tie_embeddings else "lm_head"].ptr

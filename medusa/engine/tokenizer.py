@@ -17,7 +17,8 @@ CONTROL = 3  # GGUF token type of special tokens
 
 # A template for chat models that ship none: ChatML, which SmolLM2 and Qwen use.
 CHATML = (
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% for m in messages %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
@@ -57,7 +58,9 @@ class Tokenizer:
         )  # fmt: skip
         tk.decoder = decoders.ByteLevel()
         types = meta.get("tokenizer.ggml.token_type")
-        special = [tokens[i] for i in range(len(tokens)) if types is not None and types[i] == CONTROL]
+        special = [
+            tokens[i] for i in range(len(tokens)) if types is not None and types[i] == CONTROL
+        ]
         tk.add_special_tokens(special)
         eos = int(meta.get("tokenizer.ggml.eos_token_id", 0))
         bos = meta.get("tokenizer.ggml.bos_token_id")

@@ -180,14 +180,16 @@ static uint64_t mix(uint64_t x) { /* splitmix64 finalizer */
     return x ^ (x >> 31);
 }
 
-static const float *g_sort_probs;
-static int by_prob_desc(const void *x, const void *y) {
-    float a = g_sort_probs[*(const int *)x], b = g_sort_probs[*(const int *)y];
+static int by_desc(const void *x, const void *y) {
+    float a = *(const float *)x, b = *(const float *)y;
     return (a < b) - (a > b);
 }
 
+/* NOTE: the nucleus is every token whose probability reaches the threshold the sorted cumulative
+ * sum gives, and sampling walks the vocabulary in index order: the GPU kernel does the same, so
+ * both pick the same token for the same seed. */
 static int sample_row(const float *logits, int vocab, float temp, float top_p, uint64_t seed,
-                      float *probs, int *order) {
+                      float *probs, float *sorted) {
     int best = 0;
     for (int i = 1; i < vocab; i++)
         best = logits[i] > logits[best] ? i : best;
@@ -196,26 +198,28 @@ static int sample_row(const float *logits, int vocab, float temp, float top_p, u
     double sum = 0;
     for (int i = 0; i < vocab; i++)
         sum += probs[i] = expf((logits[i] - logits[best]) / temp);
-    double u = (double)(mix(seed) >> 11) * 0x1.0p-53;
-    int n = vocab;
+    float threshold = 0.0f;
     if (top_p < 1.0f) {
-        for (int i = 0; i < vocab; i++)
-            order[i] = i;
-        g_sort_probs = probs; /* NOTE: kernels run one at a time; qsort has no context argument */
-        qsort(order, (size_t)vocab, sizeof *order, by_prob_desc);
+        memcpy(sorted, probs, (size_t)vocab * sizeof *sorted);
+        qsort(sorted, (size_t)vocab, sizeof *sorted, by_desc);
         double c = 0;
-        for (n = 0; n < vocab && c < top_p * sum; n++)
-            c += probs[order[n]];
-        sum = c;
+        for (int n = 0; n < vocab && c < top_p * sum; n++)
+            c += threshold = sorted[n];
+        sum = 0;
+        for (int i = 0; i < vocab; i++)
+            sum += probs[i] >= threshold ? probs[i] : 0.0f;
     }
-    double acc = 0, target = u * sum;
-    for (int i = 0; i < n; i++) {
-        int tok = top_p < 1.0f ? order[i] : i;
-        acc += probs[tok];
+    double target = (double)(mix(seed) >> 11) * 0x1.0p-53 * sum, acc = 0;
+    int last = best;
+    for (int i = 0; i < vocab; i++) {
+        if (probs[i] < threshold)
+            continue;
+        acc += probs[i];
+        last = i;
         if (acc > target)
-            return tok;
+            return i;
     }
-    return top_p < 1.0f ? order[n - 1] : best;
+    return last;
 }
 
 struct sample_args {
@@ -225,12 +229,12 @@ static void sample_tokens(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct sample_args *a = p;
     float *probs = malloc((size_t)a->vocab * sizeof(float));
-    int *order = malloc((size_t)a->vocab * sizeof(int));
-    for (int b = 0; probs && order && b < a->num_seqs; b++)
+    float *sorted = malloc((size_t)a->vocab * sizeof(float));
+    for (int b = 0; probs && sorted && b < a->num_seqs; b++)
         a->out[b] = sample_row(a->logits + (size_t)b * a->vocab, a->vocab, a->temperature[b],
-                               a->top_p[b], a->seeds[b], probs, order);
+                               a->top_p[b], a->seeds[b], probs, sorted);
     free(probs);
-    free(order);
+    free(sorted);
 }
 
 SIMCUDA_STUB(embed_tokens)

@@ -113,16 +113,37 @@ class HFModel:
                 p = f"model.layers.{i}."
                 a = p + "self_attn."
                 if part == "qkv":
-                    yield name, np.concatenate([self._get(a + "q_proj.weight", (s.q_size, d)),
-                                                self._get(a + "k_proj.weight", (s.kv_size, d)),
-                                                self._get(a + "v_proj.weight", (s.kv_size, d))])
+                    yield (
+                        name,
+                        np.concatenate(
+                            [
+                                self._get(a + "q_proj.weight", (s.q_size, d)),
+                                self._get(a + "k_proj.weight", (s.kv_size, d)),
+                                self._get(a + "v_proj.weight", (s.kv_size, d)),
+                            ]
+                        ),
+                    )
                 elif part == "qkv_bias":
-                    yield name, np.concatenate([self._get(a + "q_proj.bias", (s.q_size,)),
-                                                self._get(a + "k_proj.bias", (s.kv_size,)),
-                                                self._get(a + "v_proj.bias", (s.kv_size,))])
+                    yield (
+                        name,
+                        np.concatenate(
+                            [
+                                self._get(a + "q_proj.bias", (s.q_size,)),
+                                self._get(a + "k_proj.bias", (s.kv_size,)),
+                                self._get(a + "v_proj.bias", (s.kv_size,)),
+                            ]
+                        ),
+                    )
                 elif part == "gate_up":
-                    yield name, np.concatenate([self._get(p + "mlp.gate_proj.weight", (f, d)),
-                                                self._get(p + "mlp.up_proj.weight", (f, d))])
+                    yield (
+                        name,
+                        np.concatenate(
+                            [
+                                self._get(p + "mlp.gate_proj.weight", (f, d)),
+                                self._get(p + "mlp.up_proj.weight", (f, d)),
+                            ]
+                        ),
+                    )
                 else:
                     hf = {"attn_norm": "input_layernorm.weight", "o": "self_attn.o_proj.weight",
                           "ffn_norm": "post_attention_layernorm.weight",
