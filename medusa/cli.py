@@ -27,6 +27,51 @@ def doctor(device: str | None) -> None:
     raise SystemExit(run_doctor(device))
 
 
+@main.command(context_settings={"show_default": True})
+@click.argument("model", required=False)
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--port", default=8000, type=int, help="Port to listen on.")
+@click.option("--served-model-name", default=None, help="Model id clients send (default: MODEL).")
+@click.option("--max-num-seqs", default=8, type=int, help="Sequences decoded together at most.")
+@click.option(
+    "--max-model-len", default=2048, type=int, help="Prompt + completion tokens, at most."
+)
+@click.option("--max-num-batched-tokens", default=512, type=int, help="Tokens in one step.")
+@click.option("--gpu-memory-utilization", default=0.9, type=float, help="Device memory fraction.")
+@click.option("--kv-cache-memory", default=None, type=int,
+              help="KV-cache bytes; skips the profiling pass.")  # fmt: skip
+@click.option("--enforce-eager", is_flag=True, help="Do not capture decode graphs.")
+@click.option("--seed", default=0, type=int, help="Seed for requests that bring none.")
+def run(
+    model: str | None, host: str, port: int, served_model_name: str | None, **engine: object
+) -> None:
+    """Serve MODEL (default: SmolLM2-135M-Instruct) with an OpenAI-compatible API.
+
+    MODEL is 'smollm2', a .gguf file, or a Hugging Face-layout directory. The server answers
+    /health with 503 until the engine has started; requests made meanwhile wait.
+    """
+    import logging
+
+    import uvicorn
+
+    from medusa.engine.config import EngineConfig
+    from medusa.serve.async_engine import AsyncEngine
+    from medusa.serve.worker import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    async_engine = AsyncEngine(config)
+    async_engine.start()
+    app = create_app(async_engine, served_model_name or model or "smollm2")
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info")
+    finally:
+        async_engine.shutdown()
+
+
 @main.group()
 def trace() -> None:
     """Record a program's CUDA calls with the LD_PRELOAD recorder, and read the traces."""

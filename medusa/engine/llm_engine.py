@@ -94,16 +94,29 @@ class LLMEngine:
         return self.blocks.num_blocks
 
     # ---- requests ----
-    def add_request(self, prompt: list[int], params: SamplingParams) -> Sequence:
-        limit = min(self.config.max_model_len, self.config.max_num_batched_tokens)
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt accepted: one that is prefilled in one step and leaves room for a
+        generated token."""
+        return min(self.config.max_model_len, self.config.max_num_batched_tokens) - 1
+
+    def check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")
-        if len(prompt) >= limit:
+        if len(prompt) > self.max_prompt_tokens:
             raise ValueError(
-                f"the prompt has {len(prompt)} tokens; this engine takes at most {limit - 1} "
-                f"(max_model_len={self.config.max_model_len}, "
+                f"the prompt has {len(prompt)} tokens; this engine takes at most "
+                f"{self.max_prompt_tokens} (max_model_len={self.config.max_model_len}, "
                 f"max_num_batched_tokens={self.config.max_num_batched_tokens})"
             )
+        bad = [t for t in prompt if not 0 <= t < self.spec.vocab_size]
+        if bad:
+            raise ValueError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.spec.vocab_size - 1})"
+            )
+
+    def add_request(self, prompt: list[int], params: SamplingParams) -> Sequence:
+        self.check_prompt(prompt)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         seq = Sequence(prompt, params, seed)
         self._decoders[seq.seq_id] = IncrementalDecoder(self.tokenizer)

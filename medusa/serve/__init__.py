@@ -1,0 +1,1 @@
+"""Serving: the worker's OpenAI-compatible API (and, later, the gateway)."""

@@ -1,0 +1,122 @@
+"""The engine on its own thread, fed by the HTTP server's event loop. Requests go in through a
+queue; each request's outputs come back to the loop through its own asyncio queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from medusa.engine.config import EngineConfig
+from medusa.engine.llm_engine import LLMEngine, StepOutput
+from medusa.engine.sampling import SamplingParams
+from medusa.engine.sequence import Sequence
+
+log = logging.getLogger("medusa.serve")
+
+
+@dataclass
+class Output:
+    token: int
+    text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_completion_tokens: int
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    deliver: Callable[[Output], None]
+    seq: Sequence | None = None
+    created: float = field(default_factory=time.perf_counter)
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, factory: Callable[[], LLMEngine] | None = None):
+        self.config = config
+        self._factory = factory or (lambda: LLMEngine(config))
+        self.engine: LLMEngine | None = None
+        self.error: str | None = None
+        self.ready = threading.Event()
+        self._inbox: queue.Queue[tuple[str, _Request | None]] = queue.Queue()
+        self._by_seq: dict[int, _Request] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="medusa-engine", daemon=True)
+        self.num_pending = 0  # requests not finished, including those not yet scheduled
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            self.engine = self._factory()
+        except Exception as e:  # noqa: BLE001 - reported on /health, the process stays up
+            log.exception("engine start-up failed")
+            self.error = f"{type(e).__name__}: {e}"
+            self.ready.set()
+            return
+        self.ready.set()
+        eng = self.engine
+        while not self._stop.is_set():
+            self._drain(block=not eng.has_unfinished())
+            if eng.has_unfinished():
+                for out in eng.step():
+                    self._dispatch(out)
+        eng.shutdown()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.2) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, req = item
+            if kind == "add" and req is not None and self.engine is not None:
+                req.seq = self.engine.add_request(req.prompt, req.params)
+                self._by_seq[req.seq.seq_id] = req
+            elif kind == "abort" and req is not None and req.seq and self.engine is not None:
+                self.engine.abort(req.seq)
+                self._by_seq.pop(req.seq.seq_id, None)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _dispatch(self, out: StepOutput) -> None:
+        req = self._by_seq.get(out.seq.seq_id)
+        if req is None:
+            return
+        if out.finished:
+            del self._by_seq[out.seq.seq_id]
+        s = out.seq
+        req.deliver(Output(out.token, out.text, out.finished, s.finish_reason,
+                           s.num_prompt_tokens, s.num_completion_tokens))  # fmt: skip
+
+    async def generate(self, prompt: list[int], params: SamplingParams) -> AsyncIterator[Output]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Output] = asyncio.Queue()
+        req = _Request(prompt, params, lambda o: loop.call_soon_threadsafe(q.put_nowait, o))
+        self.num_pending += 1
+        self._inbox.put(("add", req))
+        try:
+            while True:
+                out = await q.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            self.num_pending -= 1
+            if not req.seq or req.seq.status.name != "FINISHED":
+                self._inbox.put(("abort", req))
