@@ -42,8 +42,17 @@ def doctor(device: str | None) -> None:
               help="KV-cache bytes; skips the profiling pass.")  # fmt: skip
 @click.option("--enforce-eager", is_flag=True, help="Do not capture decode graphs.")
 @click.option("--seed", default=0, type=int, help="Seed for requests that bring none.")
+@click.option(
+    "--demo", metavar="PROMPT", default=None,
+    help="Serve, answer PROMPT over HTTP, print the answer and stop.",
+)  # fmt: skip
 def run(
-    model: str | None, host: str, port: int, served_model_name: str | None, **engine: object
+    model: str | None,
+    host: str,
+    port: int,
+    served_model_name: str | None,
+    demo: str | None,
+    **engine: object,
 ) -> None:
     """Serve MODEL (default: SmolLM2-135M-Instruct) with an OpenAI-compatible API.
 
@@ -65,8 +74,13 @@ def run(
         raise click.UsageError(str(e)) from None
     async_engine = AsyncEngine(config)
     async_engine.start()
-    app = create_app(async_engine, served_model_name or model or "smollm2")
+    name = served_model_name or model or "smollm2"
+    app = create_app(async_engine, name)
     try:
+        if demo is not None:
+            from medusa.serve.demo import run_demo
+
+            raise SystemExit(run_demo(app, async_engine, host, port, name, demo))
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
         async_engine.shutdown()

@@ -1,0 +1,59 @@
+"""`medusa run --demo`: serve, answer one chat request over HTTP, print it, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from medusa.serve.async_engine import AsyncEngine
+
+
+def run_demo(
+    app: FastAPI, engine: AsyncEngine, host: str, port: int, model: str, prompt: str
+) -> int:
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    t0 = time.perf_counter()
+    thread.start()
+    base = f"http://{host}:{port}"
+    try:
+        while True:
+            try:
+                health = httpx.get(f"{base}/health", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            if health.status_code == 200:
+                break
+            if health.status_code == 500:
+                print(f"the engine failed to start: {health.json().get('error')}")
+                return 1
+            time.sleep(0.2)
+        ready = time.perf_counter() - t0
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0, "max_tokens": 64}  # fmt: skip
+        t1 = time.perf_counter()
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300)
+        answer = r.json()
+        if r.status_code != 200:
+            print(f"request failed ({r.status_code}): {answer}")
+            return 1
+        assert engine.engine is not None
+        stages = ", ".join(
+            f"{k} {v:.2f}s" for k, v in engine.engine.timings.items() if k != "total"
+        )
+        print(f"serving {model} on {base} ({engine.engine.device.kind} back-end)")
+        print(f"ready in {ready:.2f} s: {stages}")
+        print(f"POST /v1/chat/completions  user: {prompt}")
+        print(f"assistant: {answer['choices'][0]['message']['content']}")
+        print(
+            f"({answer['usage']['completion_tokens']} tokens in {time.perf_counter() - t1:.2f} s)"
+        )
+        return 0
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
