@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,9 +27,19 @@ class GGUFModel:
                 f"{path}: architecture {arch!r} is not supported; this engine runs "
                 f"{', '.join(SUPPORTED)} (Llama-style) models"
             )
-        g = lambda k, d=None: self.file.get(f"{arch}.{k}", d)  # noqa: E731
+
+        def g(key: str, default: object = None) -> Any:
+            v = self.file.get(f"{arch}.{key}", default)
+            if v is None:
+                raise ModelError(
+                    f"{path}: metadata {arch}.{key} is missing; the file is incomplete"
+                )
+            return v
+
         d, heads = int(g("embedding_length")), int(g("attention.head_count"))
-        vocab = g("vocab_size") or len(self.file.get("tokenizer.ggml.tokens", []))
+        vocab = self.file.get(f"{arch}.vocab_size") or len(
+            self.file.get("tokenizer.ggml.tokens", [])
+        )
         self.spec = ModelSpec(
             name=str(self.file.get("general.name", path.stem)),
             vocab_size=int(vocab),
