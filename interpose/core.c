@@ -170,8 +170,9 @@ bool mi_wants(unsigned family) {
     if (!mi_recording_on() || __atomic_load_n(&g_failed, __ATOMIC_RELAXED) ||
         __atomic_load_n(&g_paused, __ATOMIC_RELAXED))
         return false;
-    /* Restore mode only needs where allocations landed, to relocate against. */
-    return mi_mode() == MEDUSA_MODE_RECORD || family == F_MEM;
+    /* Restore mode needs where allocations landed (to relocate against) and which images were
+     * loaded (to find hidden kernels in them). */
+    return mi_mode() == MEDUSA_MODE_RECORD || family == F_MEM || family == F_MODULE;
 }
 
 bool mi_failed(void) { return __atomic_load_n(&g_failed, __ATOMIC_RELAXED); }
@@ -225,6 +226,9 @@ MI_EXPORT void medusa_trace_mark(const char *phase) {
         return;
     medusa_trace_record r = {.type = MEDUSA_EV_MARK};
     mi_emit(&r, phase, strlen(phase), LIVE_NONE);
+    mi_note_phase(phase, r.seq);
+    if (strcmp(phase, "ready") == 0 && mi_mode() == MEDUSA_MODE_RECORD)
+        mi_snapshot_live();
     mi_flush();
 }
 

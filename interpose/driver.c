@@ -2,6 +2,7 @@
  * so they never pass through a hook, and the recorder's own work is never recorded. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -47,6 +48,9 @@ static void load(void) {
     GET(driverGetVersion, "cuDriverGetVersion", 2020, 0)
     GET(deviceGetUuid, "cuDeviceGetUuid", 11040, 0)
     GET(hostGetDevicePointer, "cuMemHostGetDevicePointer", 3020, 0)
+    GET(memAlloc, "cuMemAlloc", 3020, 0)
+    GET(memcpyDtoH, "cuMemcpyDtoH", 3020, 0)
+    GET(ctxSynchronize, "cuCtxSynchronize", 2000, 0)
 #undef GET
 }
 
@@ -64,6 +68,18 @@ CUgraphNode mi_captured_node(CUstream s, bool ptsz) {
         d->captureInfo[ptsz](s, &status, NULL, NULL, &deps, NULL, &n) != CUDA_SUCCESS)
         return NULL;
     return status == CU_STREAM_CAPTURE_STATUS_ACTIVE && n == 1 ? deps[0] : NULL;
+}
+
+static int g_shifted;
+
+void mi_after_device_alloc(void) {
+    if (__atomic_exchange_n(&g_shifted, 1, __ATOMIC_ACQ_REL))
+        return;
+    const char *env = getenv("MEDUSA_TRACE_SHIFT");
+    unsigned long long n = env ? strtoull(env, NULL, 0) : 0;
+    CUdeviceptr pad;
+    if (n && (!mi_drv()->memAlloc || mi_drv()->memAlloc(&pad, (size_t)n) != CUDA_SUCCESS))
+        mi_log("MEDUSA_TRACE_SHIFT=%llu: the shift allocation failed; addresses are not shifted", n);
 }
 
 static int g_device_noted;

@@ -120,7 +120,10 @@ static void capture_begin(hook_id api, int res, void *stream, int mode) {
         return;
     __atomic_add_fetch(&mi_num_captures, 1, __ATOMIC_ACQ_REL);
     mi_note_device();
-    rec(MEDUSA_EV_CAPTURE_BEGIN, api, res, U(stream), (uint64_t)mode, 0, 0);
+    medusa_trace_record r = {.type = MEDUSA_EV_CAPTURE_BEGIN, .api = (uint16_t)api, .result = res,
+                             .u = {U(stream), (uint64_t)mode}};
+    mi_emit(&r, NULL, 0, LIVE_NONE);
+    mi_note_phase("", r.seq);
 }
 
 static void capture_end(hook_id api, int res, void *stream, void *graph) {

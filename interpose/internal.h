@@ -129,6 +129,9 @@ typedef struct {
     PFN_cuDriverGetVersion_v2020 driverGetVersion;
     PFN_cuDeviceGetUuid_v11040 deviceGetUuid;
     PFN_cuMemHostGetDevicePointer_v3020 hostGetDevicePointer;
+    PFN_cuMemAlloc_v3020 memAlloc;
+    PFN_cuMemcpyDtoH_v3020 memcpyDtoH;
+    PFN_cuCtxSynchronize_v2000 ctxSynchronize;
 } mi_driver;
 const mi_driver *mi_drv(void);           /* never NULL; missing entries are NULL */
 void mi_note_device(void);               /* records the DEVICE fingerprint once */
@@ -145,5 +148,8 @@ size_t mi_param_bytes(const mi_func_info *fi, void **params, void **extra, unsig
 size_t mi_image_size(const void *image);
 void mi_sha256(const void *data, size_t len, uint8_t out[32]);
 void mi_dump_graph(hook_id api, void *stream, CUgraph g);
+void mi_after_device_alloc(void);        /* the layout shift, once */
+void mi_snapshot_live(void);             /* CONTENT records for the capture phase's buffers */
+void mi_note_phase(const char *phase, uint64_t seq);
 
 #endif

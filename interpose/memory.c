@@ -13,8 +13,10 @@ static void rec(medusa_event_type type, hook_id api, int result, uint64_t a, uin
 
 static void rec_alloc(hook_id api, int res, uint64_t addr, size_t size, void *stream, uint64_t flags) {
     rec(MEDUSA_EV_ALLOC, api, res, res ? 0 : addr, size, U(stream), flags, LIVE_ADD);
-    if (!res)
+    if (!res) {
         mi_note_device();
+        mi_after_device_alloc();
+    }
 }
 
 static void rec_free(hook_id api, uint64_t addr, void *stream) {

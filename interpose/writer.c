@@ -16,8 +16,8 @@
 #define BUF_LIMIT (1u << 20)
 
 typedef struct {
-    uint64_t key, size, seq;
-} live_slot; /* key 0: empty, 1: deleted */
+    uint64_t key, size, seq, host;
+} live_slot; /* key 0: empty, 1: deleted; host: a host allocation (readable directly) */
 
 typedef struct {
     const void *key;
@@ -38,6 +38,7 @@ static struct {
     buf rec, blob;
     uint64_t blob_file_off; /* file offset of blob.v[0] */
     uint64_t seq, t0;
+    uint64_t capture_start; /* seq where the capture phase began (0: not yet) */
     live_slot *live;
     size_t live_cap, live_used;
     func_slot *funcs;
@@ -217,7 +218,7 @@ static bool live_grow(void) {
     return true;
 }
 
-static void live_add(uint64_t key, uint64_t size, uint64_t seq) {
+static void live_add(uint64_t key, uint64_t size, uint64_t seq, uint64_t host) {
     if (key <= 1 || ((W.live_used + 1) * 2 > W.live_cap && !live_grow())) {
         W.broken = key > 1;
         return;
@@ -226,7 +227,7 @@ static void live_add(uint64_t key, uint64_t size, uint64_t seq) {
     while (W.live[i].key > 1 && W.live[i].key != key)
         i = (i + 1) & (W.live_cap - 1);
     W.live_used += W.live[i].key <= 1;
-    W.live[i] = (live_slot){key, size, seq};
+    W.live[i] = (live_slot){key, size, seq, host};
 }
 
 static void live_del(uint64_t key, uint64_t *size, uint64_t *seq) {
@@ -247,7 +248,7 @@ void mi_emit(medusa_trace_record *r, const void *blob, size_t len, live_op op) {
             live_del(r->u[0], &r->u[1], &r->u[3]);
         append(r, blob, len);
         if (op == LIVE_ADD && r->result == 0)
-            live_add(r->u[0], r->u[1], r->seq);
+            live_add(r->u[0], r->u[1], r->seq, r->type == MEDUSA_EV_HOST_ALLOC);
         if (W.rec.n + W.blob.n >= BUF_LIMIT)
             flush_locked();
     }
@@ -275,6 +276,41 @@ void mi_writer_close(void) {
     }
     W.mode = 0;
     pthread_mutex_unlock(&W.lock);
+}
+
+/* ---- the capture phase's buffers: their contents, when "ready" is marked ---- */
+void mi_note_phase(const char *phase, uint64_t seq) {
+    pthread_mutex_lock(&W.lock);
+    if (!W.capture_start && (!*phase || strncmp(phase, "graph_capture", 13) == 0))
+        W.capture_start = seq;
+    pthread_mutex_unlock(&W.lock);
+}
+
+#define SNAPSHOT_MAX ((uint64_t)256 << 20)
+
+void mi_snapshot_live(void) {
+    pthread_mutex_lock(&W.lock);
+    size_t n = 0;
+    live_slot *take = W.capture_start ? malloc((W.live_used + 1) * sizeof *take) : NULL;
+    for (size_t i = 0; take && i < W.live_cap; i++)
+        if (W.live[i].key > 1 && W.live[i].seq > W.capture_start)
+            take[n++] = W.live[i];
+    pthread_mutex_unlock(&W.lock);
+    const mi_driver *d = mi_drv();
+    if (n && d->ctxSynchronize)
+        d->ctxSynchronize();
+    for (size_t i = 0; i < n; i++) {
+        medusa_trace_record r = {.type = MEDUSA_EV_CONTENT,
+                                 .u = {take[i].key, take[i].size, take[i].seq}};
+        void *buf = take[i].size <= SNAPSHOT_MAX ? malloc(take[i].size ? take[i].size : 1) : NULL;
+        bool ok = buf && (take[i].host ? (memcpy(buf, (void *)(uintptr_t)take[i].key, take[i].size), true)
+                                       : d->memcpyDtoH && !d->memcpyDtoH(buf, take[i].key, take[i].size));
+        if (!ok)
+            r.result = -1; /* too large or unreadable: recorded without its bytes */
+        mi_emit(&r, ok ? buf : NULL, ok ? take[i].size : 0, LIVE_NONE);
+        free(buf);
+    }
+    free(take);
 }
 
 /* ---- fork: the child stops recording; its copy of the buffers belongs to the parent ---- */

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+from pathlib import Path
+
 import click
 
 from medusa import __version__
@@ -27,31 +32,68 @@ def doctor(device: str | None) -> None:
     raise SystemExit(run_doctor(device))
 
 
+def engine_options(f):  # type: ignore[no-untyped-def]
+    """The engine settings `run` and `materialize` share (they must match to restore)."""
+    opts = [
+        click.option(
+            "--max-num-seqs", default=8, type=int, help="Sequences decoded together at most."
+        ),
+        click.option("--max-model-len", default=2048, type=int, help="Prompt + completion tokens."),
+        click.option("--max-num-batched-tokens", default=512, type=int, help="Tokens in one step."),
+        click.option(
+            "--gpu-memory-utilization", default=0.9, type=float, help="Device memory fraction."
+        ),
+        click.option(
+            "--kv-cache-memory",
+            default=None,
+            type=int,
+            help="KV-cache bytes; skips the profiling pass.",
+        ),
+        click.option("--enforce-eager", is_flag=True, help="Do not capture decode graphs."),
+        click.option("--seed", default=0, type=int, help="Seed for requests that bring none."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
 @main.command(context_settings={"show_default": True})
 @click.argument("model", required=False)
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", default=8000, type=int, help="Port to listen on.")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: MODEL).")
-@click.option("--max-num-seqs", default=8, type=int, help="Sequences decoded together at most.")
+@engine_options
 @click.option(
-    "--max-model-len", default=2048, type=int, help="Prompt + completion tokens, at most."
+    "--artifact",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Restore start-up from this artifact (medusa materialize makes it).",
 )
-@click.option("--max-num-batched-tokens", default=512, type=int, help="Tokens in one step.")
-@click.option("--gpu-memory-utilization", default=0.9, type=float, help="Device memory fraction.")
-@click.option("--kv-cache-memory", default=None, type=int,
-              help="KV-cache bytes; skips the profiling pass.")  # fmt: skip
-@click.option("--enforce-eager", is_flag=True, help="Do not capture decode graphs.")
-@click.option("--seed", default=0, type=int, help="Seed for requests that bring none.")
 @click.option(
-    "--demo", metavar="PROMPT", default=None,
+    "--require-artifact",
+    is_flag=True,
+    help="Exit with the reason instead of starting normally when the artifact is unusable.",
+)
+@click.option(
+    "--validate",
+    is_flag=True,
+    help="Replay each restored graph once on a probe input and compare with eager.",
+)
+@click.option(
+    "--demo",
+    metavar="PROMPT",
+    default=None,
     help="Serve, answer PROMPT over HTTP, print the answer and stop.",
-)  # fmt: skip
+)
 def run(
     model: str | None,
     host: str,
     port: int,
     served_model_name: str | None,
     demo: str | None,
+    artifact: str | None,
+    require_artifact: bool,
+    validate: bool,
     **engine: object,
 ) -> None:
     """Serve MODEL (default: SmolLM2-135M-Instruct) with an OpenAI-compatible API.
@@ -72,10 +114,31 @@ def run(
         config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    async_engine = AsyncEngine(config)
+    if artifact and not os.environ.get("MEDUSA_TRACE"):
+        # Restore maps allocations through the recorder in restore mode: re-exec under it.
+        from medusa.trace import recorder_env
+
+        trace_dir = tempfile.mkdtemp(prefix="medusa-restore-")
+        env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore")
+        os.execvpe(sys.executable, [sys.executable, "-m", "medusa.cli", *sys.argv[1:]], env)
+    factory = None
+    if artifact:
+        from medusa.engine.llm_engine import LLMEngine
+
+        def factory() -> LLMEngine:
+            return LLMEngine(
+                config, artifact=artifact, require_artifact=require_artifact, validate=validate
+            )
+
+    async_engine = AsyncEngine(config, factory)
     async_engine.start()
     name = served_model_name or model or "smollm2"
     app = create_app(async_engine, name)
+    if require_artifact:
+        async_engine.ready.wait()
+        if async_engine.error:
+            click.echo(f"medusa run: {async_engine.error}", err=True)
+            raise SystemExit(3)
     try:
         if demo is not None:
             from medusa.serve.demo import run_demo
@@ -84,6 +147,92 @@ def run(
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
         async_engine.shutdown()
+
+
+@main.command(context_settings={"show_default": True, "ignore_unknown_options": True})
+@click.argument("model", required=False)
+@engine_options
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Artifact directory (default: artifacts/<model>-<device>/).",
+)
+@click.option(
+    "--command",
+    "command",
+    is_flag=True,
+    help="Materialize any program instead: medusa materialize --command -- python x.py",
+)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def materialize(
+    model: str | None, out: str | None, command: bool, argv: tuple[str, ...], **engine: object
+) -> None:
+    """Record MODEL's start-up twice, analyze it, and write an artifact `medusa run --artifact`
+    restores (KV size, CUDA graphs with relocated pointers, kernel identities)."""
+    from medusa.artifact.inspect import describe
+    from medusa.artifact.store import load_artifact
+    from medusa.cuda import load_backend
+    from medusa.engine.config import EngineConfig
+    from medusa.materialize.analysis import MaterializeError
+    from medusa.materialize.driver import materialize_command, materialize_engine
+
+    kind = load_backend().kind
+    echo = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    try:
+        if command:
+            argv_list = list(argv if not model else (model, *argv))
+            if not argv_list:
+                raise click.UsageError(
+                    "--command needs a program: medusa materialize --command -- CMD"
+                )
+            target = Path(out or f"artifacts/command-{kind}")
+            summary = materialize_command(argv_list, target, kind, echo)
+        else:
+            if argv:
+                raise click.UsageError(
+                    f"unexpected arguments {' '.join(argv)} (did you mean --command?)"
+                )
+            config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
+            name = Path(model).stem if model else "smollm2"
+            target = Path(out or f"artifacts/{name}-{kind}")
+            summary = materialize_engine(config, target, kind, echo)
+    except (MaterializeError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(describe(load_artifact(target)))
+    t = summary["timings"]
+    click.echo(
+        f"  size      {summary['bytes'] / 1024:.0f} KiB; stages: "
+        + ", ".join(f"{k} {v:.2f}s" for k, v in t.items())
+    )
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(file_okay=False))
+def inspect(artifact: str) -> None:
+    """Print an artifact: model, device, KV size, graphs, relocations, kernels, files."""
+    from medusa.artifact import ArtifactError, load_artifact
+    from medusa.artifact.inspect import describe
+
+    try:
+        click.echo(describe(load_artifact(Path(artifact))))
+    except ArtifactError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(file_okay=False))
+def verify(artifact: str) -> None:
+    """Check an artifact's integrity: schema, every file's size and sha256, the payload decodes."""
+    from medusa.artifact import ArtifactError, load_artifact
+
+    try:
+        art = load_artifact(Path(artifact))
+    except ArtifactError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(
+        f"{artifact}: ok ({len(art.manifest['files'])} files, schema {art.manifest['schema']})"
+    )
 
 
 @main.group()

@@ -8,8 +8,13 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
+import numpy as np
+
+from medusa.artifact import Artifact, ArtifactError, load_artifact
+from medusa.cuda import CudaError
 from medusa.engine.block_manager import BlockManager
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
@@ -19,12 +24,22 @@ from medusa.engine.sampling import SamplingParams
 from medusa.engine.scheduler import Scheduler
 from medusa.engine.sequence import Sequence
 from medusa.engine.tokenizer import IncrementalDecoder, Tokenizer
+from medusa.restore import RestoreError, Restorer
+from medusa.restore.compat import check_compatible, device_fingerprint
 from medusa.trace import control as trace
 
 log = logging.getLogger("medusa.engine.startup")
 
-STAGES = ("runtime_init", "weights_alloc", "weights_load", "tokenizer", "kv_profile",
-          "kv_alloc", "graph_capture")  # fmt: skip
+STAGES = (
+    "runtime_init",
+    "weights_alloc",
+    "weights_load",
+    "tokenizer",
+    "workspace",
+    "kv_profile",
+    "kv_alloc",
+    "graph_capture",
+)
 
 
 @dataclass
@@ -36,15 +51,27 @@ class StepOutput:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, *, source: ModelSource | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        source: ModelSource | None = None,
+        artifact: str | Path | None = None,
+        require_artifact: bool = False,
+        validate: bool = False,
+    ) -> None:
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}
+        self.restored = False
+        self.restore_error: str | None = None
+        self.restorer: Restorer | None = None
         t0 = time.perf_counter()
         with self._stage("runtime_init"):
             self.source = source or open_model(config.model)
             self.spec = self.source.spec
             self.device = Device()
+        art = self._open_artifact(artifact, require_artifact)
         self.runner = ModelRunner(config, self.spec, self.device)
         with self._stage("weights_alloc"):
             self.runner.allocate_weights()
@@ -52,24 +79,102 @@ class LLMEngine:
             self.runner.load_weights(self.source.weights())
         with self._stage("tokenizer"):
             self.tokenizer: Tokenizer = self.source.tokenizer()
-        with self._stage("kv_profile"):
+        with self._stage("workspace"):
             self.runner.allocate_workspace()
-            if config.kv_cache_memory is None:
-                num_blocks, self.kv_profile = self.runner.profile_kv_blocks()
-            else:
-                num_blocks = config.kv_cache_memory // self.runner.block_bytes
-        with self._stage("kv_alloc"):
-            self.runner.allocate_kv(num_blocks)
-        with self._stage("graph_capture"):
-            self.runner.capture_graphs()
+        if art is not None:
+            try:
+                self._restore(art, validate)
+                self.restored = True
+            except (RestoreError, CudaError) as e:
+                self._fall_back(f"restore failed: {e}", require_artifact)
+        if not self.restored:
+            self._start_normally()
         trace.mark("ready")
         self.timings["total"] = time.perf_counter() - t0
-        log.info("engine.startup total: %.2f s (%d KV blocks, %d graphs)", self.timings["total"],
-                 num_blocks, len(self.runner.graphs))  # fmt: skip
+        num_blocks = self.runner.num_blocks
+        log.info(
+            "engine.startup total: %.2f s (%d KV blocks, %d graphs%s)",
+            self.timings["total"],
+            num_blocks,
+            len(self.runner.graphs),
+            ", restored" if self.restored else "",
+        )
         self.blocks = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.blocks, self.tokenizer.eos_ids)
         self._rng = random.Random(config.seed)
         self._decoders: dict[int, IncrementalDecoder] = {}
+
+    # ---- start-up paths ----
+    def _start_normally(self) -> None:
+        with self._stage("kv_profile"):
+            if self.config.kv_cache_memory is None:
+                num_blocks, self.kv_profile = self.runner.profile_kv_blocks()
+            else:
+                num_blocks = self.config.kv_cache_memory // self.runner.block_bytes
+        with self._stage("kv_alloc"):
+            self.runner.allocate_kv(num_blocks)
+        with self._stage("graph_capture"):
+            self.runner.capture_graphs()
+
+    def _open_artifact(self, path: str | Path | None, require: bool) -> Artifact | None:
+        if path is None:
+            return None
+        try:
+            art = load_artifact(Path(path))
+            check_compatible(
+                art.manifest,
+                model_identity=self.source.identity(),
+                config=asdict(self.config),
+                device=device_fingerprint(self.device),
+            )
+            return art
+        except (ArtifactError, RestoreError) as e:
+            self._fall_back(str(e), require)
+            return None
+
+    def _fall_back(self, reason: str, require: bool) -> None:
+        self.restore_error = reason
+        if require:
+            raise RestoreError(f"{reason} (--require-artifact: not starting the normal way)")
+        log.warning("artifact not used, starting the normal way: %s", reason)
+        if self.restorer is not None:
+            self.runner.drop_graphs()
+            self.restorer.release(graphs=False)
+            self.runner.free_kv()
+            self.restorer = None
+
+    def _restore(self, art: Artifact, validate: bool) -> None:
+        kv = art.manifest["kv"]
+        with self._stage("kv_restore"):
+            need = kv["num_blocks"] * self.runner.block_bytes
+            free, _ = self.device.mem_info()
+            if need > free:
+                raise RestoreError(
+                    f"the artifact's KV cache needs {need / 2**20:.0f} MiB and {free / 2**20:.0f} "
+                    "MiB are free: another process holds device memory"
+                )
+        with self._stage("kv_alloc"):
+            self.runner.allocate_kv(kv["num_blocks"])
+        with self._stage("graph_restore"):
+            self.restorer = Restorer(art, self.device.b)
+            self.runner.trigger()
+            result = self.restorer.restore(self.device.stream)
+            sizes = art.manifest["graphs"]["keys"]
+            outs = [self.restorer.address("graph_capture", i) for i in range(len(sizes))]
+            self.runner.adopt_graphs(result.execs, outs, sizes)
+            self.restore_methods = dict(result.methods)
+        if validate:
+            with self._stage("validate"):
+                for size in sizes:
+                    tokens, logits = self.runner.probe(size)
+                    if not (
+                        np.array_equal(tokens[0], tokens[1])
+                        and np.array_equal(logits[0], logits[1])
+                    ):
+                        raise RestoreError(
+                            f"validation: the restored decode graph for batch {size} gives other "
+                            "outputs than eager execution on the probe input"
+                        )
 
     @contextmanager
     def _stage(self, name: str) -> Iterator[None]:
@@ -82,6 +187,8 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Frees the engine's device memory (another engine can then start in this process)."""
         self.runner.release()
+        if self.restorer is not None:
+            self.restorer.release(graphs=False)
 
     def __enter__(self) -> LLMEngine:
         return self
@@ -154,9 +261,13 @@ class LLMEngine:
         return outs
 
     def generate(
-        self, prompts: list[str], params: SamplingParams, *, chat: bool = False,
+        self,
+        prompts: list[str],
+        params: SamplingParams,
+        *,
+        chat: bool = False,
         on_step: Callable[[list[StepOutput]], None] | None = None,
-    ) -> list[str]:  # fmt: skip
+    ) -> list[str]:
         """Runs prompts to completion; returns each completion's text (stop strings cut off)."""
         seqs = []
         for p in prompts:

@@ -13,7 +13,6 @@ from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
-from medusa.trace import control as trace
 
 F32 = 4
 
@@ -51,6 +50,7 @@ class ModelRunner:
         self.num_blocks = 0
         self.graphs: dict[int, int] = {}  # batch size -> graph exec
         self.graph_out: dict[int, Buffer] = {}
+        self._own_graph_out: list[Buffer] = []
 
     # ---- start-up stages ----
     def allocate_weights(self) -> None:
@@ -117,25 +117,67 @@ class ModelRunner:
         """Warms up and captures the decode step at each configured batch size."""
         for size in sorted(self.config.graph_sizes, reverse=True):
             out = self.graph_out[size] = self.dev.alloc(size * 4)
+            self._own_graph_out.append(out)
             batch = self._padding_batch(size)
             self._upload(batch)
             self._forward(batch.num_tokens, size, self.kv, out)  # warm-up: lazy modules load here
             self.dev.synchronize()
-            trace.mark(f"capture:{size}")
             self.dev.begin_capture()
             self._forward(batch.num_tokens, size, self.kv, out)
             graph = self.dev.end_capture()
             self.graphs[size] = self.dev.instantiate(graph)
 
+    def trigger(self) -> None:
+        """The triggering step of a restore: one eager decode step at the smallest graph size, so
+        that libraries which load their kernels on first use (mblas, like cuBLAS) do so."""
+        size = min(self.config.graph_sizes, default=1)
+        out = self.ws["tokens"]
+        self._run(self._padding_batch(size), self.kv, out)
+
+    def adopt_graphs(self, execs: list[int], outs: list[int], sizes: list[int]) -> None:
+        """Takes restored graphs (and their output buffers), in capture order."""
+        for exec_, out, size in zip(execs, outs, sizes, strict=True):
+            self.graphs[size] = exec_
+            self.graph_out[size] = Buffer(out, size * 4)
+
+    def probe(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """One decode step on a probe input, eagerly and by graph replay: (tokens, logits), each
+        stacked as [eager, graph]."""
+        batch = self._padding_batch(size)
+        batch.ids[:] = np.arange(size) + 17
+        batch.seq_lens[:] = 1
+        batch.slots[:] = np.arange(size) % self.config.block_size
+        eager = self._run(batch, self.kv, self.ws["tokens"])
+        eager_logits = self.last_logits(size).copy()
+        self._upload(batch)
+        self.dev.replay(self.graphs[size])
+        self.dev.synchronize()
+        graph = self.dev.download(self.graph_out[size], np.int32, size).tolist()
+        return np.array([eager, graph]), np.stack([eager_logits, self.last_logits(size)])
+
+    def drop_graphs(self) -> None:
+        for exec_ in self.graphs.values():
+            self.dev.destroy_exec(exec_)
+        for buf in self._own_graph_out:
+            self.dev.free(buf)
+        self.graphs, self.graph_out, self._own_graph_out = {}, {}, []
+
+    def free_kv(self) -> None:
+        if self.kv is not None:
+            self.dev.free(self.kv)
+        self.kv = None
+
     def release(self) -> None:
         """Frees everything this runner allocated (graphs, KV cache, workspace, weights)."""
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
-        bufs = [*self.graph_out.values(), *([self.kv] if self.kv else []), *self.ws.values(),
+        # NOTE: restored graphs' output buffers belong to the restorer, not to this runner.
+        bufs = [*self._own_graph_out, *([self.kv] if self.kv else []), *self.ws.values(),
                 *self.weights.values()]  # fmt: skip
         for buf in bufs:
             self.dev.free(buf)
         self.graphs, self.graph_out, self.ws, self.weights, self.kv = {}, {}, {}, {}, None
+        self._own_graph_out = []
 
     # ---- steps ----
     def execute(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:

@@ -47,6 +47,7 @@ class Ev(IntEnum):
     RESUME = 29
     END = 30
     APIS = 31
+    CONTENT = 32
 
 
 class NodeType(IntEnum):

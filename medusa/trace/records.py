@@ -258,6 +258,14 @@ class End(Event):
 
 
 @dataclass(slots=True)
+class Content(Event):
+    addr: int
+    size: int
+    alloc_seq: int
+    data: bytes
+
+
+@dataclass(slots=True)
 class Apis(Event):
     names: tuple[str, ...]
 
@@ -388,5 +396,6 @@ BUILDERS: dict[int, Builder] = {
     Ev.PAUSE: lambda h, u, b: Pause(*h),
     Ev.RESUME: lambda h, u, b: Resume(*h),
     Ev.END: lambda h, u, b: End(*h),
+    Ev.CONTENT: lambda h, u, b: Content(*h, u[0], u[1], u[2], b),
     Ev.APIS: lambda h, u, b: Apis(*h, tuple(_s(a) for a in b.split(b"\0")[: u[0]])),
 }

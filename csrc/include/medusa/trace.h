@@ -73,6 +73,9 @@ typedef enum {
     MEDUSA_EV_RESUME = 29,
     MEDUSA_EV_END = 30,         /* u: next sequence number (the number of records + 1) */
     MEDUSA_EV_APIS = 31,        /* u: count;  blob: the names of `api` values, NUL separated */
+    MEDUSA_EV_CONTENT = 32,     /* u: addr, size, alloc_seq;  blob: the allocation's bytes, read when
+                                   the "ready" phase is marked, for allocations made since the
+                                   capture phase began (a graph's permanent buffers) */
 } medusa_event_type;
 
 /* MEDUSA_EV_LAUNCH payload, in u[]: func, stream, node (the graph node it became while capturing,
@@ -104,6 +107,9 @@ void medusa_trace_pause(void);           /* stop recording (calls pass through) 
 void medusa_trace_resume(void);
 void medusa_trace_mark(const char *phase); /* a start-up phase begins here */
 int medusa_trace_flush(void);            /* 0 when buffered records reached the file */
+/* Environment: MEDUSA_TRACE=path, MEDUSA_MODE=record|restore, MEDUSA_TRACE_SHIFT=bytes (after the
+ * first device allocation, hold that many bytes so that later addresses move: the second
+ * recording of a materialization shifts the layout this way). */
 const char *medusa_trace_api_name(unsigned api); /* the name of a record's `api` */
 
 #endif

@@ -1,0 +1,59 @@
+/* libmedusa_restore.so: builds CUDA graphs from a restore plan, in C (no interpreter per node).
+ * The Python restorer lays the plan out in these arrays (numpy dtypes mirror them exactly). */
+#ifndef MEDUSA_RESTORE_H
+#define MEDUSA_RESTORE_H
+
+#include <cuda.h>
+#include <stdint.h>
+
+typedef struct {
+    uint32_t type; /* CUgraphNodeType: kernel, memcpy, memset or empty */
+    uint32_t func; /* kernel: index into funcs */
+    uint32_t grid[3], block[3], shared;
+    uint32_t param_off, param_len; /* kernel: the recorded parameter bytes, in params */
+    uint32_t reloc_off, reloc_len; /* the node's relocations, in relocs */
+    uint32_t pad;
+    uint64_t width, height; /* memcpy: bytes per row, rows; memset: elements per row, rows */
+    uint64_t value;         /* memset: the value */
+    uint64_t elem;          /* memset: element size; memcpy: src memory type | dst type << 8 */
+} mr_node;
+
+/* Word `offset` (bytes; memcpy/memset: 0 = destination, 8 = source) becomes
+ * bases[kind][target] + addend. */
+typedef struct {
+    uint32_t offset, kind;
+    uint64_t target;
+    int64_t addend;
+} mr_reloc;
+
+typedef struct {
+    uint32_t from, to;
+    uint8_t from_port, to_port, type, pad[5];
+} mr_edge;
+
+typedef struct {
+    uint32_t node, attr;
+    uint8_t value[64];
+} mr_attr;
+
+typedef struct {
+    const mr_node *nodes;
+    uint32_t num_nodes;
+    const uint8_t *params;
+    const mr_reloc *relocs;
+    const mr_edge *edges;
+    uint32_t num_edges;
+    const mr_attr *attrs;
+    uint32_t num_attrs;
+} mr_graph;
+
+#define MR_KINDS 4
+/* Builds, instantiates and uploads one graph. Returns a CUresult; on failure err says which node. */
+int mr_build_graph(const mr_graph *g, const CUfunction *funcs, const uint64_t *const bases[MR_KINDS],
+                   const uint64_t num_bases[MR_KINDS], CUstream stream, CUgraph *graph_out,
+                   CUgraphExec *exec_out, char *err, size_t errlen);
+/* Patches pointer words into a buffer (a permanent buffer's saved contents). */
+int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32_t n,
+                const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS]);
+
+#endif

@@ -1,0 +1,48 @@
+"""`medusa inspect`: an artifact, readably."""
+
+from __future__ import annotations
+
+from medusa.artifact.store import Artifact
+
+
+def describe(art: Artifact) -> str:
+    m, p = art.manifest, art.plan
+    lines = [f"artifact {art.path}  (schema {m['schema']}, medusa {m['medusa_version']})"]
+    lines.append(f"  model     {m['model'].get('name')}  [{str(m['model'].get('identity'))[:40]}…]")
+    d = m.get("device", {})
+    if d:
+        lines.append(
+            f"  device    {d.get('name')}, {d.get('total_mem', 0) / 2**30:.1f} GiB, "
+            f"cc {'.'.join(map(str, d.get('cc', [])))}, driver {d.get('driver_version')}, "
+            f"runtime {d.get('runtime_version')}"
+        )
+    if "kv" in m:
+        kv = m["kv"]
+        lines.append(
+            f"  kv cache  {kv['num_blocks']} blocks x {kv['block_bytes']} bytes "
+            f"= {kv['num_blocks'] * kv['block_bytes'] / 2**20:.0f} MiB (profiled)"
+        )
+    g = m["graphs"]
+    lines.append(
+        f"  graphs    {g['count']} (keys {g['keys']}), {g['nodes']} nodes, "
+        f"{g['templates']} topology templates"
+    )
+    lines.append("  relocations " + ", ".join(f"{k} {v}" for k, v in m["relocations"].items()))
+    k = m["kernels"]
+    lines.append(
+        f"  kernels   {k['count']}: {k['exported']} with an exported host stub, "
+        f"{k['hidden']} hidden (found in loaded or saved images); "
+        f"{k['images_saved']} images saved"
+    )
+    allocs = p["allocs"]
+    skipped = set(p["skipped_phases"])
+    perm = [a for a in allocs if a[0] in skipped and not a[4]]
+    lines.append(
+        f"  buffers   {len(allocs)} allocations; skipped phases {sorted(skipped)}: "
+        f"{len(perm)} permanent ({sum(a[3] for a in perm)} bytes, "
+        f"{len(p['contents'])} with saved contents)"
+    )
+    lines.append("  files")
+    for rel, f in sorted(m["files"].items()):
+        lines.append(f"    {rel:70} {f['size']:>10}  sha256 {f['sha256'][:16]}…")
+    return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""`medusa materialize`: record a start-up twice (the second time with the address layout
+shifted), analyze the two recordings and write the artifact."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from medusa.artifact import save_artifact
+from medusa.engine.config import EngineConfig
+from medusa.materialize.analysis import MaterializeError, RunView
+from medusa.materialize.plan import build_plan
+from medusa.trace import read_trace, recorder_env
+
+# Engine phases a restore skips (their work comes from the artifact instead).
+ENGINE_SKIPPED = ("kv_profile", "graph_capture")
+SHIFT_BYTES = (2 << 20) + 4096  # on a GPU: held after the first allocation of the second run
+
+ENGINE_SCRIPT = """
+import json, sys
+from medusa.engine.config import EngineConfig
+from medusa.engine.llm_engine import LLMEngine
+from medusa.restore.compat import device_fingerprint
+e = LLMEngine(EngineConfig(**json.loads(sys.argv[1])))
+json.dump({
+    "model": {"identity": e.source.identity(), "name": e.spec.name, "path": str(e.source.path)},
+    "kv": {"num_blocks": e.runner.num_blocks, "block_bytes": e.runner.block_bytes, **e.kv_profile},
+    "graphs": {"keys": sorted(e.runner.graphs, reverse=True)},
+    "timings": e.timings, "device": device_fingerprint(e.device),
+}, open(sys.argv[2], "w"))
+"""
+
+Echo = Callable[[str], None]
+
+
+def _env(trace: Path, run: int, kind: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("MEDUSA_TRACE", "MEDUSA_MODE")}
+    env = recorder_env(trace, base=base)
+    if kind == "sim":
+        env["MEDUSA_SIM_SEED"] = str(1000 + run)  # a different arena base each run
+    elif run == 1:
+        env["MEDUSA_TRACE_SHIFT"] = str(SHIFT_BYTES)
+    return env
+
+
+def _record(cmd: list[str], trace: Path, run: int, kind: str, echo: Echo) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, env=_env(trace, run, kind), capture_output=True, text=True)
+    if res.returncode != 0:
+        raise MaterializeError(
+            f"the recorded start-up (run {run + 1}) exited {res.returncode}:\n{res.stderr[-3000:]}"
+        )
+    dt = time.perf_counter() - t0
+    echo(f"  recorded run {run + 1} of 2 in {dt:.1f} s ({trace.stat().st_size // 1024} KiB trace)")
+    return dt
+
+
+def _images(a: RunView, plan: dict[str, Any]) -> dict[str, bytes]:
+    images = {}
+    for f in plan["funcs"]:
+        data = a.trace.image(f["sha256"]) if f["sha256"] else None
+        if data is not None:
+            images[f["sha256"]] = data
+    return images
+
+
+def _analyze(ta: Path, tb: Path, skipped: set[str], echo: Echo) -> tuple[RunView, dict, float]:
+    t0 = time.perf_counter()
+    a, b = RunView.build(read_trace(ta)), RunView.build(read_trace(tb))
+    plan = build_plan(a, b, lambda phase: phase in skipped)
+    dt = time.perf_counter() - t0
+    echo(f"  analyzed {len(plan['graphs'])} graphs, {plan['num_nodes']} nodes in {dt:.2f} s")
+    return a, plan, dt
+
+
+def _device_of(run: RunView) -> dict[str, Any]:
+    d = run.device
+    if d is None:
+        return {}
+    return {
+        "name": d.name,
+        "total_mem": d.total_mem,
+        "cc": list(d.cc),
+        "driver_version": d.driver_version,
+        "runtime_version": d.runtime_version,
+        "sm_count": d.sm_count,
+    }
+
+
+def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -> dict[str, Any]:
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp:
+        work = Path(tmp)
+        sidecars = []
+        for run in (0, 1):
+            cfg = asdict(config)
+            if run == 1 and kind != "sim" and sidecars:
+                # The shift holds memory: give it back to the KV budget so the cache is sized alike.
+                total = sidecars[0]["device"]["total_mem"]
+                cfg["gpu_memory_utilization"] = min(
+                    1.0, cfg["gpu_memory_utilization"] + SHIFT_BYTES / total
+                )
+            cmd = [sys.executable, "-c", ENGINE_SCRIPT, json.dumps(cfg), str(work / f"{run}.json")]
+            echo(f"[{run + 1}/4] recording the engine's start-up" + (" (shifted)" if run else ""))
+            timings[f"record_{run + 1}"] = _record(cmd, work / f"{run}.mtr", run, kind, echo)
+            sidecars.append(json.loads((work / f"{run}.json").read_text()))
+        blocks = [s["kv"]["num_blocks"] for s in sidecars]
+        if blocks[0] != blocks[1]:
+            raise MaterializeError(
+                f"the two runs sized the KV cache differently ({blocks[0]} vs {blocks[1]} "
+                "blocks): is another process using the device?"
+            )
+        echo("[3/4] analyzing")
+        a, plan, timings["analyze"] = _analyze(
+            work / "0.mtr", work / "1.mtr", set(ENGINE_SKIPPED), echo
+        )
+        side = sidecars[0]
+        manifest = {
+            "kind": "engine",
+            "model": side["model"],
+            "engine": asdict(config),
+            "device": side["device"],
+            "kv": side["kv"],
+            "graphs": {
+                "count": len(plan["graphs"]),
+                "keys": side["graphs"]["keys"],
+                "nodes": plan["num_nodes"],
+                "templates": len(plan["templates"]),
+            },
+            "relocations": plan["relocations"],
+            "baseline_startup": side["timings"],
+        }
+        return _write(out, manifest, plan, _images(a, plan), timings, echo)
+
+
+def materialize_command(command: list[str], out: Path, kind: str, echo: Echo) -> dict[str, Any]:
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp:
+        work = Path(tmp)
+        for run in (0, 1):
+            echo(f"[{run + 1}/4] recording {' '.join(command)}" + (" (shifted)" if run else ""))
+            timings[f"record_{run + 1}"] = _record(command, work / f"{run}.mtr", run, kind, echo)
+        echo("[3/4] analyzing")
+        # An unmodified program marks no phases: nothing is skipped, every buffer is its own.
+        a, plan, timings["analyze"] = _analyze(work / "0.mtr", work / "1.mtr", set(), echo)
+        manifest = {
+            "kind": "command",
+            "model": {
+                "identity": "command:" + hashlib.sha256(" ".join(command).encode()).hexdigest(),
+                "name": " ".join(command),
+            },
+            "engine": {"command": command},
+            "device": _device_of(a),
+            "graphs": {
+                "count": len(plan["graphs"]),
+                "keys": list(range(len(plan["graphs"]))),
+                "nodes": plan["num_nodes"],
+                "templates": len(plan["templates"]),
+            },
+            "relocations": plan["relocations"],
+        }
+        return _write(out, manifest, plan, _images(a, plan), timings, echo)
+
+
+def _write(
+    out: Path,
+    manifest: dict[str, Any],
+    plan: dict[str, Any],
+    images: dict[str, bytes],
+    timings: dict[str, float],
+    echo: Echo,
+) -> dict[str, Any]:
+    echo("[4/4] writing the artifact")
+    t0 = time.perf_counter()
+    manifest["kernels"] = {
+        "count": len(plan["funcs"]),
+        "exported": sum(1 for f in plan["funcs"] if f["symbol"]),
+        "hidden": sum(1 for f in plan["funcs"] if not f["symbol"]),
+        "images_saved": len(images),
+    }
+    manifest["materialize_seconds"] = timings
+    save_artifact(out, manifest, plan, images)
+    timings["write"] = time.perf_counter() - t0
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return {"path": str(out), "bytes": size, "manifest": manifest, "timings": timings}

@@ -1,0 +1,210 @@
+"""The restore plan: what the analysis of two recordings hands to the artifact."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from medusa.materialize.analysis import (
+    DEVICE,
+    GLOBAL,
+    HOST,
+    KIND_NAMES,
+    NEVER,
+    AddressIndex,
+    MaterializeError,
+    RunView,
+    relocate_words,
+)
+from medusa.restore.layout import RELOC, pack_attrs, pack_edges, pack_nodes
+from medusa.trace import NodeType
+
+Node = dict[str, Any]
+
+
+def _check_allocs(a: RunView, b: RunView) -> None:
+    if len(a.allocs) != len(b.allocs):
+        raise MaterializeError(
+            f"the runs made {len(a.allocs)} and {len(b.allocs)} allocations: the start-up is not "
+            "deterministic for this configuration"
+        )
+    for x, y in zip(a.allocs, b.allocs, strict=True):
+        if (x.phase, x.ordinal, x.size, x.kind) != (y.phase, y.ordinal, y.size, y.kind):
+            raise MaterializeError(
+                f"allocation #{x.index} differs between the runs: {x.size} bytes in phase "
+                f"{x.phase!r} (#{x.ordinal}) vs {y.size} bytes in phase {y.phase!r} (#{y.ordinal})"
+            )
+
+
+class _Funcs:
+    def __init__(self) -> None:
+        self.table: list[dict[str, Any]] = []
+        self.ids: dict[tuple[str, str], int] = {}
+
+    def id(self, run: RunView, handle: int, where: str) -> tuple[int, tuple[str, str]]:
+        f = run.funcs.get(handle)
+        if f is None:
+            raise MaterializeError(f"{where}: its kernel was never seen by the recorder")
+        key = (f.sha256, f.name)
+        if key not in self.ids:
+            self.ids[key] = len(self.table)
+            self.table.append({"name": f.name, "sha256": f.sha256, "symbol": f.symbol,
+                               "layout": [list(p) for p in f.layout],
+                               "attrs": sorted(f.attrs.items())})  # fmt: skip
+        return self.ids[key], key
+
+
+def _node(a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Funcs,
+          g: int, i: int) -> Node:  # fmt: skip
+    na, nb = a.graphs[g]["nodes"][i], b.graphs[g]["nodes"][i]
+    sa, sb = a.graphs[g]["launch_seq"][i], b.graphs[g]["launch_seq"][i]
+    where = f"graph {g}, node {i}"
+    if na.type != nb.type:
+        raise MaterializeError(f"{where}: node type {na.type} in one run, {nb.type} in the other")
+    node: Node = {"type": na.type}
+    find_a, find_b = (lambda v: ia.find(v, sa)), (lambda v: ib.find(v, sb))
+    if na.type == NodeType.KERNEL:
+        fid, key = funcs.id(a, na.func, where)
+        _, key_b = funcs.id(b, nb.func, where)
+        if key != key_b:
+            raise MaterializeError(f"{where}: kernel {key[1]} in one run, {key_b[1]} in the other")
+        if (na.grid, na.block, na.shared_bytes) != (nb.grid, nb.block, nb.shared_bytes):
+            raise MaterializeError(f"{where} ({key[1]}): launch geometry differs between the runs")
+        node.update(func=fid, grid=list(na.grid), block=list(na.block), shared=na.shared_bytes,
+                    params=bytes(na.params),
+                    relocs=[list(r) for r in relocate_words(na.params, nb.params, find_a, find_b,
+                                                            f"{where} ({key[1]})")])  # fmt: skip
+    elif na.type in (NodeType.MEMCPY, NodeType.MEMSET):
+        words_a = (na.dst, na.src) if na.type == NodeType.MEMCPY else (na.dst,)
+        words_b = (nb.dst, nb.src) if nb.type == NodeType.MEMCPY else (nb.dst,)
+        pa = b"".join(int(w).to_bytes(8, "little") for w in words_a)
+        pb = b"".join(int(w).to_bytes(8, "little") for w in words_b)
+        relocs = relocate_words(
+            pa, pb, find_a, find_b, f"{where} ({NodeType(na.type).name.lower()})"
+        )
+        if len(relocs) != len(pb) // 8:
+            raise MaterializeError(f"{where}: a copy or fill of memory no allocation holds")
+        node.update(relocs=[list(r) for r in relocs], width=na.width, height=na.height,
+                    depth=na.depth, value=na.value, elem=na.element_size,
+                    memtypes=list(na.memory_types))  # fmt: skip
+    elif na.type != NodeType.EMPTY:
+        raise MaterializeError(f"{where}: {NodeType(na.type).name} nodes cannot be restored yet")
+    return node
+
+
+def _graph(a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Funcs,
+           g: int) -> dict[str, Any]:  # fmt: skip
+    ga, gb = a.graphs[g], b.graphs[g]
+    if len(ga["nodes"]) != len(gb["nodes"]) or ga["edges"] != gb["edges"]:
+        raise MaterializeError(
+            f"graph {g}: {len(ga['nodes'])} nodes / {len(ga['edges'])} edges in one run, "
+            f"{len(gb['nodes'])} / {len(gb['edges'])} in the other (or edges differ)"
+        )
+    nodes = [_node(a, b, ia, ib, funcs, g, i) for i in range(len(ga["nodes"]))]
+    attrs = [[n, attr, bytes(v)] for n, attr, v in ga["attrs"]]
+    return {"nodes": nodes, "edges": [list(e) for e in ga["edges"]], "attrs": attrs}
+
+
+def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+    """Graphs sharing a topology (node types, kernels, edges) are stored once, packed for the C
+    builder, plus per graph the node rows that differ (with their own parameters and
+    relocations), so restore applies them with one vectorized assignment."""
+    templates: list[dict] = []
+    keys: dict[tuple, int] = {}
+    out = []
+    for g in graphs:
+        key = (tuple((n["type"], n.get("func", -1)) for n in g["nodes"]),
+               tuple(map(tuple, g["edges"])))  # fmt: skip
+        attrs = pack_attrs(g["attrs"]).tobytes()
+        if key not in keys:
+            keys[key] = len(templates)
+            rows, params, relocs = pack_nodes(g["nodes"])
+            templates.append({"nodes": rows.tobytes(), "params": params, "relocs": relocs.tobytes(),
+                              "edges": pack_edges(g["edges"]).tobytes(),
+                              "num_nodes": len(rows), "node_dicts": g["nodes"]})  # fmt: skip
+            out.append({"template": keys[key], "idx": b"", "rows": b"", "params": b"",
+                        "relocs": b"", "attrs": attrs})  # fmt: skip
+            continue
+        t = templates[keys[key]]
+        changed = [i for i, (tn, n) in enumerate(zip(t["node_dicts"], g["nodes"], strict=True))
+                   if tn != n]  # fmt: skip
+        rows, params, relocs = pack_nodes([g["nodes"][i] for i in changed], len(t["params"]),
+                                          len(t["relocs"]) // RELOC.itemsize)  # fmt: skip
+        out.append({"template": keys[key], "idx": np.array(changed, "<u4").tobytes(),
+                    "rows": rows.tobytes(), "params": params, "relocs": relocs.tobytes(),
+                    "attrs": attrs})  # fmt: skip
+    for t in templates:
+        del t["node_dicts"]
+    return templates, out
+
+
+def _reloc_counts(graphs: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {name: 0 for name in KIND_NAMES}
+    for g in graphs:
+        for n in g["nodes"]:
+            for r in n.get("relocs", ()):
+                counts[KIND_NAMES[r[1]]] += 1
+    return counts
+
+
+def _find(index: AddressIndex, seq: int, value: int) -> tuple[int, int, int] | None:
+    return index.find(value, seq)
+
+
+def build_plan(a: RunView, b: RunView, skipped: Callable[[str], bool]) -> dict[str, Any]:
+    _check_allocs(a, b)
+    if len(a.graphs) != len(b.graphs):
+        raise MaterializeError(f"the runs captured {len(a.graphs)} and {len(b.graphs)} graphs")
+    ia, ib = AddressIndex(a), AddressIndex(b)
+    funcs = _Funcs()
+    graphs = [_graph(a, b, ia, ib, funcs, g) for g in range(len(a.graphs))]
+    referenced = {r[2] for g in graphs for n in g["nodes"] for r in n.get("relocs", ())
+                  if r[1] in (DEVICE, HOST)}  # fmt: skip
+    contents = {}
+    for i in sorted(referenced):
+        al = a.allocs[i]
+        if not skipped(al.phase):
+            continue  # the engine makes (and fills) this one itself
+        if al.free_seq != NEVER:
+            raise MaterializeError(
+                f"allocation #{i} ({al.size} bytes, phase {al.phase!r}) is used by a graph but "
+                "freed during start-up: the graph would point at freed memory"
+            )
+        if al.seq in a.contents and b.allocs[i].seq in b.contents:
+            seq_a, data_a = a.contents[al.seq]
+            seq_b, data_b = b.contents[b.allocs[i].seq]
+            relocs = relocate_words(
+                data_a,
+                data_b,
+                partial(_find, ia, seq_a),
+                partial(_find, ib, seq_b),
+                f"allocation #{i}'s contents",
+            )
+            contents[i] = {"data": data_a, "relocs": [list(r) for r in relocs]}
+    used_globals = sorted({r[2] for g in graphs for n in g["nodes"] for r in n.get("relocs", ())
+                           if r[1] == GLOBAL})  # fmt: skip
+    templates, per_graph = _templates(graphs)
+    phases = list(dict.fromkeys(x.phase for x in a.allocs))
+    return {
+        "allocs": [[x.phase, x.ordinal, x.kind, x.size, x.free_seq != NEVER] for x in a.allocs],
+        "skipped_phases": [p for p in phases if skipped(p)],
+        "replay": [[k, i] for k, i in a.events if skipped(a.allocs[i].phase)],
+        "funcs": funcs.table,
+        "globals": [
+            {
+                "sha256": a.globals[i][2],
+                "name": a.globals[i][3],
+                "size": a.globals[i][1],
+                "index": i,
+            }
+            for i in used_globals
+        ],  # fmt: skip
+        "templates": templates,
+        "graphs": per_graph,
+        "contents": contents,
+        "num_nodes": sum(len(g["nodes"]) for g in graphs),
+        "relocations": _reloc_counts(graphs),
+    }

@@ -1,0 +1,358 @@
+"""Online restore: map the plan's allocations onto this process's, replay what skipped phases
+allocated, resolve kernels, write permanent buffers, and build every graph in C."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from collections import Counter
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from medusa import env
+from medusa.artifact import Artifact
+from medusa.cuda import paths
+from medusa.cuda.backend import Backend
+from medusa.materialize.analysis import DEVICE, GLOBAL, HOST, RunView
+from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
+from medusa.trace import control as trace
+from medusa.trace import read_trace
+
+log = logging.getLogger("medusa.restore")
+KINDS = 4
+
+
+class RestoreError(RuntimeError):
+    """The artifact cannot be used in this process; the message says exactly why."""
+
+
+class _Graph(ctypes.Structure):
+    _fields_ = [
+        ("nodes", c_void_p),
+        ("num_nodes", c_uint),
+        ("params", c_void_p),
+        ("relocs", c_void_p),
+        ("edges", c_void_p),
+        ("num_edges", c_uint),
+        ("attrs", c_void_p),
+        ("num_attrs", c_uint),
+    ]
+
+
+@dataclass
+class RestoreResult:
+    execs: list[int]
+    methods: Counter[str] = field(default_factory=Counter)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Restorer:
+    def __init__(self, artifact: Artifact, backend: Backend) -> None:
+        self.art, self.plan, self.b = artifact, artifact.plan, backend
+        self.lib = ctypes.CDLL(str(paths.library("medusa_restore")))
+        self.lib.mr_build_graph.restype = c_int
+        self.lib.mr_build_graph.argtypes = [
+            POINTER(_Graph),
+            c_void_p,
+            c_void_p,
+            c_void_p,
+            c_void_p,
+            POINTER(c_void_p),
+            POINTER(c_void_p),
+            c_char_p,
+            c_size_t,
+        ]
+        self.bases: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in range(KINDS)]
+        self._execs: list[int] = []
+        self._libs: dict[str, tuple[int, bool]] = {}
+
+    def _drv(self, name: str, version: int, restype: Any, argtypes: list[Any]) -> Any:
+        fn = c_void_p()
+        self.b.call(
+            "cudaGetDriverEntryPointByVersion",
+            c_char_p(name.encode()),
+            ctypes.byref(fn),
+            c_uint(version),
+            ctypes.c_ulonglong(0),
+            None,
+        )
+        if not fn.value:
+            raise RestoreError(f"the driver has no {name}")
+        return ctypes.CFUNCTYPE(restype, *argtypes)(fn.value)
+
+    # ---- allocations ----
+    def _own_run(self) -> RunView:
+        path = env.TRACE.get()
+        if not trace.active() or not path:
+            raise RestoreError(
+                "restore needs the recorder in restore mode (MEDUSA_TRACE, "
+                "MEDUSA_MODE=restore, LD_PRELOAD): `medusa run --artifact` sets it"
+            )
+        trace.flush()
+        path = path.replace("%p", str(os.getpid()))
+        return RunView.build(read_trace(path, allow_truncated=True))
+
+    def map_allocations(self) -> None:
+        """Checks this start-up allocated what the recorded one did in the phases it ran, then
+        replays the skipped phases' allocations (and frees) in recorded order."""
+        own = self._own_run()
+        plan_allocs = self.plan["allocs"]
+        skipped = set(self.plan["skipped_phases"])
+        mine = {(a.phase, a.ordinal): a for a in own.allocs}
+        base = np.zeros(len(plan_allocs), np.uint64)
+        self.bases[DEVICE] = self.bases[HOST] = base
+        for i, (phase, ordinal, kind, size, _freed) in enumerate(plan_allocs):
+            if phase in skipped:
+                continue
+            a = mine.get((phase, ordinal))
+            if a is None:
+                raise RestoreError(
+                    f"allocation #{i} (phase {phase!r} #{ordinal}, {size} bytes) was "
+                    "not made in this start-up: it diverges from the recorded one"
+                )
+            if (a.size, a.kind) != (size, kind):
+                raise RestoreError(
+                    f"allocation #{i} (phase {phase!r} #{ordinal}) is {a.size} bytes "
+                    f"here, {size} bytes in the artifact: the start-up diverges"
+                )
+            base[i] = a.addr
+        ran = {a.phase for a in own.allocs}
+        for phase in ran - skipped:
+            n_plan = sum(1 for x in plan_allocs if x[0] == phase)
+            n_own = sum(1 for a in own.allocs if a.phase == phase)
+            if phase in {x[0] for x in plan_allocs} and n_own != n_plan:
+                raise RestoreError(
+                    f"phase {phase!r} made {n_own} allocations here, {n_plan} when "
+                    "recorded: the start-up diverges"
+                )
+        for op, i in self.plan["replay"]:
+            kind, size = plan_allocs[i][2], plan_allocs[i][3]
+            if op == "a":
+                base[i] = self._alloc(kind, size)
+            else:
+                self._free(kind, int(base[i]))
+                base[i] = 0
+
+    def address(self, phase: str, ordinal: int) -> int:
+        """Where the recorded allocation (phase, ordinal) lives in this process."""
+        for i, (p, o, *_rest) in enumerate(self.plan["allocs"]):
+            if (p, o) == (phase, ordinal):
+                return int(self.bases[DEVICE][i])
+        raise RestoreError(f"the artifact has no allocation #{ordinal} in phase {phase!r}")
+
+    def release(self, *, graphs: bool = True) -> None:
+        """Frees what was replayed and (unless their owner destroys them) the graphs built: undoes
+        a restore that failed half-way, or cleans up at shutdown."""
+        for exec_ in self._execs if graphs else ():
+            self.b.call("cudaGraphExecDestroy", c_void_p(exec_))
+        self._execs = []
+        skipped = set(self.plan["skipped_phases"])
+        base = self.bases[DEVICE]
+        for i, (phase, _o, kind, _size, freed) in enumerate(self.plan["allocs"]):
+            if phase in skipped and not freed and i < base.size and base[i]:
+                self._free(kind, int(base[i]))
+                base[i] = 0
+
+    def _alloc(self, kind: int, size: int) -> int:
+        if kind == DEVICE:
+            return self.b.malloc(size)
+        p, d = c_void_p(), c_void_p()
+        self.b.call("cudaHostAlloc", ctypes.byref(p), c_size_t(size), c_uint(2))  # mapped
+        self.b.call("cudaHostGetDevicePointer", ctypes.byref(d), p, c_uint(0))
+        return int(d.value or 0)
+
+    def _free(self, kind: int, addr: int) -> None:
+        if kind == DEVICE:
+            self.b.free(addr)
+        else:
+            self.b.call("cudaFreeHost", c_void_p(addr))
+
+    # ---- kernels and globals ----
+    def resolve_kernels(self) -> tuple[np.ndarray, Counter[str]]:
+        own = self._own_run()
+        libs = {}  # sha256 -> (handle, is_library)
+        for e in own.trace.events():
+            if type(e).__name__ == "Load" and e.result == 0:  # type: ignore[attr-defined]
+                libs.setdefault(e.sha256, (e.handle, e.is_library))  # type: ignore[attr-defined]
+        get_by_stub = self.b._fn("cudaGetFuncBySymbol", c_int, [c_void_p, c_void_p])
+        name_of = self._drv("cuFuncGetName", 12030, c_int, [POINTER(c_char_p), c_void_p])
+        lib_kernel = self._drv(
+            "cuLibraryGetKernel", 12000, c_int, [POINTER(c_void_p), c_void_p, c_char_p]
+        )
+        mod_func = self._drv(
+            "cuModuleGetFunction", 2000, c_int, [POINTER(c_void_p), c_void_p, c_char_p]
+        )
+        load_data = self._drv(
+            "cuLibraryLoadData",
+            12000,
+            c_int,
+            [POINTER(c_void_p), c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint],
+        )
+        set_attr = self._drv("cuFuncSetAttribute", 9000, c_int, [c_void_p, c_int, c_int])
+        funcs = np.zeros(len(self.plan["funcs"]), np.uint64)
+        methods: Counter[str] = Counter()
+        for i, fn in enumerate(self.plan["funcs"]):
+            name, sha = fn["name"], fn["sha256"]
+            f = c_void_p()
+            method = ""
+            if fn["symbol"]:
+                try:
+                    stub = self.b.symbol(fn["symbol"])
+                except AttributeError:
+                    stub = 0
+                got = c_char_p()
+                if (
+                    stub
+                    and get_by_stub(ctypes.byref(f), c_void_p(stub)) == 0
+                    and name_of(ctypes.byref(got), f) == 0
+                    and got.value == name.encode()
+                ):
+                    method = "exported stub"
+            if not method and sha in libs:
+                handle, is_lib = libs[sha]
+                look = lib_kernel if is_lib else mod_func
+                if look(ctypes.byref(f), c_void_p(handle), name.encode()) == 0:
+                    method = "loaded image"
+            if not method:
+                image = self.art.image(sha)
+                lib = c_void_p()
+                if (
+                    image
+                    and load_data(ctypes.byref(lib), image, None, None, 0, None, None, 0) == 0
+                    and lib_kernel(ctypes.byref(f), lib, name.encode()) == 0
+                ):
+                    libs[sha] = (int(lib.value or 0), True)
+                    method = "saved image"
+            if not method:
+                raise RestoreError(
+                    f"kernel {name} (image {sha[:12]}) cannot be found: no exported "
+                    "symbol names it, no loaded image holds it, and its saved image "
+                    "does not load"
+                )
+            for attr, value in fn["attrs"]:
+                if set_attr(f, attr, value):
+                    raise RestoreError(
+                        f"kernel {name}: re-applying attribute {attr}={value} failed"
+                    )
+            funcs[i] = f.value or 0
+            methods[method] += 1
+        self._libs = libs
+        return funcs, methods
+
+    def map_globals(self) -> None:
+        glob = self.plan["globals"]
+        size = max((g["index"] for g in glob), default=-1) + 1
+        base = np.zeros(size, np.uint64)
+        lib_global = self._drv(
+            "cuLibraryGetGlobal",
+            12000,
+            c_int,
+            [POINTER(c_uint64), POINTER(c_size_t), c_void_p, c_char_p],
+        )
+        mod_global = self._drv(
+            "cuModuleGetGlobal",
+            3020,
+            c_int,
+            [POINTER(c_uint64), POINTER(c_size_t), c_void_p, c_char_p],
+        )
+        for g in glob:
+            handle, is_lib = self._libs.get(g["sha256"], (0, True))
+            addr, n = c_uint64(), c_size_t()
+            look = lib_global if is_lib else mod_global
+            if not handle or look(
+                ctypes.byref(addr), ctypes.byref(n), c_void_p(handle), g["name"].encode()
+            ):
+                raise RestoreError(
+                    f"module global {g['name']} (image {g['sha256'][:12]}) not found"
+                )
+            base[g["index"]] = addr.value
+        self.bases[GLOBAL] = base
+
+    # ---- contents and graphs ----
+    def _tables(self) -> tuple[Any, Any]:
+        ptrs = (c_void_p * KINDS)(*[b.ctypes.data if b.size else None for b in self.bases])
+        sizes = (c_uint64 * KINDS)(*[b.size for b in self.bases])
+        return ptrs, sizes
+
+    def write_contents(self) -> None:
+        ptrs, sizes = self._tables()
+        for idx, c in self.plan["contents"].items():
+            data = bytearray(c["data"])
+            relocs = np.array([tuple(r) for r in c["relocs"]], RELOC)
+            buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+            if len(relocs) and self.lib.mr_relocate(
+                buf, c_size_t(len(data)), relocs.ctypes.data, c_uint(len(relocs)), ptrs, sizes
+            ):
+                raise RestoreError(f"allocation #{idx}'s saved contents point at nothing restored")
+            self.b.memcpy_htod(int(self.bases[DEVICE][int(idx)]), bytes(data))
+
+    def build_graphs(self, funcs: np.ndarray, stream: int) -> list[int]:
+        ptrs, sizes = self._tables()
+        execs = []
+        templates = self.plan["templates"]
+        for gi, g in enumerate(self.plan["graphs"]):
+            t = templates[g["template"]]
+            nodes = np.frombuffer(t["nodes"], NODE).copy()
+            if g["idx"]:
+                nodes[np.frombuffer(g["idx"], "<u4")] = np.frombuffer(g["rows"], NODE)
+            params = np.frombuffer(t["params"] + g["params"] + b"\0", np.uint8)
+            relocs = np.frombuffer(t["relocs"] + g["relocs"], RELOC)
+            edges = np.frombuffer(t["edges"], EDGE)
+            attrs = np.frombuffer(g["attrs"], ATTR)
+            keep = (nodes, params, relocs, edges, attrs)
+            spec = _Graph(
+                nodes.ctypes.data,
+                len(nodes),
+                params.ctypes.data,
+                relocs.ctypes.data if len(relocs) else None,
+                edges.ctypes.data if len(edges) else None,
+                len(edges),
+                attrs.ctypes.data if len(attrs) else None,
+                len(attrs),
+            )
+            graph, exec_ = c_void_p(), c_void_p()
+            err = ctypes.create_string_buffer(512)
+            code = self.lib.mr_build_graph(
+                ctypes.byref(spec),
+                funcs.ctypes.data,
+                ptrs,
+                sizes,
+                c_void_p(stream),
+                ctypes.byref(graph),
+                ctypes.byref(exec_),
+                err,
+                512,
+            )
+            del keep
+            if code:
+                raise RestoreError(f"graph {gi}: {err.value.decode()} ({self.b.error_name(code)})")
+            execs.append(int(exec_.value or 0))
+            self._execs.append(execs[-1])
+        return execs
+
+    def restore(self, stream: int) -> RestoreResult:
+        t = {}
+        t0 = time.perf_counter()
+        self.map_allocations()
+        t["allocations"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        funcs, methods = self.resolve_kernels()
+        self.map_globals()
+        t["kernels"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.write_contents()
+        execs = self.build_graphs(funcs, stream)
+        t["graphs"] = time.perf_counter() - t0
+        log.info(
+            "restored %d graphs (%d nodes) in %.3f s; kernels: %s",
+            len(execs),
+            self.plan["num_nodes"],
+            sum(t.values()),
+            dict(methods),
+        )
+        return RestoreResult(execs, methods, t)
