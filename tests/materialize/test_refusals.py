@@ -1,0 +1,107 @@
+"""Every way an artifact can be unusable is refused with the reason, and the worker starts the
+normal way (or, with --require-artifact, exits with the reason)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from medusa.artifact import load_artifact, save_artifact
+from tests.materialize.conftest import ENGINE_OPTS, clean_env, run_restored
+
+FALLBACK = """
+import json, sys
+from medusa.engine.config import EngineConfig
+from medusa.engine.llm_engine import LLMEngine
+from medusa.engine.sampling import SamplingParams
+cfg = EngineConfig(**{**json.loads(sys.argv[1]), **json.loads(sys.argv[3])})
+e = LLMEngine(cfg, artifact=sys.argv[2])
+text = e.generate(["What is the capital of France?"], SamplingParams(max_tokens=12), chat=True)
+print(json.dumps({"restored": e.restored, "error": e.restore_error, "text": text[0],
+                  "stages": list(e.timings)}))
+"""
+
+
+def _copy(src, tmp):
+    dst = tmp / "art"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_manifest(art, fn):
+    m = json.loads((art / "manifest.json").read_text())
+    fn(m)
+    (art / "manifest.json").write_text(json.dumps(m))
+
+
+def _resave(art, fn):
+    a = load_artifact(art)
+    plan = a.plan
+    fn(plan)
+    images = {p.stem: p.read_bytes() for p in (art / "images").iterdir()}
+    keep = {k: v for k, v in a.manifest.items()
+            if k not in ("files", "schema", "medusa_version", "created_unix")}  # fmt: skip
+    save_artifact(art, keep, plan, images)
+
+
+def _first_engine_alloc(plan):
+    return next(i for i, a in enumerate(plan["allocs"]) if a[0] == "workspace")
+
+
+CASES = {
+    "device": (lambda a: _edit_manifest(a, lambda m: m["device"].update(name="NVIDIA H200")),
+               {}, "device mismatch: name is"),
+    "model": (lambda a: _edit_manifest(a, lambda m: m["model"].update(identity="gguf:0000")),
+              {}, "model mismatch"),
+    "config": (lambda a: None, {"max_num_seqs": 2},
+               "engine configuration mismatch: max_num_seqs=2 here, 4 when materialized"),
+    "schema": (lambda a: _edit_manifest(a, lambda m: m.update(schema=99)), {},
+               "artifact schema 99, this medusa reads schema 1"),
+    "checksum": (lambda a: _flip_image_byte(a), {}, "checksum mismatch"),
+    "truncated": (lambda a: _truncate(a / "plan.msgpack.zst"), {}, "truncated or replaced"),
+    "allocation": (lambda a: _resave(a, lambda p: p["allocs"][_first_engine_alloc(p)].__setitem__(
+        3, p["allocs"][_first_engine_alloc(p)][3] + 256)), {}, "the start-up diverges"),
+    "kernel": (lambda a: _resave(a, lambda p: p["funcs"][0].update(name="missing_kernel",
+                                                                   symbol="", sha256="")),
+               {}, "kernel missing_kernel (image ) cannot be found"),
+}  # fmt: skip
+
+
+def _flip_image_byte(art):
+    img = next((art / "images").iterdir())
+    data = bytearray(img.read_bytes())
+    data[-1] ^= 0xFF
+    img.write_bytes(bytes(data))
+
+
+def _truncate(p):
+    p.write_bytes(p.read_bytes()[:-10])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_unusable_artifact_is_refused_and_the_worker_starts_normally(engine_artifact, tmp_path,
+                                                                        case):  # fmt: skip
+    spoil, overrides, message = CASES[case]
+    art = _copy(engine_artifact, tmp_path)
+    spoil(art)
+    out = run_restored(FALLBACK, tmp_path, str(art), json.dumps(overrides), memcheck=False)
+    assert not out["restored"]
+    assert message in out["error"]
+    assert "Paris" in out["text"]
+    assert "kv_profile" in out["stages"] and "graph_capture" in out["stages"]
+
+
+def test_require_artifact_exits_with_the_reason(engine_artifact, tmp_path):
+    art = _copy(engine_artifact, tmp_path)
+    CASES["device"][0](art)
+    res = subprocess.run(
+        [sys.executable, "-m", "medusa.cli", "run", *ENGINE_OPTS, "--artifact", str(art),
+         "--require-artifact", "--port", "0"],
+        capture_output=True, text=True, timeout=300, env=clean_env(),
+    )  # fmt: skip
+    assert res.returncode == 3
+    assert "device mismatch: name is" in res.stderr and "--require-artifact" in res.stderr
