@@ -164,9 +164,20 @@ def run(
     is_flag=True,
     help="Materialize any program instead: medusa materialize --command -- python x.py",
 )
+@click.option(
+    "--skip-phase",
+    "skip_phase",
+    multiple=True,
+    help="With --command: a phase (medusa.trace.mark) the program's own restore skips.",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def materialize(
-    model: str | None, out: str | None, command: bool, argv: tuple[str, ...], **engine: object
+    model: str | None,
+    out: str | None,
+    command: bool,
+    skip_phase: tuple[str, ...],
+    argv: tuple[str, ...],
+    **engine: object,
 ) -> None:
     """Record MODEL's start-up twice, analyze it, and write an artifact `medusa run --artifact`
     restores (KV size, CUDA graphs with relocated pointers, kernel identities)."""
@@ -187,7 +198,7 @@ def materialize(
                     "--command needs a program: medusa materialize --command -- CMD"
                 )
             target = Path(out or f"artifacts/command-{kind}")
-            summary = materialize_command(argv_list, target, kind, echo)
+            summary = materialize_command(argv_list, target, kind, echo, skip_phase)
         else:
             if argv:
                 raise click.UsageError(

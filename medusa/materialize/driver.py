@@ -142,7 +142,8 @@ def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -
         return _write(out, manifest, plan, _images(a, plan), timings, echo)
 
 
-def materialize_command(command: list[str], out: Path, kind: str, echo: Echo) -> dict[str, Any]:
+def materialize_command(command: list[str], out: Path, kind: str, echo: Echo,
+                        skipped: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp:
         work = Path(tmp)
@@ -150,8 +151,9 @@ def materialize_command(command: list[str], out: Path, kind: str, echo: Echo) ->
             echo(f"[{run + 1}/4] recording {' '.join(command)}" + (" (shifted)" if run else ""))
             timings[f"record_{run + 1}"] = _record(command, work / f"{run}.mtr", run, kind, echo)
         echo("[3/4] analyzing")
-        # An unmodified program marks no phases: nothing is skipped, every buffer is its own.
-        a, plan, timings["analyze"] = _analyze(work / "0.mtr", work / "1.mtr", set(), echo)
+        # An unmodified program marks no phases: nothing is skipped, every buffer is its own. A
+        # program that restores through medusa.restore names the phases its restore skips.
+        a, plan, timings["analyze"] = _analyze(work / "0.mtr", work / "1.mtr", set(skipped), echo)
         manifest = {
             "kind": "command",
             "model": {

@@ -67,6 +67,8 @@ class Restorer:
             c_char_p,
             c_size_t,
         ]
+        self.lib.mr_relocate.restype = c_int
+        self.lib.mr_relocate.argtypes = [c_void_p, c_size_t, c_void_p, c_uint, c_void_p, c_void_p]
         self.bases: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in range(KINDS)]
         self._execs: list[int] = []
         self._libs: dict[str, tuple[int, bool]] = {}

@@ -24,8 +24,9 @@ def source():
 @pytest.fixture(scope="module")
 def engine(source):
     # Half the device, so that a second engine fits beside it.
-    cfg = EngineConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512,
-                       gpu_memory_utilization=0.45)  # fmt: skip
+    cfg = EngineConfig(
+        max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512, gpu_memory_utilization=0.45
+    )
     e = LLMEngine(cfg, source=source)
     yield e
     e.shutdown()
@@ -67,8 +68,13 @@ def test_graph_replayed_decode_gives_the_tokens_eager_decode_gives(engine, sourc
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     graphed = engine.generate(prompts, params)
     assert engine.runner.graphs, "the engine captured no decode graphs"
-    cfg = EngineConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512,
-                       enforce_eager=True, kv_cache_memory=64 << 20)  # fmt: skip
+    cfg = EngineConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+        enforce_eager=True,
+        kv_cache_memory=64 << 20,
+    )
     with LLMEngine(cfg, source=source) as eager:
         assert not eager.runner.graphs
         assert eager.generate(prompts, params) == graphed

@@ -34,22 +34,27 @@ def hf_dir(tmp_path_factory):
     s = src.spec
     w = dict(src.weights())
     out = tmp_path_factory.mktemp("hf")
-    tensors: dict[str, np.ndarray] = {"model.embed_tokens.weight": w["embed"],
-                                      "model.norm.weight": w["norm"]}  # fmt: skip
+    tensors: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": w["embed"],
+        "model.norm.weight": w["norm"],
+    }
     for i in range(s.num_layers):
         p, qkv = f"model.layers.{i}.", w[f"layers.{i}.qkv"]
         q, k, v = np.split(qkv, [s.q_size, s.q_size + s.kv_size])
         gate, up = np.split(w[f"layers.{i}.gate_up"], 2)
-        tensors.update({
-            p + "self_attn.q_proj.weight": _unpermute(q, s.num_heads),
-            p + "self_attn.k_proj.weight": _unpermute(k, s.num_kv_heads),
-            p + "self_attn.v_proj.weight": v,
-            p + "self_attn.o_proj.weight": w[f"layers.{i}.o"],
-            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": w[f"layers.{i}.down"],
-            p + "input_layernorm.weight": w[f"layers.{i}.attn_norm"],
-            p + "post_attention_layernorm.weight": w[f"layers.{i}.ffn_norm"],
-        })  # fmt: skip
+        tensors.update(
+            {
+                p + "self_attn.q_proj.weight": _unpermute(q, s.num_heads),
+                p + "self_attn.k_proj.weight": _unpermute(k, s.num_kv_heads),
+                p + "self_attn.v_proj.weight": v,
+                p + "self_attn.o_proj.weight": w[f"layers.{i}.o"],
+                p + "mlp.gate_proj.weight": gate,
+                p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": w[f"layers.{i}.down"],
+                p + "input_layernorm.weight": w[f"layers.{i}.attn_norm"],
+                p + "post_attention_layernorm.weight": w[f"layers.{i}.ffn_norm"],
+            }
+        )
     f32 = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items() if "norm" not in k}
     save_file(f32, str(out / "model-00001.safetensors"))
     # Norm weights in BF16: safetensors' numpy API cannot write it, so write the file by hand.
@@ -63,11 +68,19 @@ def hf_dir(tmp_path_factory):
     (out / "model-00002.safetensors").write_bytes(
         len(hb).to_bytes(8, "little") + hb + b"".join(v.tobytes() for v in norms.values())
     )
-    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": s.hidden_size,
-              "intermediate_size": s.intermediate_size, "num_hidden_layers": s.num_layers,
-              "num_attention_heads": s.num_heads, "num_key_value_heads": s.num_kv_heads,
-              "vocab_size": s.vocab_size, "rope_theta": s.rope_theta, "rms_norm_eps": s.rms_eps,
-              "max_position_embeddings": 2048, "tie_word_embeddings": True}  # fmt: skip
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": s.hidden_size,
+        "intermediate_size": s.intermediate_size,
+        "num_hidden_layers": s.num_layers,
+        "num_attention_heads": s.num_heads,
+        "num_key_value_heads": s.num_kv_heads,
+        "vocab_size": s.vocab_size,
+        "rope_theta": s.rope_theta,
+        "rms_norm_eps": s.rms_eps,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+    }
     (out / "config.json").write_text(json.dumps(config))
     tok = src.tokenizer()
     tok.tk.save(str(out / "tokenizer.json"))
@@ -78,11 +91,13 @@ def hf_dir(tmp_path_factory):
 def test_an_hf_checkpoint_runs_and_matches_the_reference(hf_dir):
     m = open_model(hf_dir)
     assert m.spec.rope_neox and m.spec.tie_embeddings
-    cfg = EngineConfig(max_num_seqs=2, max_num_batched_tokens=128, max_model_len=256,
-                       kv_cache_memory=32 << 20)  # fmt: skip
+    cfg = EngineConfig(
+        max_num_seqs=2, max_num_batched_tokens=128, max_model_len=256, kv_cache_memory=32 << 20
+    )
     with LLMEngine(cfg, source=m) as e:
-        (text,) = e.generate(["What is the capital of France?"], SamplingParams(max_tokens=10),
-                             chat=True)  # fmt: skip
+        (text,) = e.generate(
+            ["What is the capital of France?"], SamplingParams(max_tokens=10), chat=True
+        )
         assert "Paris" in text
         ids = e.tokenizer.encode("The capital of France is")
         seq = e.add_request(ids, SamplingParams(max_tokens=1))

@@ -18,11 +18,13 @@ LLMEngine(EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, max_model_len
 
 
 def _record(path, seed: str):
-    env = recorder_env(path, base={k: v for k, v in os.environ.items()
-                                   if not k.startswith("MEDUSA_")})  # fmt: skip
+    env = recorder_env(
+        path, base={k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+    )
     env["MEDUSA_SIM_SEED"] = seed
-    res = subprocess.run([sys.executable, "-c", START], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", START], env=env, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     return read_trace(path)
 
@@ -44,8 +46,17 @@ def test_allocation_order_is_the_same_in_every_start_up(tmp_path):
     b = _record(tmp_path / "b.mtr", "2")
     shape_a, shape_b = _shape(a), _shape(b)
     marks = [x[1] for x in shape_a if x[0] == "mark"]
-    assert marks == ["runtime_init", "weights_alloc", "weights_load", "tokenizer", "workspace",
-                     "kv_profile", "kv_alloc", "graph_capture", "ready"]  # fmt: skip
+    assert marks == [
+        "runtime_init",
+        "weights_alloc",
+        "weights_load",
+        "tokenizer",
+        "workspace",
+        "kv_profile",
+        "kv_alloc",
+        "graph_capture",
+        "ready",
+    ]
     assert len([x for x in shape_a if x[0] == "alloc"]) > 200  # one per weight, at least
     assert shape_a == shape_b
     addrs_a = [e.addr for e in a.of(R.Alloc, Ev.ALLOC)]

@@ -10,10 +10,22 @@ import pytest
 
 from medusa.trace import recorder_env
 
-ENGINE_OPTS = ["--max-num-batched-tokens", "128", "--max-model-len", "256", "--max-num-seqs", "4",
-               "--gpu-memory-utilization", "0.4"]  # fmt: skip
-CONFIG = {"max_num_batched_tokens": 128, "max_model_len": 256, "max_num_seqs": 4,
-          "gpu_memory_utilization": 0.4}  # fmt: skip
+ENGINE_OPTS = [
+    "--max-num-batched-tokens",
+    "128",
+    "--max-model-len",
+    "256",
+    "--max-num-seqs",
+    "4",
+    "--gpu-memory-utilization",
+    "0.4",
+]
+CONFIG = {
+    "max_num_batched_tokens": 128,
+    "max_model_len": 256,
+    "max_num_seqs": 4,
+    "gpu_memory_utilization": 0.4,
+}
 
 
 def clean_env() -> dict[str, str]:
@@ -23,8 +35,13 @@ def clean_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def engine_artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("art") / "smollm2"
-    res = subprocess.run([sys.executable, "-m", "medusa.cli", "materialize", *ENGINE_OPTS, "--out",
-                          str(out)], env=clean_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "medusa.cli", "materialize", *ENGINE_OPTS, "--out", str(out)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr
     assert "graphs    3 (keys [4, 2, 1])" in res.stdout
     return out
@@ -35,7 +52,12 @@ def run_restored(script: str, tmp: Path, *args: str, memcheck: bool = True) -> d
     env = recorder_env(tmp / "restore-%p.mtr", mode="restore", base=clean_env())
     if memcheck:
         env["MEDUSA_SIM_MEMCHECK"] = "1"
-    res = subprocess.run([sys.executable, "-c", script, json.dumps(CONFIG), *args], env=env,
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(CONFIG), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     return json.loads(res.stdout.strip().splitlines()[-1])

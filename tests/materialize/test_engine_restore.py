@@ -48,13 +48,21 @@ def test_restored_graphs_and_text_equal_a_fresh_capture(engine_artifact, tmp_pat
 def test_inspect_and_verify_describe_the_artifact(engine_artifact):
     art = load_artifact(engine_artifact)
     assert art.manifest["kv"]["num_blocks"] > 0 and art.manifest["graphs"]["nodes"] > 300
-    res = subprocess.run([sys.executable, "-m", "medusa.cli", "inspect", str(engine_artifact)],
-                         capture_output=True, text=True, env=clean_env())  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "medusa.cli", "inspect", str(engine_artifact)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
     assert res.returncode == 0
     assert "graphs    3 (keys [4, 2, 1])" in res.stdout and "relocations device" in res.stdout
     assert "1 hidden" in res.stdout
-    ok = subprocess.run([sys.executable, "-m", "medusa.cli", "verify", str(engine_artifact)],
-                        capture_output=True, text=True, env=clean_env())  # fmt: skip
+    ok = subprocess.run(
+        [sys.executable, "-m", "medusa.cli", "verify", str(engine_artifact)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
     assert ok.returncode == 0 and ": ok (" in ok.stdout
     manifest = json.loads((engine_artifact / "manifest.json").read_text())
     assert manifest["schema"] == 1 and set(manifest["files"]) >= {"plan.msgpack.zst"}

@@ -43,8 +43,11 @@ def _resave(art, fn):
     plan = a.plan
     fn(plan)
     images = {p.stem: p.read_bytes() for p in (art / "images").iterdir()}
-    keep = {k: v for k, v in a.manifest.items()
-            if k not in ("files", "schema", "medusa_version", "created_unix")}  # fmt: skip
+    keep = {
+        k: v
+        for k, v in a.manifest.items()
+        if k not in ("files", "schema", "medusa_version", "created_unix")
+    }
     save_artifact(art, keep, plan, images)
 
 
@@ -53,22 +56,46 @@ def _first_engine_alloc(plan):
 
 
 CASES = {
-    "device": (lambda a: _edit_manifest(a, lambda m: m["device"].update(name="NVIDIA H200")),
-               {}, "device mismatch: name is"),
-    "model": (lambda a: _edit_manifest(a, lambda m: m["model"].update(identity="gguf:0000")),
-              {}, "model mismatch"),
-    "config": (lambda a: None, {"max_num_seqs": 2},
-               "engine configuration mismatch: max_num_seqs=2 here, 4 when materialized"),
-    "schema": (lambda a: _edit_manifest(a, lambda m: m.update(schema=99)), {},
-               "artifact schema 99, this medusa reads schema 1"),
+    "device": (
+        lambda a: _edit_manifest(a, lambda m: m["device"].update(name="NVIDIA H200")),
+        {},
+        "device mismatch: name is",
+    ),
+    "model": (
+        lambda a: _edit_manifest(a, lambda m: m["model"].update(identity="gguf:0000")),
+        {},
+        "model mismatch",
+    ),
+    "config": (
+        lambda a: None,
+        {"max_num_seqs": 2},
+        "engine configuration mismatch: max_num_seqs=2 here, 4 when materialized",
+    ),
+    "schema": (
+        lambda a: _edit_manifest(a, lambda m: m.update(schema=99)),
+        {},
+        "artifact schema 99, this medusa reads schema 1",
+    ),
     "checksum": (lambda a: _flip_image_byte(a), {}, "checksum mismatch"),
     "truncated": (lambda a: _truncate(a / "plan.msgpack.zst"), {}, "truncated or replaced"),
-    "allocation": (lambda a: _resave(a, lambda p: p["allocs"][_first_engine_alloc(p)].__setitem__(
-        3, p["allocs"][_first_engine_alloc(p)][3] + 256)), {}, "the start-up diverges"),
-    "kernel": (lambda a: _resave(a, lambda p: p["funcs"][0].update(name="missing_kernel",
-                                                                   symbol="", sha256="")),
-               {}, "kernel missing_kernel (image ) cannot be found"),
-}  # fmt: skip
+    "allocation": (
+        lambda a: _resave(
+            a,
+            lambda p: p["allocs"][_first_engine_alloc(p)].__setitem__(
+                3, p["allocs"][_first_engine_alloc(p)][3] + 256
+            ),
+        ),
+        {},
+        "the start-up diverges",
+    ),
+    "kernel": (
+        lambda a: _resave(
+            a, lambda p: p["funcs"][0].update(name="missing_kernel", symbol="", sha256="")
+        ),
+        {},
+        "kernel missing_kernel (image ) cannot be found",
+    ),
+}
 
 
 def _flip_image_byte(art):
@@ -83,8 +110,9 @@ def _truncate(p):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_an_unusable_artifact_is_refused_and_the_worker_starts_normally(engine_artifact, tmp_path,
-                                                                        case):  # fmt: skip
+def test_an_unusable_artifact_is_refused_and_the_worker_starts_normally(
+    engine_artifact, tmp_path, case
+):
     spoil, overrides, message = CASES[case]
     art = _copy(engine_artifact, tmp_path)
     spoil(art)
@@ -99,9 +127,22 @@ def test_require_artifact_exits_with_the_reason(engine_artifact, tmp_path):
     art = _copy(engine_artifact, tmp_path)
     CASES["device"][0](art)
     res = subprocess.run(
-        [sys.executable, "-m", "medusa.cli", "run", *ENGINE_OPTS, "--artifact", str(art),
-         "--require-artifact", "--port", "0"],
-        capture_output=True, text=True, timeout=300, env=clean_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "medusa.cli",
+            "run",
+            *ENGINE_OPTS,
+            "--artifact",
+            str(art),
+            "--require-artifact",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+    )
     assert res.returncode == 3
     assert "device mismatch: name is" in res.stderr and "--require-artifact" in res.stderr

@@ -23,8 +23,20 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     port = _free_port()
-    cmd = [sys.executable, "-m", "medusa.cli", "run", "--port", str(port), "--max-model-len", "512",
-           "--max-num-batched-tokens", "256", "--max-num-seqs", "4"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "medusa.cli",
+        "run",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--max-num-batched-tokens",
+        "256",
+        "--max-num-seqs",
+        "4",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -56,9 +68,11 @@ def client(server):
 
 def test_chat_completion_through_the_openai_client(client):
     r = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
-        temperature=0, max_tokens=16,
-    )  # fmt: skip
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=16,
+    )
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens > 0
@@ -90,10 +104,14 @@ def test_completion_with_stop_and_streaming(client):
     streamed = "".join(
         c.choices[0].text
         for c in client.completions.create(
-            model="smollm2", prompt="1, 2, 3, 4,", temperature=0, max_tokens=12, stop=[" 7"],
+            model="smollm2",
+            prompt="1, 2, 3, 4,",
+            temperature=0,
+            max_tokens=12,
+            stop=[" 7"],
             stream=True,
         )
-    )  # fmt: skip
+    )
     assert streamed == cut.choices[0].text
 
 

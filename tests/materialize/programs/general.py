@@ -1,0 +1,86 @@
+"""A program whose graph has every hazard restore must handle: an address freed and handed out
+again between launches, pointers inside a by-value struct, a device-side array of pointers
+(made during the capture phase, so restore must save and relocate it), a pointer to a module
+global, and a memset node.
+
+  python general.py record        set up, capture, replay; print the outputs
+  python general.py restore DIR   set up, restore the graph from artifact DIR instead; same output
+"""
+
+import ctypes
+import struct
+import sys
+
+from medusa import trace
+from medusa.cuda import load_backend
+
+N = 256
+b = load_backend("sim")
+b.load_kernels("simcuda_testkernels")
+c_void_p, c_float, c_int = ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+
+
+class Axpy(ctypes.Structure):
+    _fields_ = [("y", c_void_p), ("x", c_void_p), ("alpha", c_float), ("n", c_int)]
+
+
+def floats(ptr, n=N):
+    return struct.unpack(f"{n}f", b.memcpy_dtoh(ptr, 4 * n))
+
+
+def module_global(name):
+    """The device address of a global of the test-kernel module, as a program would get it."""
+    fn = c_void_p()
+    b.call("cudaGetFuncBySymbol", ctypes.byref(fn), c_void_p(b.symbol("add_global_bias")))
+    get = c_void_p()
+    lib, addr, size = c_void_p(), ctypes.c_uint64(), ctypes.c_size_t()
+    b.call(
+        "cudaGetDriverEntryPointByVersion", b"cuKernelGetLibrary", ctypes.byref(get), 12050, 0, None
+    )
+    ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)(get.value)(ctypes.byref(lib), fn)
+    b.call(
+        "cudaGetDriverEntryPointByVersion", b"cuLibraryGetGlobal", ctypes.byref(get), 12000, 0, None
+    )
+    ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, ctypes.c_char_p)(get.value)(
+        ctypes.byref(addr), ctypes.byref(size), lib, name
+    )
+    return addr.value
+
+
+# ---- setup: what the program makes the same way whether it restores or not ----
+trace.mark("setup")
+w = b.malloc(4 * N)
+y = b.malloc(4 * N)
+out = b.malloc(4 * N)
+bias2 = b.malloc(4)
+b.memcpy_htod(w, struct.pack(f"{N}f", *[0.25 * i for i in range(N)]))
+bias = module_global(b"bias")
+stream = b.stream_create()
+
+if sys.argv[1] == "record":
+    trace.mark("graph_capture")
+    tmp = b.malloc(4 * N)
+    b.launch("scale_inplace", 1, 32, [tmp, c_float(0.0), N], stream=stream)
+    b.free(tmp)
+    reused = b.malloc(4 * N)  # most likely tmp's address again
+    ptrs = b.malloc(16)
+    b.memcpy_htod(ptrs, struct.pack("<QQ", w, reused))
+    b.begin_capture(stream)
+    b.call("cudaMemsetAsync", c_void_p(y), c_int(0), ctypes.c_size_t(4 * N), c_void_p(stream))
+    b.launch("vector_add", 1, 32, [reused, w, w, N], stream=stream)  # reused = 2w
+    b.launch("axpy_struct", 1, 32, [Axpy(y, reused, 1.5, N)], stream=stream)  # y = 3w
+    b.launch("gather_ptrs", 1, 32, [out, ptrs, 2, N], stream=stream)  # out = w + reused = 3w
+    b.launch("vector_add", 1, 1, [bias2, bias, bias, 1], stream=stream)  # 2 * bias = 3.0
+    graph = b.graph_instantiate(b.end_capture(stream))
+    trace.mark("ready")
+else:
+    from medusa.artifact import load_artifact
+    from medusa.restore import Restorer
+
+    trace.mark("graph_restore")
+    graph = Restorer(load_artifact(sys.argv[2]), b).restore(stream).execs[0]
+
+b.memset(out, 0, 4 * N)
+b.graph_launch(graph, stream)
+b.stream_synchronize(stream)
+print(f"y {sum(floats(y)):.2f} out {sum(floats(out)):.2f} bias2 {floats(bias2, 1)[0]:.2f}")

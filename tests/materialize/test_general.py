@@ -1,0 +1,78 @@
+"""Materialize and restore a program that is not the engine: address reuse, a struct holding
+pointers, a device-side pointer array saved and relocated, a module global, a memset node."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from medusa.artifact import load_artifact
+from medusa.trace import recorder_env
+from tests.materialize.conftest import clean_env
+
+PROGRAM = Path(__file__).parent / "programs" / "general.py"
+
+
+def test_a_general_program_is_materialized_and_restored(tmp_path):
+    plain = subprocess.run(
+        [sys.executable, str(PROGRAM), "record"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plain.returncode == 0, plain.stderr
+    expected = sum(0.75 * i for i in range(256))
+    assert plain.stdout.split() == [
+        "y",
+        f"{expected:.2f}",
+        "out",
+        f"{expected:.2f}",
+        "bias2",
+        "3.00",
+    ]
+    out = tmp_path / "art"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "medusa.cli",
+            "materialize",
+            "--command",
+            "--skip-phase",
+            "graph_capture",
+            "--out",
+            str(out),
+            "--",
+            sys.executable,
+            str(PROGRAM),
+            "record",
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    art = load_artifact(out)
+    kinds = art.manifest["relocations"]
+    assert kinds["device"] >= 6 and kinds["module global"] == 2
+    (content,) = [c for c in art.plan["contents"].values() if c["relocs"]]
+    assert len(content["relocs"]) == 2  # the pointer array's two pointers
+    script = (
+        f"import runpy, sys; sys.argv = ['general', 'restore', {str(out)!r}]; "
+        f"runpy.run_path({str(PROGRAM)!r}, run_name='__main__')"
+    )
+    env_out = _restore(script, tmp_path)
+    assert env_out == plain.stdout.strip()
+
+
+def _restore(script: str, tmp: Path) -> str:
+    env = recorder_env(tmp / "r-%p.mtr", mode="restore", base=clean_env())
+    env["MEDUSA_SIM_MEMCHECK"] = "1"
+    res = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
