@@ -128,11 +128,12 @@ class ModelRunner:
             self.graphs[size] = self.dev.instantiate(graph)
 
     def trigger(self) -> None:
-        """The triggering step of a restore: one eager decode step at the smallest graph size, so
-        that libraries which load their kernels on first use (mblas, like cuBLAS) do so."""
+        """The triggering step of a restore: the first layer of a decode step, eagerly, so that
+        libraries which load their kernels on first use (mblas, like cuBLAS) do so."""
         size = min(self.config.graph_sizes, default=1)
-        out = self.ws["tokens"]
-        self._run(self._padding_batch(size), self.kv, out)
+        self._upload(self._padding_batch(size))
+        self._forward(size, size, self.kv, self.ws["tokens"], num_layers=1)
+        self.dev.synchronize()
 
     def adopt_graphs(self, execs: list[int], outs: list[int], sizes: list[int]) -> None:
         """Takes restored graphs (and their output buffers), in capture order."""
@@ -279,7 +280,9 @@ class ModelRunner:
         return self.dev.download(out, np.int32, batch.num_seqs).tolist()
 
     # ---- the forward pass ----
-    def _forward(self, t: int, n: int, kv: Buffer | None, out: Buffer) -> None:
+    def _forward(
+        self, t: int, n: int, kv: Buffer | None, out: Buffer, num_layers: int | None = None
+    ) -> None:
         d, s, c, w, a = self.dev, self.spec, self.config, self.weights, self.ws
         if kv is None:
             raise RuntimeError("the KV cache is not allocated yet")
@@ -291,7 +294,7 @@ class ModelRunner:
             a["qkv"].ptr + (s.q_size + s.kv_size) * F32,
         )
         d.launch("embed_tokens", a["x"].ptr, w["embed"].ptr, a["ids"].ptr, t, dim)
-        for i in range(s.num_layers):
+        for i in range(s.num_layers if num_layers is None else num_layers):
             kc = kv.ptr + 2 * i * layer_bytes
             vc = kc + layer_bytes
             d.launch(
@@ -379,6 +382,8 @@ class ModelRunner:
                 s.intermediate_size,
                 accumulate=True,
             )
+        if num_layers is not None:
+            return
         d.launch("gather_rows_kernel", a["last"].ptr, a["x"].ptr, a["last_rows"].ptr, n, dim)
         d.launch("rms_norm_kernel", a["last_h"].ptr, a["last"].ptr, w["norm"].ptr, n, dim, eps)
         head = w["embed" if s.tie_embeddings else "lm_head"].ptr

@@ -63,7 +63,8 @@ class RunView:
     end_seq: int
 
     @classmethod
-    def build(cls, trace: Trace) -> RunView:
+    def build(cls, trace: Trace, *, graphs: bool = True) -> RunView:
+        """Indexes a recording; graphs=False skips what only materialization needs."""
         allocs: list[Alloc] = []
         events: list[tuple[str, int]] = []
         by_seq: dict[int, int] = {}
@@ -85,6 +86,8 @@ class RunView:
                 events.append(("f", i))
         loads = {x.handle: x.sha256 for x in trace.of(R.Load, Ev.LOAD) if x.result == 0}
         stubs = {s.func: s.symbol for s in trace.of(R.Stub, Ev.STUB)}
+        if not graphs:
+            return cls(trace, allocs, events, [], {}, loads, [], {}, None, 0)
         funcs = {
             f.func: Func(f.name, loads.get(f.library) or loads.get(f.module, ""),
                          stubs.get(f.func, ""), [tuple(p) for p in f.params])

@@ -20,8 +20,9 @@ from medusa.cuda import paths
 from medusa.cuda.backend import Backend
 from medusa.materialize.analysis import DEVICE, GLOBAL, HOST, RunView
 from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
+from medusa.trace import Ev, read_trace
 from medusa.trace import control as trace
-from medusa.trace import read_trace
+from medusa.trace import records as R
 
 log = logging.getLogger("medusa.restore")
 KINDS = 4
@@ -71,6 +72,8 @@ class Restorer:
         self.lib.mr_relocate.argtypes = [c_void_p, c_size_t, c_void_p, c_uint, c_void_p, c_void_p]
         self.bases: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in range(KINDS)]
         self._execs: list[int] = []
+        self.last_timings: dict[str, float] = {}
+        self._own: RunView | None = None
         self._libs: dict[str, tuple[int, bool]] = {}
 
     def _drv(self, name: str, version: int, restype: Any, argtypes: list[Any]) -> Any:
@@ -89,6 +92,11 @@ class Restorer:
 
     # ---- allocations ----
     def _own_run(self) -> RunView:
+        if self._own is None:
+            self._own = self._read_own()
+        return self._own
+
+    def _read_own(self) -> RunView:
         path = env.TRACE.get()
         if not trace.active() or not path:
             raise RestoreError(
@@ -97,7 +105,7 @@ class Restorer:
             )
         trace.flush()
         path = path.replace("%p", str(os.getpid()))
-        return RunView.build(read_trace(path, allow_truncated=True))
+        return RunView.build(read_trace(path, allow_truncated=True), graphs=False)
 
     def map_allocations(self) -> None:
         """Checks this start-up allocated what the recorded one did in the phases it ran, then
@@ -177,10 +185,10 @@ class Restorer:
     # ---- kernels and globals ----
     def resolve_kernels(self) -> tuple[np.ndarray, Counter[str]]:
         own = self._own_run()
-        libs = {}  # sha256 -> (handle, is_library)
-        for e in own.trace.events():
-            if type(e).__name__ == "Load" and e.result == 0:  # type: ignore[attr-defined]
-                libs.setdefault(e.sha256, (e.handle, e.is_library))  # type: ignore[attr-defined]
+        libs: dict[str, tuple[int, bool]] = {}  # sha256 -> (handle, is_library)
+        for e in own.trace.of(R.Load, Ev.LOAD):
+            if e.result == 0:
+                libs.setdefault(e.sha256, (e.handle, e.is_library))
         get_by_stub = self.b._fn("cudaGetFuncBySymbol", c_int, [c_void_p, c_void_p])
         name_of = self._drv("cuFuncGetName", 12030, c_int, [POINTER(c_char_p), c_void_p])
         lib_kernel = self._drv(
@@ -350,6 +358,7 @@ class Restorer:
         self.write_contents()
         execs = self.build_graphs(funcs, stream)
         t["graphs"] = time.perf_counter() - t0
+        self.last_timings = t
         log.info(
             "restored %d graphs (%d nodes) in %.3f s; kernels: %s",
             len(execs),
