@@ -144,14 +144,14 @@ def test_ptsz_runtime_calls_and_a_hidden_module_kernel(cprog, run, tmp_path):
     assert stubs[blas.func].symbol == "" and stubs[funcs["scale_inplace"].func].symbol
 
 
-def test_restore_mode_records_only_allocations(cprog, run, tmp_path):
+def test_restore_mode_records_allocations_and_loads_but_no_work(cprog, run, tmp_path):
     prog = cprog("recorded", src_dir=PROGRAMS)
     trace = tmp_path / "r.mtr"
     run(prog, env=recorder_env(trace, mode="restore"))
     t = read_trace(trace)
     kinds = {Ev(int(x)).name for x in set(t.records["type"].tolist())}
-    assert "LAUNCH" not in kinds and "NODE" not in kinds and "LOAD" not in kinds
-    assert {"ALLOC", "FREE", "HOST_ALLOC", "VMM_MAP"} <= kinds
+    assert "LAUNCH" not in kinds and "NODE" not in kinds and "CAPTURE_BEGIN" not in kinds
+    assert {"ALLOC", "FREE", "HOST_ALLOC", "VMM_MAP", "LOAD"} <= kinds
 
 
 def test_an_existing_trace_is_not_overwritten_and_the_program_still_runs(cprog, run, tmp_path):
