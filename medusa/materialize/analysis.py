@@ -61,6 +61,8 @@ class RunView:
     contents: dict[int, tuple[int, bytes]]  # alloc seq -> (content seq, bytes)
     device: R.Device | None
     end_seq: int
+    vmm: list[tuple[str, int, int, int, int, int]] = field(default_factory=list)
+    # (phase, ordinal, addr, size, map seq, unmap seq) of each cuMemMap
 
     @classmethod
     def build(cls, trace: Trace, *, graphs: bool = True) -> RunView:
@@ -69,9 +71,19 @@ class RunView:
         events: list[tuple[str, int]] = []
         by_seq: dict[int, int] = {}
         phase, ordinals = "start", defaultdict(int)
-        for e in trace.events(Ev.MARK, Ev.ALLOC, Ev.FREE, Ev.HOST_ALLOC, Ev.HOST_FREE):
+        vmm: list[tuple[str, int, int, int, int, int]] = []
+        vmm_ordinals: dict[str, int] = defaultdict(int)
+        kinds = (Ev.MARK, Ev.ALLOC, Ev.FREE, Ev.HOST_ALLOC, Ev.HOST_FREE, Ev.VMM_MAP, Ev.VMM_UNMAP)
+        for e in trace.events(*kinds):
             if isinstance(e, R.Mark):
                 phase = e.phase
+            elif isinstance(e, R.VmmMap) and e.result == 0:
+                vmm.append((phase, vmm_ordinals[phase], e.addr, e.size, e.seq, NEVER))
+                vmm_ordinals[phase] += 1
+            elif isinstance(e, R.VmmUnmap):
+                for j, m in enumerate(vmm):
+                    if m[2] == e.addr and m[5] == NEVER:
+                        vmm[j] = (*m[:5], e.seq)
             elif isinstance(e, R.Alloc | R.HostAlloc) and e.result == 0:
                 kind = DEVICE if isinstance(e, R.Alloc) else HOST
                 addr = e.addr if isinstance(e, R.Alloc) else (e.device or e.host)
@@ -87,22 +99,41 @@ class RunView:
         loads = {x.handle: x.sha256 for x in trace.of(R.Load, Ev.LOAD) if x.result == 0}
         stubs = {s.func: s.symbol for s in trace.of(R.Stub, Ev.STUB)}
         if not graphs:
-            return cls(trace, allocs, events, [], {}, loads, [], {}, None, 0)
+            return cls(trace, allocs, events, [], {}, loads, [], {}, None, 0, vmm)
         funcs = {
-            f.func: Func(f.name, loads.get(f.library) or loads.get(f.module, ""),
-                         stubs.get(f.func, ""), [tuple(p) for p in f.params])
+            f.func: Func(
+                f.name,
+                loads.get(f.library) or loads.get(f.module, ""),
+                stubs.get(f.func, ""),
+                [tuple(p) for p in f.params],
+            )
             for f in trace.of(R.Func, Ev.FUNC)
-        }  # fmt: skip
+        }
         for a in trace.of(R.FuncAttr, Ev.FUNC_ATTR):
             if a.result == 0 and a.func in funcs:
                 funcs[a.func].attrs[a.attr] = a.value
-        glob = [(g.addr, g.size, loads.get(g.owner, ""), g.name, g.seq)
-                for g in trace.of(R.Global, Ev.GLOBAL) if g.result == 0]  # fmt: skip
-        contents = {c.alloc_seq: (c.seq, c.data) for c in trace.of(R.Content, Ev.CONTENT)
-                    if c.result == 0}  # fmt: skip
+        glob = [
+            (g.addr, g.size, loads.get(g.owner, ""), g.name, g.seq)
+            for g in trace.of(R.Global, Ev.GLOBAL)
+            if g.result == 0
+        ]
+        contents = {
+            c.alloc_seq: (c.seq, c.data) for c in trace.of(R.Content, Ev.CONTENT) if c.result == 0
+        }
         devs = trace.of(R.Device, Ev.DEVICE)
-        return cls(trace, allocs, events, glob, funcs, loads, _graphs(trace), contents,
-                   devs[0] if devs else None, int(trace.records["seq"][-1]) + 1)  # fmt: skip
+        return cls(
+            trace,
+            allocs,
+            events,
+            glob,
+            funcs,
+            loads,
+            _graphs(trace),
+            contents,
+            devs[0] if devs else None,
+            int(trace.records["seq"][-1]) + 1,
+            vmm,
+        )
 
 
 def _graphs(trace: Trace) -> list[dict]:
@@ -123,13 +154,18 @@ def _graphs(trace: Trace) -> list[dict]:
             continue
         ns = sorted(nodes[end.graph], key=lambda n: n.index)
         pos = {n.node: n.index for n in ns}
-        out.append({
-            "seq": end.seq, "nodes": ns,
-            "launch_seq": [launches.get(n.node, end.seq) for n in ns],
-            "edges": sorted((pos[e.src], pos[e.dst], e.from_port, e.to_port, e.type)
-                            for e in edges[end.graph]),
-            "attrs": [(pos[n.node], a.attr, a.value) for n in ns for a in attrs[n.node]],
-        })  # fmt: skip
+        out.append(
+            {
+                "seq": end.seq,
+                "nodes": ns,
+                "launch_seq": [launches.get(n.node, end.seq) for n in ns],
+                "edges": sorted(
+                    (pos[e.src], pos[e.dst], e.from_port, e.to_port, e.type)
+                    for e in edges[end.graph]
+                ),
+                "attrs": [(pos[n.node], a.attr, a.value) for n in ns for a in attrs[n.node]],
+            }
+        )
     return out
 
 
@@ -139,6 +175,7 @@ class AddressIndex:
     def __init__(self, run: RunView) -> None:
         rows = [(a.addr, a.size, a.seq, a.free_seq, a.kind, a.index) for a in run.allocs]
         rows += [(g[0], g[1], g[4], NEVER, GLOBAL, i) for i, g in enumerate(run.globals)]
+        rows += [(m[2], m[3], m[4], m[5], VMM, i) for i, m in enumerate(run.vmm)]
         self.start = np.array([r[0] for r in rows], dtype=np.uint64)
         self.end = self.start + np.array([r[1] for r in rows], dtype=np.uint64)
         self.seq = np.array([r[2] for r in rows], dtype=np.int64)

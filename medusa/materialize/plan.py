@@ -14,6 +14,7 @@ from medusa.materialize.analysis import (
     HOST,
     KIND_NAMES,
     NEVER,
+    VMM,
     AddressIndex,
     MaterializeError,
     RunView,
@@ -51,14 +52,21 @@ class _Funcs:
         key = (f.sha256, f.name)
         if key not in self.ids:
             self.ids[key] = len(self.table)
-            self.table.append({"name": f.name, "sha256": f.sha256, "symbol": f.symbol,
-                               "layout": [list(p) for p in f.layout],
-                               "attrs": sorted(f.attrs.items())})  # fmt: skip
+            self.table.append(
+                {
+                    "name": f.name,
+                    "sha256": f.sha256,
+                    "symbol": f.symbol,
+                    "layout": [list(p) for p in f.layout],
+                    "attrs": sorted(f.attrs.items()),
+                }
+            )
         return self.ids[key], key
 
 
-def _node(a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Funcs,
-          g: int, i: int) -> Node:  # fmt: skip
+def _node(
+    a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Funcs, g: int, i: int
+) -> Node:
     na, nb = a.graphs[g]["nodes"][i], b.graphs[g]["nodes"][i]
     sa, sb = a.graphs[g]["launch_seq"][i], b.graphs[g]["launch_seq"][i]
     where = f"graph {g}, node {i}"
@@ -73,10 +81,17 @@ def _node(a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Fu
             raise MaterializeError(f"{where}: kernel {key[1]} in one run, {key_b[1]} in the other")
         if (na.grid, na.block, na.shared_bytes) != (nb.grid, nb.block, nb.shared_bytes):
             raise MaterializeError(f"{where} ({key[1]}): launch geometry differs between the runs")
-        node.update(func=fid, grid=list(na.grid), block=list(na.block), shared=na.shared_bytes,
-                    params=bytes(na.params),
-                    relocs=[list(r) for r in relocate_words(na.params, nb.params, find_a, find_b,
-                                                            f"{where} ({key[1]})")])  # fmt: skip
+        node.update(
+            func=fid,
+            grid=list(na.grid),
+            block=list(na.block),
+            shared=na.shared_bytes,
+            params=bytes(na.params),
+            relocs=[
+                list(r)
+                for r in relocate_words(na.params, nb.params, find_a, find_b, f"{where} ({key[1]})")
+            ],
+        )
     elif na.type in (NodeType.MEMCPY, NodeType.MEMSET):
         words_a = (na.dst, na.src) if na.type == NodeType.MEMCPY else (na.dst,)
         words_b = (nb.dst, nb.src) if nb.type == NodeType.MEMCPY else (nb.dst,)
@@ -87,16 +102,23 @@ def _node(a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Fu
         )
         if len(relocs) != len(pb) // 8:
             raise MaterializeError(f"{where}: a copy or fill of memory no allocation holds")
-        node.update(relocs=[list(r) for r in relocs], width=na.width, height=na.height,
-                    depth=na.depth, value=na.value, elem=na.element_size,
-                    memtypes=list(na.memory_types))  # fmt: skip
+        node.update(
+            relocs=[list(r) for r in relocs],
+            width=na.width,
+            height=na.height,
+            depth=na.depth,
+            value=na.value,
+            elem=na.element_size,
+            memtypes=list(na.memory_types),
+        )
     elif na.type != NodeType.EMPTY:
         raise MaterializeError(f"{where}: {NodeType(na.type).name} nodes cannot be restored yet")
     return node
 
 
-def _graph(a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Funcs,
-           g: int) -> dict[str, Any]:  # fmt: skip
+def _graph(
+    a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Funcs, g: int
+) -> dict[str, Any]:
     ga, gb = a.graphs[g], b.graphs[g]
     if len(ga["nodes"]) != len(gb["nodes"]) or ga["edges"] != gb["edges"]:
         raise MaterializeError(
@@ -116,26 +138,52 @@ def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
     keys: dict[tuple, int] = {}
     out = []
     for g in graphs:
-        key = (tuple((n["type"], n.get("func", -1)) for n in g["nodes"]),
-               tuple(map(tuple, g["edges"])))  # fmt: skip
+        key = (
+            tuple((n["type"], n.get("func", -1)) for n in g["nodes"]),
+            tuple(map(tuple, g["edges"])),
+        )
         attrs = pack_attrs(g["attrs"]).tobytes()
         if key not in keys:
             keys[key] = len(templates)
             rows, params, relocs = pack_nodes(g["nodes"])
-            templates.append({"nodes": rows.tobytes(), "params": params, "relocs": relocs.tobytes(),
-                              "edges": pack_edges(g["edges"]).tobytes(),
-                              "num_nodes": len(rows), "node_dicts": g["nodes"]})  # fmt: skip
-            out.append({"template": keys[key], "idx": b"", "rows": b"", "params": b"",
-                        "relocs": b"", "attrs": attrs})  # fmt: skip
+            templates.append(
+                {
+                    "nodes": rows.tobytes(),
+                    "params": params,
+                    "relocs": relocs.tobytes(),
+                    "edges": pack_edges(g["edges"]).tobytes(),
+                    "num_nodes": len(rows),
+                    "node_dicts": g["nodes"],
+                }
+            )
+            out.append(
+                {
+                    "template": keys[key],
+                    "idx": b"",
+                    "rows": b"",
+                    "params": b"",
+                    "relocs": b"",
+                    "attrs": attrs,
+                }
+            )
             continue
         t = templates[keys[key]]
-        changed = [i for i, (tn, n) in enumerate(zip(t["node_dicts"], g["nodes"], strict=True))
-                   if tn != n]  # fmt: skip
-        rows, params, relocs = pack_nodes([g["nodes"][i] for i in changed], len(t["params"]),
-                                          len(t["relocs"]) // RELOC.itemsize)  # fmt: skip
-        out.append({"template": keys[key], "idx": np.array(changed, "<u4").tobytes(),
-                    "rows": rows.tobytes(), "params": params, "relocs": relocs.tobytes(),
-                    "attrs": attrs})  # fmt: skip
+        changed = [
+            i for i, (tn, n) in enumerate(zip(t["node_dicts"], g["nodes"], strict=True)) if tn != n
+        ]
+        rows, params, relocs = pack_nodes(
+            [g["nodes"][i] for i in changed], len(t["params"]), len(t["relocs"]) // RELOC.itemsize
+        )
+        out.append(
+            {
+                "template": keys[key],
+                "idx": np.array(changed, "<u4").tobytes(),
+                "rows": rows.tobytes(),
+                "params": params,
+                "relocs": relocs.tobytes(),
+                "attrs": attrs,
+            }
+        )
     for t in templates:
         del t["node_dicts"]
     return templates, out
@@ -161,8 +209,13 @@ def build_plan(a: RunView, b: RunView, skipped: Callable[[str], bool]) -> dict[s
     ia, ib = AddressIndex(a), AddressIndex(b)
     funcs = _Funcs()
     graphs = [_graph(a, b, ia, ib, funcs, g) for g in range(len(a.graphs))]
-    referenced = {r[2] for g in graphs for n in g["nodes"] for r in n.get("relocs", ())
-                  if r[1] in (DEVICE, HOST)}  # fmt: skip
+    referenced = {
+        r[2]
+        for g in graphs
+        for n in g["nodes"]
+        for r in n.get("relocs", ())
+        if r[1] in (DEVICE, HOST)
+    }
     contents = {}
     for i in sorted(referenced):
         al = a.allocs[i]
@@ -184,8 +237,21 @@ def build_plan(a: RunView, b: RunView, skipped: Callable[[str], bool]) -> dict[s
                 f"allocation #{i}'s contents",
             )
             contents[i] = {"data": data_a, "relocs": [list(r) for r in relocs]}
-    used_globals = sorted({r[2] for g in graphs for n in g["nodes"] for r in n.get("relocs", ())
-                           if r[1] == GLOBAL})  # fmt: skip
+    used_vmm = sorted(
+        {r[2] for g in graphs for n in g["nodes"] for r in n.get("relocs", ()) if r[1] == VMM}
+    )
+    for i in used_vmm:
+        m, mb = a.vmm[i], b.vmm[i] if i < len(b.vmm) else None
+        if mb is None or (m[0], m[1], m[3]) != (mb[0], mb[1], mb[3]):
+            raise MaterializeError(f"VMM mapping #{i} differs between the runs")
+        if skipped(m[0]):
+            raise MaterializeError(
+                f"a graph uses VMM mapping #{i} made in skipped phase {m[0]!r}; restore does not "
+                "replay VMM mappings (map it in a phase the restore runs)"
+            )
+    used_globals = sorted(
+        {r[2] for g in graphs for n in g["nodes"] for r in n.get("relocs", ()) if r[1] == GLOBAL}
+    )
     templates, per_graph = _templates(graphs)
     phases = list(dict.fromkeys(x.phase for x in a.allocs))
     return {
@@ -201,7 +267,11 @@ def build_plan(a: RunView, b: RunView, skipped: Callable[[str], bool]) -> dict[s
                 "index": i,
             }
             for i in used_globals
-        ],  # fmt: skip
+        ],
+        "vmm": [
+            {"index": i, "phase": a.vmm[i][0], "ordinal": a.vmm[i][1], "size": a.vmm[i][3]}
+            for i in used_vmm
+        ],
         "templates": templates,
         "graphs": per_graph,
         "contents": contents,

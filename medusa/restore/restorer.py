@@ -18,7 +18,7 @@ from medusa import env
 from medusa.artifact import Artifact
 from medusa.cuda import paths
 from medusa.cuda.backend import Backend
-from medusa.materialize.analysis import DEVICE, GLOBAL, HOST, RunView
+from medusa.materialize.analysis import DEVICE, GLOBAL, HOST, VMM, RunView
 from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
 from medusa.trace import Ev, read_trace
 from medusa.trace import control as trace
@@ -283,6 +283,20 @@ class Restorer:
             base[g["index"]] = addr.value
         self.bases[GLOBAL] = base
 
+    def map_vmm(self) -> None:
+        entries = self.plan.get("vmm", [])
+        base = np.zeros(max((v["index"] for v in entries), default=-1) + 1, np.uint64)
+        mine = {(m[0], m[1]): m for m in self._own_run().vmm}
+        for v in entries:
+            m = mine.get((v["phase"], v["ordinal"]))
+            if m is None or m[3] != v["size"]:
+                raise RestoreError(
+                    f"VMM mapping #{v['ordinal']} of phase {v['phase']!r} "
+                    f"({v['size']} bytes) was not made alike in this start-up"
+                )
+            base[v["index"]] = m[2]
+        self.bases[VMM] = base
+
     # ---- contents and graphs ----
     def _tables(self) -> tuple[Any, Any]:
         ptrs = (c_void_p * KINDS)(*[b.ctypes.data if b.size else None for b in self.bases])
@@ -353,6 +367,7 @@ class Restorer:
         t0 = time.perf_counter()
         funcs, methods = self.resolve_kernels()
         self.map_globals()
+        self.map_vmm()
         t["kernels"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.write_contents()

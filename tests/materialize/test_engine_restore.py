@@ -19,7 +19,7 @@ from medusa.engine.sampling import SamplingParams
 cfg = EngineConfig(**json.loads(sys.argv[1]))
 prompts = ["What is the capital of France?", "Name three colours.", "Write a haiku about rain."]
 params = SamplingParams(max_tokens=20)
-restored = LLMEngine(cfg, artifact=sys.argv[2])
+restored = LLMEngine(cfg, artifact=sys.argv[2], validate=True)
 r_probe = {s: restored.runner.probe(s) for s in sorted(restored.runner.graphs)}
 r_text = restored.generate(prompts, params, chat=True)
 out = {"restored": restored.restored, "error": restored.restore_error,
@@ -43,6 +43,7 @@ def test_restored_graphs_and_text_equal_a_fresh_capture(engine_artifact, tmp_pat
     # exported kernels by their host stubs; the hidden BLAS kernel from the image loaded again
     assert out["methods"] == {"exported stub": 8, "loaded image": 1}
     assert "kv_profile" not in out["timings"] and "graph_capture" not in out["timings"]
+    assert "validate" in out["timings"]  # each restored graph matched eager execution
 
 
 def test_inspect_and_verify_describe_the_artifact(engine_artifact):

@@ -146,3 +146,24 @@ def test_require_artifact_exits_with_the_reason(engine_artifact, tmp_path):
     )
     assert res.returncode == 3
     assert "device mismatch: name is" in res.stderr and "--require-artifact" in res.stderr
+
+
+KV_HELD = """
+import json, sys
+from medusa.cuda import load_backend
+from medusa.engine.config import EngineConfig
+from medusa.engine.llm_engine import LLMEngine
+from medusa.restore import RestoreError
+load_backend().malloc(5 << 30)  # another tenant holds memory the artifact's KV cache counted on
+try:
+    LLMEngine(EngineConfig(**json.loads(sys.argv[1])), artifact=sys.argv[2], require_artifact=True)
+    print(json.dumps({"error": None}))
+except RestoreError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+def test_a_kv_cache_that_no_longer_fits_is_refused(engine_artifact, tmp_path):
+    out = run_restored(KV_HELD, tmp_path, str(engine_artifact), memcheck=False)
+    assert "the artifact's KV cache needs" in out["error"]
+    assert "MiB are free: another process holds device memory" in out["error"]

@@ -1,7 +1,7 @@
 """A program whose graph has every hazard restore must handle: an address freed and handed out
 again between launches, pointers inside a by-value struct, a device-side array of pointers
 (made during the capture phase, so restore must save and relocate it), a pointer to a module
-global, and a memset node.
+global, a VMM-mapped buffer, and memset and memcpy nodes.
 
   python general.py record        set up, capture, replay; print the outputs
   python general.py restore DIR   set up, restore the graph from artifact DIR instead; same output
@@ -47,6 +47,63 @@ def module_global(name):
     return addr.value
 
 
+def driver(name, version, *argtypes):
+    fn = c_void_p()
+    b.call("cudaGetDriverEntryPointByVersion", name, ctypes.byref(fn), version, 0, None)
+    return ctypes.CFUNCTYPE(c_int, *argtypes)(fn.value)
+
+
+class Prop(ctypes.Structure):  # CUmemAllocationProp: pinned device memory on device 0
+    _fields_ = [
+        ("type", c_int),
+        ("handles", c_int),
+        ("loc_type", c_int),
+        ("loc_id", c_int),
+        ("win32", c_void_p),
+        ("flags", ctypes.c_uint64),
+    ]
+
+
+class Access(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("loc_type", c_int), ("loc_id", c_int), ("flags", c_int)]
+
+
+def vmm_buffer(size):
+    """Reserve address space, back it with a physical allocation, map it read-write."""
+    prop = Prop(1, 0, 1, 0, None, 0)
+    gran, va, handle = ctypes.c_size_t(), ctypes.c_uint64(), ctypes.c_uint64()
+    driver(b"cuMemGetAllocationGranularity", 10020, c_void_p, c_void_p, c_int)(
+        ctypes.byref(gran), ctypes.byref(prop), 0
+    )
+    size = -(-size // gran.value) * gran.value
+    driver(
+        b"cuMemAddressReserve",
+        10020,
+        c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.c_uint64,
+        ctypes.c_uint64,
+    )(ctypes.byref(va), size, 0, 0, 0)
+    driver(b"cuMemCreate", 10020, c_void_p, ctypes.c_size_t, c_void_p, ctypes.c_uint64)(
+        ctypes.byref(handle), size, ctypes.byref(prop), 0
+    )
+    driver(
+        b"cuMemMap",
+        10020,
+        ctypes.c_uint64,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.c_uint64,
+        ctypes.c_uint64,
+    )(va, size, 0, handle, 0)
+    access = Access(1, 0, 3)
+    driver(b"cuMemSetAccess", 10020, ctypes.c_uint64, ctypes.c_size_t, c_void_p, ctypes.c_size_t)(
+        va, size, ctypes.byref(access), 1
+    )
+    return va.value
+
+
 # ---- setup: what the program makes the same way whether it restores or not ----
 trace.mark("setup")
 w = b.malloc(4 * N)
@@ -55,6 +112,7 @@ out = b.malloc(4 * N)
 bias2 = b.malloc(4)
 b.memcpy_htod(w, struct.pack(f"{N}f", *[0.25 * i for i in range(N)]))
 bias = module_global(b"bias")
+mapped = vmm_buffer(4 * N)
 stream = b.stream_create()
 
 if sys.argv[1] == "record":
@@ -71,6 +129,14 @@ if sys.argv[1] == "record":
     b.launch("axpy_struct", 1, 32, [Axpy(y, reused, 1.5, N)], stream=stream)  # y = 3w
     b.launch("gather_ptrs", 1, 32, [out, ptrs, 2, N], stream=stream)  # out = w + reused = 3w
     b.launch("vector_add", 1, 1, [bias2, bias, bias, 1], stream=stream)  # 2 * bias = 3.0
+    b.call(
+        "cudaMemcpyAsync",
+        c_void_p(mapped),
+        c_void_p(out),
+        ctypes.c_size_t(4 * N),
+        c_int(3),
+        c_void_p(stream),
+    )  # out -> the VMM buffer
     graph = b.graph_instantiate(b.end_capture(stream))
     trace.mark("ready")
 else:
@@ -81,6 +147,10 @@ else:
     graph = Restorer(load_artifact(sys.argv[2]), b).restore(stream).execs[0]
 
 b.memset(out, 0, 4 * N)
+b.memset(mapped, 0, 4 * N)
 b.graph_launch(graph, stream)
 b.stream_synchronize(stream)
-print(f"y {sum(floats(y)):.2f} out {sum(floats(out)):.2f} bias2 {floats(bias2, 1)[0]:.2f}")
+print(
+    f"y {sum(floats(y)):.2f} out {sum(floats(out)):.2f} bias2 {floats(bias2, 1)[0]:.2f} "
+    f"mapped {sum(floats(mapped)):.2f}"
+)
