@@ -70,7 +70,7 @@ class RunView:
         allocs: list[Alloc] = []
         events: list[tuple[str, int]] = []
         by_seq: dict[int, int] = {}
-        phase, ordinals = "start", defaultdict(int)
+        phase, ordinals = "start", defaultdict[str, int](int)
         vmm: list[tuple[str, int, int, int, int, int]] = []
         vmm_ordinals: dict[str, int] = defaultdict(int)
         kinds = (Ev.MARK, Ev.ALLOC, Ev.FREE, Ev.HOST_ALLOC, Ev.HOST_FREE, Ev.VMM_MAP, Ev.VMM_UNMAP)
@@ -109,9 +109,9 @@ class RunView:
             )
             for f in trace.of(R.Func, Ev.FUNC)
         }
-        for a in trace.of(R.FuncAttr, Ev.FUNC_ATTR):
-            if a.result == 0 and a.func in funcs:
-                funcs[a.func].attrs[a.attr] = a.value
+        for fa in trace.of(R.FuncAttr, Ev.FUNC_ATTR):
+            if fa.result == 0 and fa.func in funcs:
+                funcs[fa.func].attrs[fa.attr] = fa.value
         glob = [
             (g.addr, g.size, loads.get(g.owner, ""), g.name, g.seq)
             for g in trace.of(R.Global, Ev.GLOBAL)

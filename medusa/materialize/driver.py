@@ -100,7 +100,7 @@ def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp:
         work = Path(tmp)
-        sidecars = []
+        sidecars: list[dict[str, Any]] = []
         for run in (0, 1):
             cfg = asdict(config)
             if run == 1 and kind != "sim" and sidecars:
