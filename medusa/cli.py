@@ -218,6 +218,44 @@ def materialize(
     )
 
 
+@main.command(context_settings={"show_default": True})
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="models.yaml: the catalog (see runtime/models.yaml).",
+)
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--port", default=9000, type=int, help="Port to listen on.")
+def gateway(config_path: str, host: str, port: int) -> None:
+    """Serve a catalog of models, each scaled from zero onto device slices, behind one
+    OpenAI-compatible endpoint."""
+    import logging
+
+    import uvicorn
+
+    from medusa.serve.gateway.app import create_gateway
+    from medusa.serve.gateway.config import ConfigError, load_config
+    from medusa.serve.gateway.placement import check_placement
+    from medusa.serve.gateway.slices import discover_slices
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        config = load_config(config_path)
+        slices = discover_slices(config.slices)
+        check_placement(config, slices)
+    except (ConfigError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(
+        f"gateway: {len(config.models)} models, {len(slices)} slices "
+        f"({', '.join(s.id for s in slices)})",
+        err=True,
+    )
+    uvicorn.run(create_gateway(config, slices), host=host, port=port, log_level="info")
+
+
 @main.command()
 @click.argument("artifact", type=click.Path(file_okay=False))
 def inspect(artifact: str) -> None:

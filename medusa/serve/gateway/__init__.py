@@ -1,0 +1,1 @@
+"""The serverless gateway: a model catalog scaled from zero onto device slices."""

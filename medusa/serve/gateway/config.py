@@ -1,0 +1,141 @@
+"""models.yaml: the catalog, validated at start with errors that name the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENGINE_KEYS = {
+    "max_num_seqs",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "kv_cache_memory",
+    "enforce_eager",
+    "seed",
+}
+
+
+class ConfigError(ValueError):
+    """models.yaml is not valid; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    artifact: str | None = None  # restore from it (falls back to a normal start if unusable)
+    model: str | None = None  # what the worker loads (default: the engine's default model)
+    min_instances: int = 0
+    max_instances: int = 1
+    target: int = 4  # concurrent requests per instance before scaling up
+    keep_alive: float = 60.0  # seconds idle before an instance is stopped
+    max_queue: int = 64  # requests waiting for an instance, at most
+    engine: dict[str, Any] = field(default_factory=dict)
+
+    def worker_args(self) -> list[str]:
+        args = [self.model] if self.model else []
+        if self.artifact:
+            args += ["--artifact", self.artifact]
+        for k, v in sorted(self.engine.items()):
+            flag = "--" + k.replace("_", "-")
+            if isinstance(v, bool):
+                args += [flag] if v else []
+            else:
+                args += [flag, str(v)]
+        return args
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    models: dict[str, ModelConfig]
+    slices: str | None = None  # topology file for simulated slices (CPU machines)
+    api_keys: tuple[str, ...] = ()
+
+
+def _int(where: str, raw: dict[str, Any], key: str, default: int, minimum: int) -> int:
+    v = raw.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise ConfigError(f"{where}.{key}: expected an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("models"), dict) or not raw["models"]:
+        raise ConfigError(f"{path}: expected a 'models:' mapping of model name to settings")
+    unknown = set(raw) - {"models", "slices", "api_keys"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level field(s) {sorted(unknown)}")
+    models = {}
+    for name, m in raw["models"].items():
+        where = f"{path}: models.{name}"
+        m = m or {}
+        if not isinstance(m, dict):
+            raise ConfigError(f"{where}: expected a mapping of settings")
+        bad = set(m) - {
+            "artifact",
+            "model",
+            "min_instances",
+            "max_instances",
+            "target",
+            "keep_alive",
+            "max_queue",
+            "engine",
+        }
+        if bad:
+            raise ConfigError(f"{where}: unknown field(s) {sorted(bad)}")
+        artifact = m.get("artifact")
+        if (
+            artifact is not None
+            and not (path.parent / artifact).is_dir()
+            and not Path(artifact).is_dir()
+        ):
+            raise ConfigError(
+                f"{where}.artifact: {artifact} is not a directory (medusa materialize makes one)"
+            )
+        if artifact is not None and not Path(artifact).is_absolute():
+            artifact = (
+                str((path.parent / artifact).resolve())
+                if (path.parent / artifact).is_dir()
+                else artifact
+            )
+        engine = m.get("engine", {}) or {}
+        if not isinstance(engine, dict) or set(engine) - ENGINE_KEYS:
+            raise ConfigError(
+                f"{where}.engine: unknown setting(s) {sorted(set(engine) - ENGINE_KEYS)}"
+                f"; known: {sorted(ENGINE_KEYS)}"
+            )
+        lo = _int(where, m, "min_instances", 0, 0)
+        hi = _int(where, m, "max_instances", max(1, lo), 1)
+        if hi < lo:
+            raise ConfigError(f"{where}.max_instances: {hi} is below min_instances {lo}")
+        keep = m.get("keep_alive", 60)
+        if not isinstance(keep, int | float) or keep < 0:
+            raise ConfigError(f"{where}.keep_alive: expected seconds >= 0, got {keep!r}")
+        models[str(name)] = ModelConfig(
+            name=str(name),
+            artifact=artifact,
+            model=m.get("model"),
+            min_instances=lo,
+            max_instances=hi,
+            target=_int(where, m, "target", 4, 1),
+            keep_alive=float(keep),
+            max_queue=_int(where, m, "max_queue", 64, 0),
+            engine=engine,
+        )
+    keys = raw.get("api_keys") or []
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+        raise ConfigError(f"{path}: api_keys: expected a list of non-empty strings")
+    slices = raw.get("slices")
+    if slices is not None:
+        slices = str(path.parent / slices) if not Path(slices).is_absolute() else slices
+    return GatewayConfig(models, slices, tuple(keys))

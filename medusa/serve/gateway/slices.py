@@ -1,0 +1,115 @@
+"""Device slices a worker runs on: MIG instances or whole GPUs found with NVML, or, on a CPU
+machine, simulated slices from a topology file, passed to simcuda as memory and SM limits."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+# GH200 MIG profiles (96 GB HBM3): memory and SMs of each, as examples for topology files.
+GH200_PROFILES = {
+    "1g.12gb": (12, 16),
+    "1g.24gb": (24, 26),
+    "2g.24gb": (24, 32),
+    "3g.48gb": (48, 60),
+    "4g.48gb": (48, 64),
+    "7g.96gb": (96, 132),
+}
+
+
+@dataclass
+class Slice:
+    id: str
+    memory: int  # bytes
+    sms: int
+    env: dict[str, str] = field(default_factory=dict)  # what binds a worker to this slice
+    busy: bool = False
+
+
+def simulated_slices(topology: str | Path) -> list[Slice]:
+    """topology: `slices: [{profile: 1g.12gb}, {name: s2, memory_gb: 8, sms: 26}, ...]`."""
+    raw = yaml.safe_load(Path(topology).read_text()) or {}
+    out = []
+    for i, s in enumerate(raw.get("slices", [])):
+        if "profile" in s:
+            if s["profile"] not in GH200_PROFILES:
+                raise ValueError(
+                    f"{topology}: slices[{i}].profile {s['profile']!r}; known: "
+                    f"{sorted(GH200_PROFILES)}"
+                )
+            gb, sms = GH200_PROFILES[s["profile"]]
+            gb = s.get("memory_gb", gb)
+        else:
+            gb, sms = s.get("memory_gb"), s.get("sms", 132)
+            if not isinstance(gb, int | float) or gb <= 0:
+                raise ValueError(f"{topology}: slices[{i}]: give a profile or memory_gb")
+        name = s.get("name", f"sim{i}")
+        env = {
+            "MEDUSA_DEVICE": "sim",
+            "MEDUSA_SIM_MEMORY": f"{gb}G",
+            "MEDUSA_SIM_SMS": str(sms),
+            "MEDUSA_SIM_DEVICE_NAME": s.get("device_name", "simcuda H100 80GB HBM3 (CPU)"),
+        }
+        out.append(Slice(name, int(gb * 2**30), int(sms), env))
+    if not out:
+        raise ValueError(f"{topology}: no slices listed")
+    return out
+
+
+def nvml_slices() -> list[Slice]:
+    """MIG instances of MIG-enabled GPUs, and whole GPUs otherwise (NVML via nvidia-ml-py)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    out = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            gpu = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                mig, _ = pynvml.nvmlDeviceGetMigMode(gpu)
+            except pynvml.NVMLError:
+                mig = 0
+            handles = []
+            if mig:
+                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+                    try:
+                        handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j))
+                    except pynvml.NVMLError:
+                        continue
+            else:
+                handles = [gpu]
+            for h in handles:
+                uuid = pynvml.nvmlDeviceGetUUID(h)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+                try:
+                    sms = pynvml.nvmlDeviceGetAttributes(h).multiprocessorCount
+                except pynvml.NVMLError:
+                    sms = 0
+                out.append(
+                    Slice(
+                        uuid,
+                        int(mem),
+                        int(sms),
+                        {"CUDA_VISIBLE_DEVICES": uuid, "MEDUSA_DEVICE": "cuda"},
+                    )
+                )
+    finally:
+        pynvml.nvmlShutdown()
+    return out
+
+
+def discover_slices(topology: str | None) -> list[Slice]:
+    if topology:
+        return simulated_slices(topology)
+    try:
+        found = nvml_slices()
+    except Exception:  # noqa: BLE001 - no NVML library or no driver: a CPU machine
+        found = []
+    if found:
+        return found
+    n = int(os.environ.get("MEDUSA_GATEWAY_SIM_SLICES", "2"))
+    return [Slice(f"sim{i}", 8 << 30, 132, {"MEDUSA_DEVICE": "sim"}) for i in range(n)]

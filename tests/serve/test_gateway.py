@@ -1,0 +1,185 @@
+"""`medusa gateway`: scale from zero onto simulated slices, a bounded queue, a worker that dies
+mid-request, the openai client, config and placement errors, API keys."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from medusa.serve.gateway.config import ConfigError, load_config
+from medusa.serve.gateway.placement import check_placement
+from medusa.serve.gateway.slices import simulated_slices
+from tests.materialize.conftest import clean_env, engine_artifact  # noqa: F401
+
+ENGINE = (
+    "{max_num_seqs: 4, max_model_len: 256, max_num_batched_tokens: 128, "
+    "gpu_memory_utilization: 0.4}"
+)
+CHAT = {
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "temperature": 0,
+    "max_tokens": 12,
+}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(tmp_path, artifact, extra: str = "") -> str:
+    (tmp_path / "slices.yaml").write_text(
+        "slices:\n  - {name: s0, memory_gb: 8}\n  - {name: s1, memory_gb: 8}\n"
+    )
+    (tmp_path / "models.yaml").write_text(f"""
+models:
+  a: {{artifact: {artifact}, keep_alive: 5, max_queue: 3, engine: {ENGINE}}}
+  b: {{artifact: {artifact}, keep_alive: 5, engine: {ENGINE}}}
+slices: slices.yaml
+{extra}""")
+    return str(tmp_path / "models.yaml")
+
+
+@pytest.fixture(scope="module")
+def gateway(engine_artifact, tmp_path_factory):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("gw")
+    port = _port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "medusa.cli",
+            "gateway",
+            "--config",
+            _config(tmp, engine_artifact),
+            "--port",
+            str(port),
+        ],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    yield base
+    proc.send_signal(signal.SIGTERM)  # graceful drain: workers are stopped too
+    out, _ = proc.communicate(timeout=60)
+    assert "draining" in out
+
+
+def _state(base: str) -> dict[str, str]:
+    return {m["id"]: m["state"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
+
+
+def _wait_cold(base: str, timeout: float = 20) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and set(_state(base).values()) != {"cold"}:
+        time.sleep(0.2)
+    assert set(_state(base).values()) == {"cold"}
+
+
+def test_scale_from_zero_a_second_model_and_back_to_zero(gateway):
+    assert _state(gateway) == {"a": "cold", "b": "cold"}
+    r = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "a", **CHAT}, timeout=120)
+    assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+    assert _state(gateway)["a"] == "warm"
+    r = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "b", **CHAT}, timeout=120)
+    assert r.status_code == 200
+    slices = {m: i[0]["slice"] for m, i in httpx.get(f"{gateway}/admin/instances").json().items()}
+    assert slices["a"] != slices["b"]  # one worker per slice
+    metrics = httpx.get(f"{gateway}/metrics").text
+    assert 'medusa_gateway_cold_starts_total{model="a"} 1.0' in metrics
+    assert 'medusa_gateway_cold_start_stage_seconds{model="a",stage="graph_restore"}' in metrics
+    _wait_cold(gateway)  # keep_alive is 5 s
+    assert httpx.get(f"{gateway}/admin/instances").json() == {"a": [], "b": []}
+
+
+def test_a_burst_beyond_max_queue_gets_429_and_the_rest_are_answered(gateway):
+    _wait_cold(gateway)
+
+    def ask(_: int) -> httpx.Response:
+        return httpx.post(
+            f"{gateway}/v1/chat/completions", json={"model": "a", **CHAT}, timeout=120
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        codes = [r.status_code for r in pool.map(ask, range(8))]
+    assert codes.count(429) == 5 and codes.count(200) == 3
+
+
+def test_a_worker_killed_mid_request_is_retried_and_its_slice_freed(gateway):
+    long = {
+        "model": "a",
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "temperature": 0,
+        "max_tokens": 150,
+    }
+    httpx.post(f"{gateway}/v1/chat/completions", json={"model": "a", **CHAT}, timeout=120)
+    (first,) = httpx.get(f"{gateway}/admin/instances").json()["a"]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(httpx.post, f"{gateway}/v1/chat/completions", json=long, timeout=120)
+        time.sleep(1.0)
+        os.kill(first["pid"], signal.SIGKILL)
+        r = fut.result()
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
+    (second,) = httpx.get(f"{gateway}/admin/instances").json()["a"]
+    assert second["pid"] != first["pid"]
+
+
+def test_the_openai_client_works_through_the_gateway(gateway):
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused")
+    r = client.chat.completions.create(model="b", **CHAT)
+    assert "Paris" in r.choices[0].message.content
+    chunks = list(client.chat.completions.create(model="b", stream=True, **CHAT))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="zzz", **CHAT)
+
+
+def test_config_errors_name_the_field(tmp_path, engine_artifact):  # noqa: F811
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  a: {max_instances: 0}\n")
+    with pytest.raises(ConfigError, match=r"models\.a\.max_instances: expected an integer >= 1"):
+        load_config(bad)
+    bad.write_text("models:\n  a: {artifact: /nonexistent}\n")
+    with pytest.raises(ConfigError, match=r"models\.a\.artifact: /nonexistent is not a directory"):
+        load_config(bad)
+    bad.write_text("models:\n  a: {engine: {max_num_sequences: 4}}\n")
+    with pytest.raises(ConfigError, match=r"models\.a\.engine: unknown setting"):
+        load_config(bad)
+    cfg = load_config(_config(tmp_path, engine_artifact))
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("slices:\n  - {profile: 1g.12gb, memory_gb: 0.25}\n")
+    with pytest.raises(
+        ConfigError, match=r"models\.a: needs about .* GiB .* largest slice has 0\.2"
+    ):
+        check_placement(cfg, simulated_slices(tiny))
+
+
+def test_api_keys_guard_the_public_routes(tmp_path, engine_artifact):  # noqa: F811
+    from fastapi.testclient import TestClient
+
+    from medusa.serve.gateway.app import create_gateway
+
+    cfg = load_config(_config(tmp_path, engine_artifact, "api_keys: [sekrit]"))
+    with TestClient(create_gateway(cfg, simulated_slices(tmp_path / "slices.yaml"))) as c:
+        assert c.get("/v1/models").status_code == 401
+        ok = c.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
+        assert ok.status_code == 200 and len(ok.json()["data"]) == 2
+        assert c.get("/health").status_code == 200
