@@ -202,7 +202,7 @@ def create_gateway(
                     content=raw,
                     headers={"content-type": "application/json"},
                 )
-                resp = await client.send(req, stream=True)
+                resp = await client.send(req, stream=stream)
             except httpx.TransportError:
                 manager.release(inst)
                 manager.mark_dead(inst)
@@ -217,16 +217,7 @@ def create_gateway(
                     {"Retry-After": "5"},
                 )
             if not stream:
-                try:
-                    content = await resp.aread()
-                except httpx.TransportError:
-                    manager.release(inst)
-                    manager.mark_dead(inst)
-                    if attempt == 0:
-                        continue
-                    return _error(503, f"{model}: the worker died mid-request", "unavailable")
-                finally:
-                    await resp.aclose()
+                content = resp.content  # read in full by send() when not streaming
                 manager.release(inst)
                 metrics.ttft.labels(model).observe(time.perf_counter() - t0)
                 metrics.requests.labels(model, str(resp.status_code)).inc()

@@ -1,0 +1,272 @@
+"""Replays a bursty multi-model request trace against `medusa gateway`, once with workers that
+restore Medusa artifacts and once with workers that start the normal way, side by side, and
+reports cold-start TTFT separately from warm TTFT with `vllm bench serve`'s field names. Also
+measures the gateway's overhead per warm request against calling a worker directly.
+
+Traces: --trace poisson | gamma (bursts; --cv sets burstiness) | a CSV in the Azure LLM trace
+format (TIMESTAMP,ContextTokens,GeneratedTokens). Lengths of synthetic requests follow a
+ShareGPT-like log-normal distribution.
+Targets (issue 6): p99 TTFT >= 2x lower with Medusa; gateway overhead < 2 ms p50.
+Run: python scripts/bench/serverless.py [--duration 60] [--rate 0.5] [--models 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ENGINE = {
+    "max_num_seqs": 64,
+    "max_model_len": 512,
+    "max_num_batched_tokens": 256,
+    "gpu_memory_utilization": 0.3,
+}
+
+
+@dataclass
+class Req:
+    t: float
+    model: str
+    prompt_len: int
+    output_len: int
+    cold: bool = False
+
+
+def synthetic(
+    kind: str, rate: float, duration: float, models: int, cv: float, seed: int
+) -> list[Req]:
+    rng = random.Random(seed)
+    reqs, t = [], 0.0
+    while True:
+        if kind == "poisson":
+            t += rng.expovariate(rate)
+        else:  # gamma inter-arrivals with coefficient of variation cv: bursts and idle tails
+            shape = 1 / (cv * cv)
+            t += rng.gammavariate(shape, 1 / (rate * shape))
+        if t > duration:
+            return reqs
+        prompt = int(min(96, max(4, rng.lognormvariate(3.0, 0.6))))
+        out = int(min(32, max(2, rng.lognormvariate(2.5, 0.5))))
+        reqs.append(Req(t, f"m{rng.randrange(models)}", prompt, out))
+
+
+def azure(path: str, models: int, duration: float) -> list[Req]:
+    rows = list(csv.DictReader(open(path)))
+    t0 = None
+    reqs = []
+    for i, r in enumerate(rows):
+        ts = time.mktime(time.strptime(r["TIMESTAMP"][:19], "%Y-%m-%d %H:%M:%S"))
+        t0 = ts if t0 is None else t0
+        if ts - t0 > duration:
+            break
+        reqs.append(
+            Req(
+                ts - t0,
+                f"m{i % models}",
+                min(200, int(r["ContextTokens"])),
+                min(64, int(r["GeneratedTokens"])),
+            )
+        )
+    return reqs
+
+
+def mark_cold(reqs: list[Req], keep_alive: float) -> None:
+    last: dict[str, float] = {}
+    for r in reqs:
+        r.cold = r.model not in last or r.t - last[r.model] > keep_alive
+        last[r.model] = r.t
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_gateway(tmp: Path, name: str, artifact: Path | None, models: int, keep_alive: float):
+    cfg = tmp / f"{name}.yaml"
+    art = f"artifact: {artifact}, " if artifact else ""
+    lines = ["models:"] + [
+        f"  m{i}: {{{art}keep_alive: {keep_alive}, max_queue: 64, engine: {json.dumps(ENGINE)}}}"
+        for i in range(models)
+    ]
+    (tmp / "slices.yaml").write_text(
+        "slices:\n" + "".join(f"  - {{name: s{i}, memory_gb: 8}}\n" for i in range(models))
+    )
+    cfg.write_text("\n".join(lines) + "\nslices: slices.yaml\n")
+    port = _port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+    env["OPENBLAS_NUM_THREADS"] = "1"  # several workers share few cores: no oversubscription
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "medusa.cli", "gateway", "--config", str(cfg), "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError("the gateway did not start")
+
+
+async def one(client: httpx.AsyncClient, base: str, r: Req, t0: float) -> dict:
+    await asyncio.sleep(max(0.0, t0 + r.t - time.perf_counter()))
+    body = {
+        "model": r.model,
+        "prompt": [100 + (i % 1000) for i in range(r.prompt_len)],
+        "max_tokens": r.output_len,
+        "temperature": 0,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    first, chunks = None, 0
+    try:
+        async with client.stream("POST", f"{base}/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                return {"ok": False, "cold": r.cold}
+            async for line in resp.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks += 1
+                    first = first or time.perf_counter()
+    except httpx.HTTPError:
+        return {"ok": False, "cold": r.cold}
+    end = time.perf_counter()
+    if first is None:
+        return {"ok": False, "cold": r.cold}
+    return {
+        "ok": True,
+        "cold": r.cold,
+        "ttft": first - start,
+        "out": chunks,
+        "tpot": (end - first) / max(chunks - 1, 1),
+        "latency": end - start,
+    }
+
+
+async def replay(base: str, reqs: list[Req]) -> tuple[list[dict], float]:
+    async with httpx.AsyncClient(timeout=600) as client:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one(client, base, r, t0) for r in reqs))
+        return list(results), time.perf_counter() - t0
+
+
+def report(results: list[dict], wall: float, slo_ttft: float) -> dict[str, float]:
+    ok = [r for r in results if r["ok"]]
+    ms = lambda xs, q: float(np.percentile(xs, q) * 1000) if xs else float("nan")  # noqa: E731
+    ttft = [r["ttft"] for r in ok]
+    cold = [r["ttft"] for r in ok if r["cold"]]
+    warm = [r["ttft"] for r in ok if not r["cold"]]
+    tpot = [r["tpot"] for r in ok]
+    return {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "request_throughput": len(ok) / wall,
+        "output_throughput": sum(r["out"] for r in ok) / wall,
+        "mean_ttft_ms": float(np.mean(ttft) * 1000) if ttft else float("nan"),
+        "median_ttft_ms": ms(ttft, 50),
+        "p99_ttft_ms": ms(ttft, 99),
+        "cold_median_ttft_ms": ms(cold, 50),
+        "cold_p99_ttft_ms": ms(cold, 99),
+        "warm_median_ttft_ms": ms(warm, 50),
+        "warm_p99_ttft_ms": ms(warm, 99),
+        "median_tpot_ms": ms(tpot, 50),
+        "p99_tpot_ms": ms(tpot, 99),
+        "request_goodput": sum(1 for r in ok if r["ttft"] <= slo_ttft) / wall,
+    }
+
+
+def overhead(tmp: Path, artifact: Path) -> tuple[float, float]:
+    """p50 latency of a 1-token request straight to a worker, and through the gateway."""
+    proc, base = start_gateway(tmp, "overhead", artifact, 1, 600)
+    try:
+        body = {"model": "m0", "prompt": [100, 101, 102], "max_tokens": 1, "temperature": 0}
+        httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+        (inst,) = httpx.get(f"{base}/admin/instances").json()["m0"]
+        direct, via = [], []
+        with httpx.Client(timeout=60) as c:
+            for _ in range(40):
+                t = time.perf_counter()
+                c.post(f"http://127.0.0.1:{inst['port']}/v1/completions", json=body)
+                direct.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                c.post(f"{base}/v1/completions", json=body)
+                via.append(time.perf_counter() - t)
+        return float(np.median(direct) * 1000), float(np.median(via) * 1000)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default="gamma", help="poisson, gamma, or an Azure-format CSV")
+    ap.add_argument("--rate", type=float, default=0.25, help="requests per second (synthetic)")
+    ap.add_argument("--cv", type=float, default=3.0, help="burstiness of the gamma trace")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of trace to replay")
+    ap.add_argument("--models", type=int, default=3, help="models (one slice each)")
+    ap.add_argument("--keep-alive", type=float, default=8.0, help="seconds idle before scale-down")
+    ap.add_argument("--slo-ttft", type=float, default=3.0, help="TTFT SLO for goodput, seconds")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    reqs = (
+        azure(a.trace, a.models, a.duration)
+        if a.trace.endswith(".csv")
+        else synthetic(a.trace, a.rate, a.duration, a.models, a.cv, a.seed)
+    )
+    mark_cold(reqs, a.keep_alive)
+    print(
+        f"trace: {len(reqs)} requests over {a.duration:.0f} s to {a.models} models "
+        f"({sum(r.cold for r in reqs)} predicted cold)"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_p = Path(tmp)
+        art = tmp_p / "art"
+        opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+        subprocess.run(
+            [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out", str(art)],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        rows = {}
+        for name, artifact in (("baseline", None), ("medusa", art)):
+            proc, base = start_gateway(tmp_p, name, artifact, a.models, a.keep_alive)
+            try:
+                results, wall = asyncio.run(replay(base, reqs))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=120)
+            rows[name] = report(results, wall, a.slo_ttft)
+        direct, via = overhead(tmp_p, art)
+    print(f"{'metric':24} {'baseline':>12} {'medusa':>12}")
+    for k in rows["baseline"]:
+        print(f"{k:24} {rows['baseline'][k]:12.2f} {rows['medusa'][k]:12.2f}")
+    ratio = rows["baseline"]["p99_ttft_ms"] / rows["medusa"]["p99_ttft_ms"]
+    print(f"p99 TTFT: {ratio:.2f}x lower with Medusa (target >= 2x)")
+    print(
+        f"gateway overhead per warm request: {via - direct:.2f} ms p50 "
+        f"(direct {direct:.2f} ms, via gateway {via:.2f} ms; target < 2 ms)"
+    )
+
+
+if __name__ == "__main__":
+    main()
