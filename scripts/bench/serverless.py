@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 
 ENGINE = {
-    "max_num_seqs": 64,
+    "max_num_seqs": 256,
     "max_model_len": 512,
     "max_num_batched_tokens": 256,
     "gpu_memory_utilization": 0.3,

@@ -183,3 +183,30 @@ def test_api_keys_guard_the_public_routes(tmp_path, engine_artifact):  # noqa: F
         ok = c.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
         assert ok.status_code == 200 and len(ok.json()["data"]) == 2
         assert c.get("/health").status_code == 200
+
+
+def test_the_runtime_examples_are_valid(tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    runtime = Path(__file__).parents[2] / "runtime"
+    assert len(simulated_slices(runtime / "slices.yaml")) == 3
+    for name in ("models.yaml", "gateway-models.yaml", "compose.yaml"):
+        assert isinstance(yaml.safe_load((runtime / name).read_text()), dict)
+    # models.yaml validates once the artifact it names exists
+    (tmp_path / "artifacts" / "smollm2-sim").mkdir(parents=True)
+    (tmp_path / "runtime").mkdir()
+    for name in ("models.yaml", "slices.yaml"):
+        (tmp_path / "runtime" / name).write_text((runtime / name).read_text())
+    cfg = load_config(tmp_path / "runtime" / "models.yaml")
+    assert cfg.models["smollm2"].max_queue == 32 and cfg.models["smollm2-eager"].engine
+    res = subprocess.run(
+        ["sh", str(runtime / "entrypoint.sh")],
+        env={"MEDUSA_ROLE": "nope"},
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        res.returncode == 2 and "MEDUSA_ROLE must be worker, gateway or materialize" in res.stderr
+    )
