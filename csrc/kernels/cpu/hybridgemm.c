@@ -1,0 +1,133 @@
+/* HybridGEMM on simcuda: O[M,N] = X[M,K] . W^T, W stored as nn.Linear's [N,K] (in host-mapped
+ * memory on a superchip), X in device memory, O fp32. Output columns [0, split) run
+ * output-stationary (BM x BN output tiles, K swept in BK steps); columns [split, N) run
+ * weight-stationary (a WBK x WBN tile of W stays on chip while M is swept in WBM steps, partial
+ * outputs accumulated into O with atomic adds). Every tile read is reported to simcuda's traffic
+ * counters exactly as medusa/c2c/model.py counts it. Same contract as csrc/kernels/cuda/ and
+ * medusa/c2c/triton_gemm.py. Inputs: dtype 0 fp32, 1 fp16, 2 bf16 (converted, fp32 accumulate). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simcuda/simcuda.h"
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (!man) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 113;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                exp--;
+            }
+            bits = sign | exp << 23 | (man & 0x3ff) << 13;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | man << 13;
+    } else {
+        bits = sign | (exp + 112) << 23 | man << 13;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float load(const void *base, int dtype, size_t i) {
+    if (dtype == 0)
+        return ((const float *)base)[i];
+    uint16_t v = ((const uint16_t *)base)[i];
+    if (dtype == 1)
+        return half_to_float(v);
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+struct hg_args {
+    float *o; const void *x, *w;
+    int m, n, k, split, dtype, bm, bn, bk, wbm, wbn, wbk;
+};
+
+static int min_i(int a, int b) { return a < b ? a : b; }
+
+/* Reports rows x cols elements of a row-major matrix with leading dimension ld, row by row. */
+static void count_tile(const void *base, size_t elem, int ld, int r0, int rows, int c0, int cols) {
+    for (int r = 0; r < rows; r++)
+        simcudaCountRead((const char *)base + ((size_t)(r0 + r) * ld + c0) * elem, (size_t)cols * elem);
+}
+
+static void output_stationary(const struct hg_args *a, size_t e) {
+    float *acc = malloc((size_t)a->bm * a->bn * sizeof *acc);
+    for (int n0 = 0; acc && n0 < a->split; n0 += a->bn)
+        for (int m0 = 0; m0 < a->m; m0 += a->bm) {
+            int bn = min_i(a->bn, a->split - n0), bm = min_i(a->bm, a->m - m0);
+            memset(acc, 0, (size_t)a->bm * a->bn * sizeof *acc);
+            for (int k0 = 0; k0 < a->k; k0 += a->bk) {
+                int bk = min_i(a->bk, a->k - k0);
+                count_tile(a->x, e, a->k, m0, bm, k0, bk);
+                count_tile(a->w, e, a->k, n0, bn, k0, bk);
+                for (int i = 0; i < bm; i++)
+                    for (int j = 0; j < bn; j++) {
+                        float s = 0;
+                        for (int l = 0; l < bk; l++)
+                            s += load(a->x, a->dtype, (size_t)(m0 + i) * a->k + k0 + l) *
+                                 load(a->w, a->dtype, (size_t)(n0 + j) * a->k + k0 + l);
+                        acc[i * a->bn + j] += s;
+                    }
+            }
+            for (int i = 0; i < bm; i++)
+                memcpy(a->o + (size_t)(m0 + i) * a->n + n0, acc + (size_t)i * a->bn, (size_t)bn * 4);
+        }
+    free(acc);
+}
+
+static void weight_stationary(const struct hg_args *a, size_t e) {
+    float *wt = malloc((size_t)a->wbn * a->wbk * sizeof *wt);
+    if (!wt)
+        return;
+    for (int i = 0; i < a->m; i++)
+        memset(a->o + (size_t)i * a->n + a->split, 0, (size_t)(a->n - a->split) * 4);
+    for (int n0 = a->split; n0 < a->n; n0 += a->wbn)
+        for (int k0 = 0; k0 < a->k; k0 += a->wbk) {
+            int bn = min_i(a->wbn, a->n - n0), bk = min_i(a->wbk, a->k - k0);
+            count_tile(a->w, e, a->k, n0, bn, k0, bk); /* the W tile, read once, kept on chip */
+            for (int j = 0; j < bn; j++)
+                for (int l = 0; l < bk; l++)
+                    wt[j * a->wbk + l] = load(a->w, a->dtype, (size_t)(n0 + j) * a->k + k0 + l);
+            for (int m0 = 0; m0 < a->m; m0 += a->wbm) {
+                int bm = min_i(a->wbm, a->m - m0);
+                count_tile(a->x, e, a->k, m0, bm, k0, bk);
+                count_tile(a->o, 4, a->n, m0, bm, n0, bn); /* the atomic adds read O */
+                for (int i = 0; i < bm; i++)
+                    for (int j = 0; j < bn; j++) {
+                        float s = 0;
+                        for (int l = 0; l < bk; l++)
+                            s += load(a->x, a->dtype, (size_t)(m0 + i) * a->k + k0 + l) * wt[j * a->wbk + l];
+                        a->o[(size_t)(m0 + i) * a->n + n0 + j] += s;
+                    }
+            }
+        }
+    free(wt);
+}
+
+static void hybrid_gemm(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct hg_args *a = p;
+    size_t e = a->dtype == 0 ? 4 : 2;
+    if (a->split > 0)
+        output_stationary(a, e);
+    if (a->split < a->n)
+        weight_stationary(a, e);
+}
+
+SIMCUDA_STUB(hybrid_gemm_kernel)
+
+static const simcuda_kernel_desc kernels[] = {
+    {"hybrid_gemm_kernel", "p p p i i i i i i i i i i i", hybrid_gemm, hybrid_gemm_kernel},
+};
+
+SIMCUDA_MODULE(medusa_c2c, kernels, NULL, 0)
