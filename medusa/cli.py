@@ -259,6 +259,87 @@ def gateway(config_path: str, host: str, port: int) -> None:
     )
 
 
+@main.command(context_settings={"show_default": True})
+@click.option(
+    "--trace",
+    "trace_kind",
+    default="gamma",
+    help="gamma (bursts), poisson, or an Azure LLM trace CSV file.",
+)
+@click.option("--duration", default=60.0, help="Seconds of trace.")
+@click.option("--rate", default=1.0, help="Requests per second (synthetic traces).")
+@click.option("--cv", default=3.0, help="Burstiness of the gamma trace (coefficient of variation).")
+@click.option(
+    "--slices",
+    default="1g.12gb,1g.12gb,1g.12gb,1g.12gb,1g.24gb,2g.24gb,3g.48gb",
+    help="GH200 MIG profiles, comma separated.",
+)
+@click.option("--placement", type=click.Choice(["bandwidth", "random"]), default="bandwidth")
+@click.option("--chunk", type=click.Choice(["tuned", "default"]), default="tuned")
+@click.option("--alpha", type=click.Choice(["tuned", "static"]), default="tuned")
+@click.option("--seed", default=0)
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
+def simulate(
+    trace_kind: str,
+    duration: float,
+    rate: float,
+    cv: float,
+    slices: str,
+    placement: str,
+    chunk: str,
+    alpha: str,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """Simulate several models served on one superchip's MIG slices over the shared C2C link:
+    p50/p99 TTFT and TPOT, SLO attainment, C2C utilisation over time, for one policy choice."""
+    import json
+
+    from medusa.c2c.model import GH200_MIG
+    from medusa.c2c.scheduler import PlacementError
+    from medusa.c2c.simulator import (
+        DEFAULT_MODELS,
+        Policy,
+        azure_trace,
+        bursty_trace,
+        sparkline,
+    )
+    from medusa.c2c.simulator import (
+        simulate as run_sim,
+    )
+
+    try:
+        profiles = [GH200_MIG[p.strip()] for p in slices.split(",") if p.strip()]
+    except KeyError as e:
+        raise click.UsageError(
+            f"--slices: unknown profile {e}; known: {sorted(GH200_MIG)}"
+        ) from None
+    models = list(DEFAULT_MODELS)
+    if Path(trace_kind).is_file():
+        reqs = azure_trace(trace_kind, models, duration)
+    elif trace_kind in ("gamma", "poisson"):
+        reqs = bursty_trace(models, duration, rate, cv if trace_kind == "gamma" else 1.0, seed)
+    else:
+        raise click.UsageError(f"--trace {trace_kind!r}: use gamma, poisson or a CSV file")
+    try:
+        r = run_sim(models, profiles, reqs, Policy(placement, chunk, alpha), seed=seed)
+    except PlacementError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    click.echo(
+        f"{len(reqs)} requests, {len(profiles)} slices; policy placement={placement} "
+        f"chunk={chunk} alpha={alpha}"
+    )
+    for k in ("p50_ttft", "p99_ttft", "p50_tpot", "p99_tpot", "slo_attainment"):
+        click.echo(f"  {k:15} {r[k]:.3f}")
+    click.echo(f"  placement       {r['placement']}")
+    click.echo(f"  prefill chunk   {r['chunk']}")
+    click.echo(f"  final alpha     {r['alpha']}")
+    click.echo(f"  C2C utilisation |{sparkline(r['c2c_utilisation'])}|")
+
+
 @main.command()
 @click.argument("artifact", type=click.Path(file_okay=False))
 def inspect(artifact: str) -> None:
