@@ -51,6 +51,18 @@ def engine_options(f):  # type: ignore[no-untyped-def]
         ),
         click.option("--enforce-eager", is_flag=True, help="Do not capture decode graphs."),
         click.option("--seed", default=0, type=int, help="Seed for requests that bring none."),
+        click.option(
+            "--weights",
+            type=click.Choice(["device", "host"]),
+            default="device",
+            help="host: projection weights stay in host-mapped memory (HybridGEMM).",
+        ),
+        click.option(
+            "--alpha",
+            default=0.0,
+            type=float,
+            help="With --weights host: HybridGEMM's output-stationary share of columns.",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)

@@ -23,6 +23,8 @@ class EngineConfig:
     enforce_eager: bool = False
     capture_sizes: tuple[int, ...] = field(default=())
     seed: int = 0
+    weights: str = "device"  # "host": projection weights stay in host-mapped memory (superchip)
+    alpha: float = 0.0  # HybridGEMM's output-stationary share, every layer's start value
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -40,6 +42,10 @@ class EngineConfig:
             )
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory={self.kv_cache_memory}: must be positive bytes")
+        if self.weights not in ("device", "host"):
+            raise ValueError(f"weights={self.weights!r}: use 'device' or 'host'")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha={self.alpha}: must be in [0, 1]")
         bad = [s for s in self.capture_sizes if not 1 <= s <= self.max_num_seqs]
         if bad:
             raise ValueError(f"capture_sizes {bad}: each must be in 1..max_num_seqs")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from medusa.c2c.model import Tiles, split_columns
 from medusa.cuda import CudaError, load_backend
 from medusa.cuda.backend import Backend, Dim3
 
@@ -21,7 +22,9 @@ KERNELS = {
     "paged_attention_kernel": "p p p p p p p i i i i i i i f",
     "silu_and_mul_kernel": "p p i i",
     "add_bias_kernel": "p p i i",
+    "add_inplace_kernel": "p p i",
     "gather_rows_kernel": "p p p i i",
+    "hybrid_gemm_kernel": "p p p i i i i i i i i i i i",
     "sample_tokens_kernel": "p p p p p i i",
 }
 _CTYPES = {"p": c_void_p, "i": c_int, "f": c_float, "l": c_int64}
@@ -55,6 +58,7 @@ class Device:
         self._memcpy.restype = c_int
         self._memcpy.argtypes = [c_void_p, c_void_p, c_size_t, c_int]
         self.stream = self.b.stream_create()
+        self._host: dict[int, int] = {}  # device address -> host address of host_alloc buffers
 
     @property
     def kind(self) -> str:
@@ -63,9 +67,6 @@ class Device:
     # ---- memory ----
     def alloc(self, nbytes: int) -> Buffer:
         return Buffer(self.b.malloc(max(nbytes, 1)), nbytes)
-
-    def free(self, buf: Buffer) -> None:
-        self.b.free(buf.ptr)
 
     def mem_info(self) -> tuple[int, int]:
         return self.b.mem_get_info()
@@ -82,11 +83,19 @@ class Device:
         return out
 
     # ---- work ----
-    def launch(self, kernel: str, *args: int | float, grid: int = 1, block: int = 128) -> None:
+    def launch(
+        self,
+        kernel: str,
+        *args: int | float,
+        grid: int | tuple[int, int] = 1,
+        block: int = 128,
+        shared: int = 0,
+    ) -> None:
         holders = [t(a) for t, a in zip(self._types[kernel], args, strict=True)]
         argv = (c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+        gx, gy = (grid, 1) if isinstance(grid, int) else grid
         code = self._launch(
-            self._stubs[kernel], Dim3(grid, 1, 1), Dim3(block, 1, 1), argv, 0, self.stream
+            self._stubs[kernel], Dim3(gx, gy, 1), Dim3(block, 1, 1), argv, shared, self.stream
         )
         self._check(f"cudaLaunchKernel({kernel})", code)
 
@@ -97,6 +106,51 @@ class Device:
         code = self._gemm(0, 1, m, n, k, 1.0, x, k, w, k, 1.0 if accumulate else 0.0, out, n,
                           self.stream)  # fmt: skip
         self._check("mblas_sgemm", code)
+
+    def host_alloc(self, nbytes: int) -> Buffer:
+        """Pinned host memory mapped into the device's address space (C2C-readable on a
+        superchip); the Buffer holds its device address."""
+        p, d = c_void_p(), c_void_p()
+        self.b.call("cudaHostAlloc", ctypes.byref(p), c_size_t(max(nbytes, 1)), ctypes.c_uint(2))
+        self.b.call("cudaHostGetDevicePointer", ctypes.byref(d), p, ctypes.c_uint(0))
+        self._host[int(d.value or 0)] = int(p.value or 0)
+        return Buffer(int(d.value or 0), nbytes)
+
+    def free(self, buf: Buffer) -> None:
+        host = self._host.pop(buf.ptr, None)
+        if host is not None:
+            self.b.call("cudaFreeHost", c_void_p(host))
+        else:
+            self.b.free(buf.ptr)
+
+    def hybrid_linear(
+        self, out: int, x: int, w: int, m: int, n: int, k: int, alpha: float, tiles: Tiles
+    ) -> None:
+        """out[m, n] = x[m, k] @ w[n, k]^T by HybridGEMM (w host-mapped), alpha: output-stationary
+        share of the columns."""
+        split = split_columns(n, alpha)
+        tiles_os = -(-m // tiles.bm) * -(-split // tiles.bn)
+        tiles_ws = -(-(n - split) // tiles.wbn) * -(-k // tiles.wbk)
+        self.launch(
+            "hybrid_gemm_kernel",
+            out,
+            x,
+            w,
+            m,
+            n,
+            k,
+            split,
+            0,
+            tiles.bm,
+            tiles.bn,
+            tiles.bk,
+            tiles.wbm,
+            tiles.wbn,
+            tiles.wbk,
+            grid=(max(tiles_os, tiles_ws, 1), 2),
+            block=256,
+            shared=tiles.wbn * tiles.wbk * 4,
+        )
 
     def synchronize(self) -> None:
         self.b.stream_synchronize(self.stream)

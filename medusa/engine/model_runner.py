@@ -9,12 +9,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from medusa.c2c.model import Tiles
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
 
 F32 = 4
+# HybridGEMM tiles for the engine's projections (decode: M is the batch).
+HOST_TILES = Tiles(bm=16, bn=64, bk=256, wbm=64, wbn=64, wbk=128)  # 32 KiB shared memory
 
 
 @dataclass
@@ -54,8 +57,15 @@ class ModelRunner:
 
     # ---- start-up stages ----
     def allocate_weights(self) -> None:
+        """On the device, or (weights="host") the projections and the embedding in host-mapped
+        memory, read over C2C by HybridGEMM; norms stay on the device either way."""
+        host = self.config.weights == "host"
         for name, shape in self.spec.weight_shapes().items():
-            self.weights[name] = self.dev.alloc(int(np.prod(shape)) * F32)
+            nbytes = int(np.prod(shape)) * F32
+            on_host = host and len(shape) == 2
+            self.weights[name] = self.dev.host_alloc(nbytes) if on_host else self.dev.alloc(nbytes)
+        # Per-layer HybridGEMM split (the alpha controller may change them between steps).
+        self.alphas = [self.config.alpha] * (self.spec.num_layers + 1)
 
     def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> None:
         for name, arr in weights:
@@ -65,15 +75,28 @@ class ModelRunner:
         c, s = self.config, self.spec
         t, n = c.max_num_batched_tokens, c.max_num_seqs
         sizes = {
-            "ids": t * 4, "positions": t * 4, "slots": t * 4,
-            "x": t * s.hidden_size * F32, "h": t * s.hidden_size * F32,
-            "qkv": t * s.qkv_size * F32, "attn": t * s.q_size * F32,
-            "gate_up": t * 2 * s.intermediate_size * F32, "act": t * s.intermediate_size * F32,
-            "block_tables": n * c.max_blocks_per_seq * 4, "seq_lens": n * 4,
-            "query_start": (n + 1) * 4, "last_rows": n * 4, "last": n * s.hidden_size * F32,
-            "last_h": n * s.hidden_size * F32, "logits": n * s.vocab_size * F32,
-            "temperature": n * 4, "top_p": n * 4, "seeds": n * 8, "tokens": n * 4,
-        }  # fmt: skip
+            "ids": t * 4,
+            "positions": t * 4,
+            "slots": t * 4,
+            "x": t * s.hidden_size * F32,
+            "h": t * s.hidden_size * F32,
+            "qkv": t * s.qkv_size * F32,
+            "attn": t * s.q_size * F32,
+            "gate_up": t * 2 * s.intermediate_size * F32,
+            "act": t * s.intermediate_size * F32,
+            "block_tables": n * c.max_blocks_per_seq * 4,
+            "seq_lens": n * 4,
+            "query_start": (n + 1) * 4,
+            "last_rows": n * 4,
+            "last": n * s.hidden_size * F32,
+            "last_h": n * s.hidden_size * F32,
+            "logits": n * s.vocab_size * F32,
+            "temperature": n * 4,
+            "top_p": n * 4,
+            "seeds": n * 8,
+            "tokens": n * 4,
+            "proj": t * s.hidden_size * F32,  # HybridGEMM output before a residual add
+        }
         self.ws = {k: self.dev.alloc(v) for k, v in sizes.items()}
 
     @property
@@ -173,8 +196,12 @@ class ModelRunner:
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
         # NOTE: restored graphs' output buffers belong to the restorer, not to this runner.
-        bufs = [*self._own_graph_out, *([self.kv] if self.kv else []), *self.ws.values(),
-                *self.weights.values()]  # fmt: skip
+        bufs = [
+            *self._own_graph_out,
+            *([self.kv] if self.kv else []),
+            *self.ws.values(),
+            *self.weights.values(),
+        ]
         for buf in bufs:
             self.dev.free(buf)
         self.graphs, self.graph_out, self.ws, self.weights, self.kv = {}, {}, {}, {}, None
@@ -204,10 +231,13 @@ class ModelRunner:
     # ---- batches ----
     def _sampling(self, seqs: list[Sequence]) -> list[tuple[float, float, int]]:
         return [
-            (s.params.temperature, s.params.top_p,
-             (s.seed * 0x9E3779B97F4A7C15 + s.num_completion_tokens) & (2**64 - 1))
+            (
+                s.params.temperature,
+                s.params.top_p,
+                (s.seed * 0x9E3779B97F4A7C15 + s.num_completion_tokens) & (2**64 - 1),
+            )
             for s in seqs
-        ]  # fmt: skip
+        ]
 
     def _meta(self, n: int, tables: list[list[int]], sampling: list[tuple[float, float, int]]):
         bt = np.zeros((n, self.config.max_blocks_per_seq), np.int32)
@@ -233,9 +263,14 @@ class ModelRunner:
             ids=np.concatenate([np.asarray(p, np.int32) for p in prompts]),
             positions=np.concatenate([np.arange(n, dtype=np.int32) for n in lens]),
             slots=np.asarray(slots, np.int32),
-            block_tables=bt, seq_lens=np.asarray(lens, np.int32), query_start=qs,
-            last_rows=qs[1:] - 1, temperature=temp, top_p=top_p, seeds=seeds,
-        )  # fmt: skip
+            block_tables=bt,
+            seq_lens=np.asarray(lens, np.int32),
+            query_start=qs,
+            last_rows=qs[1:] - 1,
+            temperature=temp,
+            top_p=top_p,
+            seeds=seeds,
+        )
 
     def _decode_batch(self, seqs: list[Sequence], size: int) -> Batch:
         n = len(seqs)
@@ -247,25 +282,44 @@ class ModelRunner:
         slots = [self._slots(s.block_table, [len(s) - 1])[0] for s in seqs] + [-1] * (size - n)
         return Batch(
             ids=np.asarray([s.last_token for s in seqs] + [0] * (size - n), np.int32),
-            positions=np.asarray(pos, np.int32), slots=np.asarray(slots, np.int32),
-            block_tables=bt, seq_lens=np.asarray(lens, np.int32),
+            positions=np.asarray(pos, np.int32),
+            slots=np.asarray(slots, np.int32),
+            block_tables=bt,
+            seq_lens=np.asarray(lens, np.int32),
             query_start=np.arange(size + 1, dtype=np.int32),
-            last_rows=np.arange(size, dtype=np.int32), temperature=temp, top_p=top_p, seeds=seeds,
-        )  # fmt: skip
+            last_rows=np.arange(size, dtype=np.int32),
+            temperature=temp,
+            top_p=top_p,
+            seeds=seeds,
+        )
 
     def _padding_batch(self, size: int) -> Batch:
         return Batch(
-            ids=np.zeros(size, np.int32), positions=np.zeros(size, np.int32),
+            ids=np.zeros(size, np.int32),
+            positions=np.zeros(size, np.int32),
             slots=np.full(size, -1, np.int32),
             block_tables=np.zeros((size, self.config.max_blocks_per_seq), np.int32),
-            seq_lens=np.zeros(size, np.int32), query_start=np.arange(size + 1, dtype=np.int32),
-            last_rows=np.arange(size, dtype=np.int32), temperature=np.zeros(size, np.float32),
-            top_p=np.ones(size, np.float32), seeds=np.zeros(size, np.uint64),
-        )  # fmt: skip
+            seq_lens=np.zeros(size, np.int32),
+            query_start=np.arange(size + 1, dtype=np.int32),
+            last_rows=np.arange(size, dtype=np.int32),
+            temperature=np.zeros(size, np.float32),
+            top_p=np.ones(size, np.float32),
+            seeds=np.zeros(size, np.uint64),
+        )
 
     def _upload(self, b: Batch) -> None:
-        for name in ("ids", "positions", "slots", "block_tables", "seq_lens", "query_start",
-                     "last_rows", "temperature", "top_p", "seeds"):  # fmt: skip
+        for name in (
+            "ids",
+            "positions",
+            "slots",
+            "block_tables",
+            "seq_lens",
+            "query_start",
+            "last_rows",
+            "temperature",
+            "top_p",
+            "seeds",
+        ):
             self.dev.upload(self.ws[name], getattr(b, name))
 
     def _run(self, batch: Batch, kv: Buffer | None, out: Buffer) -> list[int]:
@@ -278,6 +332,17 @@ class ModelRunner:
         self._forward(batch.num_tokens, batch.num_seqs, kv, out)
         self.dev.synchronize()
         return self.dev.download(out, np.int32, batch.num_seqs).tolist()
+
+    def _linear(
+        self, layer: int, out: int, x: int, w: str, m: int, n: int, k: int, accumulate: bool = False
+    ) -> None:
+        if self.config.weights != "host":
+            self.dev.linear(out, x, self.weights[w].ptr, m, n, k, accumulate=accumulate)
+            return
+        dst = self.ws["proj"].ptr if accumulate else out
+        self.dev.hybrid_linear(dst, x, self.weights[w].ptr, m, n, k, self.alphas[layer], HOST_TILES)
+        if accumulate:
+            self.dev.launch("add_inplace_kernel", out, dst, m * n)
 
     # ---- the forward pass ----
     def _forward(
@@ -306,7 +371,7 @@ class ModelRunner:
                 dim,
                 eps,
             )
-            d.linear(q, a["h"].ptr, w[f"layers.{i}.qkv"].ptr, t, qkv, dim)
+            self._linear(i, q, a["h"].ptr, f"layers.{i}.qkv", t, qkv, dim)
             if s.qkv_bias:
                 d.launch("add_bias_kernel", q, w[f"layers.{i}.qkv_bias"].ptr, t, qkv)
             d.launch(
@@ -352,9 +417,7 @@ class ModelRunner:
                 qkv,
                 s.head_dim**-0.5,
             )
-            d.linear(
-                a["x"].ptr, a["attn"].ptr, w[f"layers.{i}.o"].ptr, t, dim, s.q_size, accumulate=True
-            )
+            self._linear(i, a["x"].ptr, a["attn"].ptr, f"layers.{i}.o", t, dim, s.q_size, True)
             d.launch(
                 "rms_norm_kernel",
                 a["h"].ptr,
@@ -364,29 +427,24 @@ class ModelRunner:
                 dim,
                 eps,
             )
-            d.linear(
-                a["gate_up"].ptr,
-                a["h"].ptr,
-                w[f"layers.{i}.gate_up"].ptr,
-                t,
-                2 * s.intermediate_size,
-                dim,
-            )
+            gate_up = f"layers.{i}.gate_up"
+            self._linear(i, a["gate_up"].ptr, a["h"].ptr, gate_up, t, 2 * s.intermediate_size, dim)
             d.launch("silu_and_mul_kernel", a["act"].ptr, a["gate_up"].ptr, t, s.intermediate_size)
-            d.linear(
-                a["x"].ptr,
-                a["act"].ptr,
-                w[f"layers.{i}.down"].ptr,
-                t,
-                dim,
-                s.intermediate_size,
-                accumulate=True,
-            )
+            down = f"layers.{i}.down"
+            self._linear(i, a["x"].ptr, a["act"].ptr, down, t, dim, s.intermediate_size, True)
         if num_layers is not None:
             return
         d.launch("gather_rows_kernel", a["last"].ptr, a["x"].ptr, a["last_rows"].ptr, n, dim)
         d.launch("rms_norm_kernel", a["last_h"].ptr, a["last"].ptr, w["norm"].ptr, n, dim, eps)
-        head = w["embed" if s.tie_embeddings else "lm_head"].ptr
-        d.linear(a["logits"].ptr, a["last_h"].ptr, head, n, s.vocab_size, dim)
-        d.launch("sample_tokens_kernel", out.ptr, a["logits"].ptr, a["temperature"].ptr,
-                 a["top_p"].ptr, a["seeds"].ptr, n, s.vocab_size)  # fmt: skip
+        head = "embed" if s.tie_embeddings else "lm_head"
+        self._linear(s.num_layers, a["logits"].ptr, a["last_h"].ptr, head, n, s.vocab_size, dim)
+        d.launch(
+            "sample_tokens_kernel",
+            out.ptr,
+            a["logits"].ptr,
+            a["temperature"].ptr,
+            a["top_p"].ptr,
+            a["seeds"].ptr,
+            n,
+            s.vocab_size,
+        )

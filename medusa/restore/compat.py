@@ -8,6 +8,7 @@ from medusa.restore.restorer import RestoreError
 
 # Engine settings that change what start-up allocates or captures.
 CONFIG_KEYS = (
+    "weights",
     "max_num_seqs",
     "max_model_len",
     "max_num_batched_tokens",

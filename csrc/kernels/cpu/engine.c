@@ -164,6 +164,14 @@ static void add_bias(const simcuda_kctx *ctx, const void *p) {
             a->x[(size_t)t * a->dim + i] += a->bias[i];
 }
 
+struct add_args { float *x; const float *y; int n; };
+static void add_inplace(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct add_args *a = p;
+    for (int i = 0; i < a->n; i++)
+        a->x[i] += a->y[i];
+}
+
 struct gather_args { float *out; const float *in; const int *rows; int num_rows, dim; };
 static void gather_rows(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
@@ -244,6 +252,7 @@ SIMCUDA_STUB(reshape_and_cache_kernel)
 SIMCUDA_STUB(paged_attention_kernel)
 SIMCUDA_STUB(silu_and_mul_kernel)
 SIMCUDA_STUB(add_bias_kernel)
+SIMCUDA_STUB(add_inplace_kernel)
 SIMCUDA_STUB(gather_rows_kernel)
 SIMCUDA_STUB(sample_tokens_kernel)
 
@@ -256,6 +265,7 @@ static const simcuda_kernel_desc kernels[] = {
      paged_attention_kernel},
     {"silu_and_mul_kernel", "p p i i", silu_and_mul, silu_and_mul_kernel},
     {"add_bias_kernel", "p p i i", add_bias, add_bias_kernel},
+    {"add_inplace_kernel", "p p i", add_inplace, add_inplace_kernel},
     {"gather_rows_kernel", "p p p i i", gather_rows, gather_rows_kernel},
     {"sample_tokens_kernel", "p p p p p i i", sample_tokens, sample_tokens_kernel},
 };

@@ -54,6 +54,28 @@ struct hg_args {
 
 static int min_i(int a, int b) { return a < b ? a : b; }
 
+/* A run of n inputs as fp32: the data itself when it is fp32, else converted into buf. */
+static const float *row(const struct hg_args *a, float *buf, size_t i, int n) {
+    if (a->dtype == 0)
+        return (const float *)a->x + i;
+    for (int l = 0; l < n; l++)
+        buf[l] = load(a->x, a->dtype, i + l);
+    return buf;
+}
+
+static float dot(const struct hg_args *a, size_t xi, size_t wi, int n) {
+    float s = 0;
+    if (a->dtype == 0) {
+        const float *x = (const float *)a->x + xi, *w = (const float *)a->w + wi;
+        for (int l = 0; l < n; l++)
+            s += x[l] * w[l];
+        return s;
+    }
+    for (int l = 0; l < n; l++)
+        s += load(a->x, a->dtype, xi + l) * load(a->w, a->dtype, wi + l);
+    return s;
+}
+
 /* Reports rows x cols elements of a row-major matrix with leading dimension ld, row by row. */
 static void count_tile(const void *base, size_t elem, int ld, int r0, int rows, int c0, int cols) {
     for (int r = 0; r < rows; r++)
@@ -71,13 +93,9 @@ static void output_stationary(const struct hg_args *a, size_t e) {
                 count_tile(a->x, e, a->k, m0, bm, k0, bk);
                 count_tile(a->w, e, a->k, n0, bn, k0, bk);
                 for (int i = 0; i < bm; i++)
-                    for (int j = 0; j < bn; j++) {
-                        float s = 0;
-                        for (int l = 0; l < bk; l++)
-                            s += load(a->x, a->dtype, (size_t)(m0 + i) * a->k + k0 + l) *
-                                 load(a->w, a->dtype, (size_t)(n0 + j) * a->k + k0 + l);
-                        acc[i * a->bn + j] += s;
-                    }
+                    for (int j = 0; j < bn; j++)
+                        acc[i * a->bn + j] += dot(a, (size_t)(m0 + i) * a->k + k0,
+                                                  (size_t)(n0 + j) * a->k + k0, bk);
             }
             for (int i = 0; i < bm; i++)
                 memcpy(a->o + (size_t)(m0 + i) * a->n + n0, acc + (size_t)i * a->bn, (size_t)bn * 4);
@@ -87,8 +105,12 @@ static void output_stationary(const struct hg_args *a, size_t e) {
 
 static void weight_stationary(const struct hg_args *a, size_t e) {
     float *wt = malloc((size_t)a->wbn * a->wbk * sizeof *wt);
-    if (!wt)
+    float *xbuf = malloc((size_t)a->wbk * sizeof *xbuf);
+    if (!wt || !xbuf) {
+        free(wt);
+        free(xbuf);
         return;
+    }
     for (int i = 0; i < a->m; i++)
         memset(a->o + (size_t)i * a->n + a->split, 0, (size_t)(a->n - a->split) * 4);
     for (int n0 = a->split; n0 < a->n; n0 += a->wbn)
@@ -102,16 +124,20 @@ static void weight_stationary(const struct hg_args *a, size_t e) {
                 int bm = min_i(a->wbm, a->m - m0);
                 count_tile(a->x, e, a->k, m0, bm, k0, bk);
                 count_tile(a->o, 4, a->n, m0, bm, n0, bn); /* the atomic adds read O */
-                for (int i = 0; i < bm; i++)
+                for (int i = 0; i < bm; i++) {
+                    const float *xr = row(a, xbuf, (size_t)(m0 + i) * a->k + k0, bk);
                     for (int j = 0; j < bn; j++) {
+                        const float *wr = wt + (size_t)j * a->wbk;
                         float s = 0;
                         for (int l = 0; l < bk; l++)
-                            s += load(a->x, a->dtype, (size_t)(m0 + i) * a->k + k0 + l) * wt[j * a->wbk + l];
+                            s += xr[l] * wr[l];
                         a->o[(size_t)(m0 + i) * a->n + n0 + j] += s;
                     }
+                }
             }
         }
     free(wt);
+    free(xbuf);
 }
 
 static void hybrid_gemm(const simcuda_kctx *ctx, const void *p) {

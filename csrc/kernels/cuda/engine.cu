@@ -124,6 +124,11 @@ KERNEL void add_bias_kernel(float *x, const float *bias, int num_tokens, int dim
     GRID_STRIDE(t, num_tokens) { BLOCK_STRIDE(i, dim) x[(size_t)t * dim + i] += bias[i]; }
 }
 
+KERNEL void add_inplace_kernel(float *x, const float *y, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
 KERNEL void gather_rows_kernel(float *out, const float *in, const int *rows,
                                               int num_rows, int dim) {
     GRID_STRIDE(r, num_rows) {

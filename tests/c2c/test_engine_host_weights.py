@@ -1,0 +1,53 @@
+"""`--weights host`: SmolLM2's projection weights stay in host-mapped memory and every projection
+runs HybridGEMM; the answers are the device path's and no device memory holds the weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from medusa.cuda import load_backend
+from medusa.engine.config import EngineConfig
+from medusa.engine.llm_engine import LLMEngine
+from medusa.engine.sampling import SamplingParams
+
+PROMPTS = ["What is the capital of France?", "Name a colour."]
+
+
+def _engine(**kw) -> tuple[LLMEngine, int]:
+    b = load_backend()
+    free_before, _ = b.mem_get_info()
+    e = LLMEngine(
+        EngineConfig(
+            max_num_seqs=2,
+            max_num_batched_tokens=128,
+            max_model_len=256,
+            kv_cache_memory=32 << 20,
+            **kw,
+        )
+    )
+    free_after, _ = b.mem_get_info()
+    return e, free_before - free_after
+
+
+def test_host_weights_answer_like_device_weights_and_leave_the_device_empty():
+    with_device, used_device = _engine()
+    try:
+        want = with_device.generate(PROMPTS, SamplingParams(max_tokens=10), chat=True)
+    finally:
+        with_device.shutdown()
+    for alpha in (0.0, 1.0):
+        host, used_host = _engine(weights="host", alpha=alpha)
+        try:
+            got = host.generate(PROMPTS, SamplingParams(max_tokens=10), chat=True)
+        finally:
+            host.shutdown()
+        assert got == want
+        # weights (540 MB in fp32) moved off the device: only norms, workspace and KV remain
+        assert used_device - used_host > 500 << 20
+
+
+def test_bad_weight_placement_is_refused():
+    with pytest.raises(ValueError, match="weights='hbm': use 'device' or 'host'"):
+        EngineConfig(weights="hbm")
+    with pytest.raises(ValueError, match="alpha=1.5"):
+        EngineConfig(weights="host", alpha=1.5)
