@@ -28,6 +28,23 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> float:
     return sum(s.num_completion_tokens - 1 for s in seqs) / dt
 
 
+def switch_rows(cfg: dict, tokens: int) -> None:
+    """Model switch on a slice: shut one engine down, start the next; device-resident weights vs
+    host-resident ones (--weights host: nothing is loaded into device memory)."""
+    from medusa.cuda import load_backend
+
+    b = load_backend()
+    print("model switch          start s   device MiB for the model   decode tok/s (batch 1)")
+    for weights in ("device", "host"):
+        free0, _ = b.mem_get_info()
+        t0 = time.perf_counter()
+        with LLMEngine(EngineConfig(**{**cfg, "kv_cache_memory": 64 << 20}, weights=weights)) as e:
+            start = time.perf_counter() - t0
+            used = (free0 - b.mem_get_info()[0]) / 2**20 - 64
+            rate = decode_rate(e, 1, tokens // 4)
+        print(f"  weights {weights:6}      {start:7.2f}   {used:24.0f}   {rate:12.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=48, help="tokens generated per sequence")
@@ -47,6 +64,7 @@ def main() -> None:
         g, x = rates[(False, batch)], rates[(True, batch)]
         print(f"  batch {batch:<13} {g:8.1f}  {x:8.1f}  {g / x:6.2f}")
     print(f"target: >= 10 tokens/s at batch 1: {'met' if rates[(False, 1)] >= 10 else 'MISSED'}")
+    switch_rows(cfg, args.tokens)
     print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 
