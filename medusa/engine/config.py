@@ -25,6 +25,8 @@ class EngineConfig:
     seed: int = 0
     weights: str = "device"  # "host": projection weights stay in host-mapped memory (superchip)
     alpha: float = 0.0  # HybridGEMM's output-stationary share, every layer's start value
+    tune_alpha: bool = False  # with weights="host": the alpha controller adjusts it per interval
+    slice_profile: str = "7g.96gb"  # the GH200 MIG profile the model's utilisations refer to
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

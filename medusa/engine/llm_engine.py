@@ -15,6 +15,7 @@ import numpy as np
 
 from medusa.artifact import Artifact, ArtifactError, load_artifact
 from medusa.cuda import CudaError
+from medusa.engine.alpha_tuner import AlphaTuner
 from medusa.engine.block_manager import BlockManager
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
@@ -103,6 +104,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.blocks, self.tokenizer.eos_ids)
         self._rng = random.Random(config.seed)
         self._decoders: dict[int, IncrementalDecoder] = {}
+        self.tuner = AlphaTuner(config, self.spec) if config.tune_alpha else None
 
     # ---- start-up paths ----
     def _start_normally(self) -> None:
@@ -244,7 +246,11 @@ class LLMEngine:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return []
+        t0 = time.perf_counter()
         tokens = self.runner.execute(seqs, is_prefill)
+        if self.tuner is not None:
+            n = sum(len(s) for s in seqs) if is_prefill else len(seqs)
+            self.tuner.observe(n, time.perf_counter() - t0, self.runner.alphas)
         finished = {s.seq_id for s in self.scheduler.postprocess(seqs, tokens)}
         outs = []
         for seq, tok in zip(seqs, tokens, strict=True):

@@ -51,3 +51,28 @@ def test_bad_weight_placement_is_refused():
         EngineConfig(weights="hbm")
     with pytest.raises(ValueError, match="alpha=1.5"):
         EngineConfig(weights="host", alpha=1.5)
+
+
+def test_the_alpha_tuner_follows_the_utilisations_it_sees():
+    from dataclasses import replace
+
+    from medusa.c2c.telemetry import ModelTelemetry
+    from medusa.engine.alpha_tuner import AlphaTuner
+    from medusa.engine.loader import open_model
+
+    spec = open_model().spec
+    cfg = EngineConfig(weights="host", alpha=0.5, tune_alpha=True, slice_profile="1g.12gb")
+    c2c_bound = AlphaTuner(cfg, spec, interval=2)
+    c2c_bound.telemetry = ModelTelemetry(c2c_bound.slice, c2c_share=1e6)  # a congested link
+    alphas = [0.5] * (spec.num_layers + 1)
+    for _ in range(6):
+        c2c_bound.observe(4, 0.05, alphas)
+    assert c2c_bound.history == sorted(c2c_bound.history, reverse=True) and alphas[0] < 0.5
+    hbm_bound = AlphaTuner(cfg, spec, interval=2)
+    hbm_bound.telemetry = ModelTelemetry(replace(hbm_bound.slice, hbm_bw=1e6), c2c_share=1e15)
+    alphas = [0.5] * (spec.num_layers + 1)
+    for _ in range(6):
+        hbm_bound.observe(64, 0.05, alphas)
+    assert alphas[0] > 0.5
+    with pytest.raises(ValueError, match="tune_alpha needs weights='host'"):
+        AlphaTuner(EngineConfig(tune_alpha=True), spec)

@@ -210,3 +210,14 @@ def test_the_runtime_examples_are_valid(tmp_path):
     assert (
         res.returncode == 2 and "MEDUSA_ROLE must be worker, gateway or materialize" in res.stderr
     )
+
+
+def test_c2c_admission_refuses_host_weights_that_oversubscribe_the_link(tmp_path):
+    lines = ["models:"] + [
+        f"  m{i}: {{tpot_target: 0.001, engine: {{weights: host}}}}" for i in range(3)
+    ]
+    (tmp_path / "slices.yaml").write_text("slices:\n  - {name: s0, memory_gb: 8}\n")
+    (tmp_path / "models.yaml").write_text("\n".join(lines) + "\nslices: slices.yaml\n")
+    cfg = load_config(tmp_path / "models.yaml")
+    with pytest.raises(ConfigError, match=r"need \d+ GB/s of C2C \(m0 \d+ GB/s, m1"):
+        check_placement(cfg, simulated_slices(tmp_path / "slices.yaml"))

@@ -9,6 +9,10 @@ from typing import Any
 import yaml
 
 ENGINE_KEYS = {
+    "weights",
+    "alpha",
+    "tune_alpha",
+    "slice_profile",
     "max_num_seqs",
     "max_model_len",
     "max_num_batched_tokens",
@@ -33,6 +37,7 @@ class ModelConfig:
     target: int = 4  # concurrent requests per instance before scaling up
     keep_alive: float = 60.0  # seconds idle before an instance is stopped
     max_queue: int = 64  # requests waiting for an instance, at most
+    tpot_target: float = 0.1  # seconds; with engine.weights: host, what C2C admission plans for
     engine: dict[str, Any] = field(default_factory=dict)
 
     def worker_args(self) -> list[str]:
@@ -82,6 +87,7 @@ def load_config(path: str | Path) -> GatewayConfig:
         if not isinstance(m, dict):
             raise ConfigError(f"{where}: expected a mapping of settings")
         bad = set(m) - {
+            "tpot_target",
             "artifact",
             "model",
             "min_instances",
@@ -130,6 +136,7 @@ def load_config(path: str | Path) -> GatewayConfig:
             target=_int(where, m, "target", 4, 1),
             keep_alive=float(keep),
             max_queue=_int(where, m, "max_queue", 64, 0),
+            tpot_target=float(m.get("tpot_target", 0.1)),
             engine=engine,
         )
     keys = raw.get("api_keys") or []

@@ -24,7 +24,25 @@ def required_bytes(m: ModelConfig) -> int:
     return spec.num_params * 4 + 2 * spec.num_layers * spec.kv_size * 4 * max_len
 
 
+def check_c2c(config: GatewayConfig) -> None:
+    """Models whose weights stay on the host stream them over the shared C2C link once per decode
+    step: admit them only if the sum of weight bytes / TPOT target fits the link."""
+    from medusa.c2c.model import C2C_BW
+    from medusa.engine.loader import open_model
+
+    host = [m for m in config.models.values() if m.engine.get("weights") == "host"]
+    demand = {m.name: open_model(m.model).spec.num_params * 4 / m.tpot_target for m in host}
+    total = sum(demand.values())
+    if total > C2C_BW:
+        detail = ", ".join(f"{k} {v / 1e9:.0f} GB/s" for k, v in sorted(demand.items()))
+        raise ConfigError(
+            f"models with weights on the host need {total / 1e9:.0f} GB/s of C2C ({detail}) but "
+            f"the link has {C2C_BW / 1e9:.0f} GB/s: raise their tpot_target or serve fewer here"
+        )
+
+
 def check_placement(config: GatewayConfig, slices: list[Slice]) -> None:
+    check_c2c(config)
     largest = max(s.memory for s in slices)
     for m in config.models.values():
         need = required_bytes(m)
