@@ -52,6 +52,12 @@ def engine_options(f):  # type: ignore[no-untyped-def]
         click.option("--enforce-eager", is_flag=True, help="Do not capture decode graphs."),
         click.option("--seed", default=0, type=int, help="Seed for requests that bring none."),
         click.option(
+            "--max-prefill-chunk",
+            default=None,
+            type=int,
+            help="Prefill long prompts in chunks of at most this many tokens.",
+        ),
+        click.option(
             "--weights",
             type=click.Choice(["device", "host"]),
             default="device",
@@ -62,6 +68,16 @@ def engine_options(f):  # type: ignore[no-untyped-def]
             default=0.0,
             type=float,
             help="With --weights host: HybridGEMM's output-stationary share of columns.",
+        ),
+        click.option(
+            "--tune-alpha",
+            is_flag=True,
+            help="With --weights host: tune alpha online (C2CServe Algorithm 2).",
+        ),
+        click.option(
+            "--slice-profile",
+            default="7g.96gb",
+            help="The GH200 MIG profile alpha tuning models utilisation for.",
         ),
     ]
     for opt in reversed(opts):
@@ -249,7 +265,7 @@ def gateway(config_path: str, host: str, port: int) -> None:
 
     from medusa.serve.gateway.app import create_gateway
     from medusa.serve.gateway.config import ConfigError, load_config
-    from medusa.serve.gateway.placement import check_placement
+    from medusa.serve.gateway.placement import check_placement, plan_chunks
     from medusa.serve.gateway.slices import discover_slices
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -258,6 +274,7 @@ def gateway(config_path: str, host: str, port: int) -> None:
         config = load_config(config_path)
         slices = discover_slices(config.slices)
         check_placement(config, slices)
+        config = plan_chunks(config, slices)
     except (ConfigError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(

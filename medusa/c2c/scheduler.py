@@ -24,6 +24,23 @@ class ModelShape:
     ttft_target: float = 2.0
     elem: int = 2  # bf16 weights
 
+    @classmethod
+    def from_spec(
+        cls, spec, tpot_target: float = 0.1, ttft_target: float = 2.0, elem: int = 4
+    ) -> ModelShape:  # type: ignore[no-untyped-def]
+        """The shape of an engine model (medusa.engine.spec.ModelSpec); elem 4: fp32 weights."""
+        return cls(
+            spec.name,
+            spec.hidden_size,
+            spec.intermediate_size,
+            spec.num_layers,
+            spec.q_size,
+            spec.kv_size,
+            tpot_target,
+            ttft_target,
+            elem,
+        )
+
     @property
     def gemms(self) -> list[tuple[int, int]]:
         """(N, K) of each projection of one layer."""

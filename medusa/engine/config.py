@@ -23,6 +23,7 @@ class EngineConfig:
     enforce_eager: bool = False
     capture_sizes: tuple[int, ...] = field(default=())
     seed: int = 0
+    max_prefill_chunk: int | None = None  # prefill in chunks of at most this many tokens
     weights: str = "device"  # "host": projection weights stay in host-mapped memory (superchip)
     alpha: float = 0.0  # HybridGEMM's output-stationary share, every layer's start value
     tune_alpha: bool = False  # with weights="host": the alpha controller adjusts it per interval
@@ -44,6 +45,8 @@ class EngineConfig:
             )
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory={self.kv_cache_memory}: must be positive bytes")
+        if self.max_prefill_chunk is not None and self.max_prefill_chunk < 1:
+            raise ValueError(f"max_prefill_chunk={self.max_prefill_chunk}: must be at least 1")
         if self.weights not in ("device", "host"):
             raise ValueError(f"weights={self.weights!r}: use 'device' or 'host'")
         if not 0.0 <= self.alpha <= 1.0:

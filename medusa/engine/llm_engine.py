@@ -207,6 +207,8 @@ class LLMEngine:
     def max_prompt_tokens(self) -> int:
         """The longest prompt accepted: one that is prefilled in one step and leaves room for a
         generated token."""
+        if self.config.max_prefill_chunk is not None:  # a long prompt is prefilled in chunks
+            return self.config.max_model_len - 1
         return min(self.config.max_model_len, self.config.max_num_batched_tokens) - 1
 
     def check_prompt(self, prompt: list[int]) -> None:
@@ -251,9 +253,13 @@ class LLMEngine:
         if self.tuner is not None:
             n = sum(len(s) for s in seqs) if is_prefill else len(seqs)
             self.tuner.observe(n, time.perf_counter() - t0, self.runner.alphas)
-        finished = {s.seq_id for s in self.scheduler.postprocess(seqs, tokens)}
+        got, done = self.scheduler.postprocess(seqs, tokens, is_prefill)
+        finished = {s.seq_id for s in done}
+        sampled = {s.seq_id for s in got}
         outs = []
         for seq, tok in zip(seqs, tokens, strict=True):
+            if seq.seq_id not in sampled:
+                continue  # a prefill chunk that is not the prompt's last
             dec = self._decoders.get(seq.seq_id)
             text = dec.push(tok) if dec and tok not in self.tokenizer.eos_ids else ""
             if dec and seq.params.stop and seq.seq_id not in finished:

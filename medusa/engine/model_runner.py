@@ -211,7 +211,10 @@ class ModelRunner:
     def execute(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         if is_prefill:
             batch = self._prefill_batch(
-                [s.token_ids for s in seqs], [s.block_table for s in seqs], self._sampling(seqs)
+                [s.token_ids[s.num_computed : s.num_computed + s.chunk] for s in seqs],
+                [s.block_table for s in seqs],
+                self._sampling(seqs),
+                [s.num_computed for s in seqs],
             )
             return self._run(batch, self.kv, self.ws["tokens"])[: len(seqs)]
         size = next((g for g in sorted(self.graphs) if g >= len(seqs)), None)
@@ -254,17 +257,26 @@ class ModelRunner:
         bs = self.config.block_size
         return [table[p // bs] * bs + p % bs for p in positions]
 
-    def _prefill_batch(self, prompts, tables, sampling) -> Batch:  # type: ignore[no-untyped-def]
+    def _prefill_batch(self, prompts, tables, sampling, starts=None) -> Batch:  # type: ignore[no-untyped-def]
+        """A prefill of token runs; run i sits at positions starts[i] .. starts[i] + len - 1 (a
+        chunk of a longer prompt whose earlier tokens are in the cache already)."""
         lens = [len(p) for p in prompts]
+        starts = starts or [0] * len(prompts)
         qs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-        slots = [x for n, t in zip(lens, tables, strict=True) for x in self._slots(t, range(n))]
+        slots = [
+            x
+            for n, t, s0 in zip(lens, tables, starts, strict=True)
+            for x in self._slots(t, range(s0, s0 + n))
+        ]
         bt, temp, top_p, seeds = self._meta(len(prompts), tables, sampling)
         return Batch(
             ids=np.concatenate([np.asarray(p, np.int32) for p in prompts]),
-            positions=np.concatenate([np.arange(n, dtype=np.int32) for n in lens]),
+            positions=np.concatenate(
+                [np.arange(s0, s0 + n, dtype=np.int32) for n, s0 in zip(lens, starts, strict=True)]
+            ),
             slots=np.asarray(slots, np.int32),
             block_tables=bt,
-            seq_lens=np.asarray(lens, np.int32),
+            seq_lens=np.asarray([s0 + n for n, s0 in zip(lens, starts, strict=True)], np.int32),
             query_start=qs,
             last_rows=qs[1:] - 1,
             temperature=temp,

@@ -26,6 +26,8 @@ class Sequence:
         self.seed = seed
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
+        self.num_computed = 0  # tokens whose KV is in the cache (prefill may come in chunks)
+        self.chunk = 0  # tokens this step computes
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -41,6 +41,7 @@ def test_prefill_logits_match_an_independent_numpy_forward(engine, source):
     tok = engine.tokenizer
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": CHAT}]))
     seq = Sequence(ids, SamplingParams(), seed=0)
+    seq.chunk = len(ids)
     engine.blocks.allocate(seq)
     try:
         engine.runner.execute([seq], is_prefill=True)
@@ -108,3 +109,19 @@ def test_stop_strings_and_max_tokens_end_a_completion(engine):
 def test_a_too_long_prompt_is_refused_with_the_limit(engine):
     with pytest.raises(ValueError, match="at most 255"):
         engine.add_request(list(range(300)), SamplingParams())
+
+
+def test_chunked_prefill_gives_the_whole_prefills_answer(engine, source):
+    prompts = [CHAT, "Name three colours.", "Write one sentence about the sea."]
+    params = SamplingParams(max_tokens=12)
+    whole = engine.generate(prompts, params, chat=True)
+    cfg = EngineConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=512,
+        max_prefill_chunk=16,
+        kv_cache_memory=64 << 20,
+    )
+    with LLMEngine(cfg, source=source) as chunked:
+        assert chunked.max_prompt_tokens == 511  # longer than one step's budget: chunks
+        assert chunked.generate(prompts, params, chat=True) == whole

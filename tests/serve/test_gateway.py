@@ -221,3 +221,26 @@ def test_c2c_admission_refuses_host_weights_that_oversubscribe_the_link(tmp_path
     cfg = load_config(tmp_path / "models.yaml")
     with pytest.raises(ConfigError, match=r"need \d+ GB/s of C2C \(m0 \d+ GB/s, m1"):
         check_placement(cfg, simulated_slices(tmp_path / "slices.yaml"))
+
+
+def test_host_weight_models_get_a_prefill_chunk_from_the_profile_table(tmp_path):
+    from medusa.serve.gateway.placement import plan_chunks
+
+    (tmp_path / "slices.yaml").write_text(
+        "slices:\n  - {profile: 1g.12gb}\n  - {profile: 1g.12gb}\n"
+    )
+    (tmp_path / "models.yaml").write_text(
+        "models:\n"
+        "  fast: {ttft_target: 0.02, engine: {weights: host, max_model_len: 4096}}\n"
+        "  slow: {ttft_target: 5.0, engine: {weights: host, max_model_len: 4096}}\n"
+        "  pinned: {engine: {weights: host, max_prefill_chunk: 64}}\n"
+        "  plain: {}\nslices: slices.yaml\n"
+    )
+    cfg = plan_chunks(
+        load_config(tmp_path / "models.yaml"), simulated_slices(tmp_path / "slices.yaml")
+    )
+    chunk = {name: m.engine.get("max_prefill_chunk") for name, m in cfg.models.items()}
+    assert chunk["pinned"] == 64 and chunk["plain"] is None
+    # a loose TTFT target is met by small chunks (less activation memory), a tight one by big ones
+    assert chunk["slow"] == 128 and chunk["fast"] > chunk["slow"]
+    assert "--max-prefill-chunk" in cfg.models["fast"].worker_args()

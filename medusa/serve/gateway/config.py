@@ -9,10 +9,11 @@ from typing import Any
 import yaml
 
 ENGINE_KEYS = {
-    "weights",
-    "alpha",
+    "max_prefill_chunk",
     "tune_alpha",
     "slice_profile",
+    "weights",
+    "alpha",
     "max_num_seqs",
     "max_model_len",
     "max_num_batched_tokens",
@@ -38,6 +39,9 @@ class ModelConfig:
     keep_alive: float = 60.0  # seconds idle before an instance is stopped
     max_queue: int = 64  # requests waiting for an instance, at most
     tpot_target: float = 0.1  # seconds; with engine.weights: host, what C2C admission plans for
+    ttft_target: float = (
+        2.0  # seconds; with engine.weights: host, what prefill chunks are sized for
+    )
     engine: dict[str, Any] = field(default_factory=dict)
 
     def worker_args(self) -> list[str]:
@@ -88,6 +92,7 @@ def load_config(path: str | Path) -> GatewayConfig:
             raise ConfigError(f"{where}: expected a mapping of settings")
         bad = set(m) - {
             "tpot_target",
+            "ttft_target",
             "artifact",
             "model",
             "min_instances",
@@ -137,6 +142,7 @@ def load_config(path: str | Path) -> GatewayConfig:
             keep_alive=float(keep),
             max_queue=_int(where, m, "max_queue", 64, 0),
             tpot_target=float(m.get("tpot_target", 0.1)),
+            ttft_target=float(m.get("ttft_target", 2.0)),
             engine=engine,
         )
     keys = raw.get("api_keys") or []

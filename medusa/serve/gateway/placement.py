@@ -41,6 +41,37 @@ def check_c2c(config: GatewayConfig) -> None:
         )
 
 
+def plan_chunks(config: GatewayConfig, slices: list[Slice]) -> GatewayConfig:
+    """Host-weight models without a set max_prefill_chunk get the smallest chunk that meets their
+    TTFT target within a quarter of the slice's memory (the performance model's profile table,
+    for a prompt of half max_model_len, with the C2C link shared by every host-weight model)."""
+    from dataclasses import replace
+
+    from medusa.c2c.model import C2C_BW, GH200_MIG
+    from medusa.c2c.scheduler import ModelShape, prefill_chunk, profile_table
+    from medusa.engine.loader import open_model
+
+    host = [m for m in config.models.values() if m.engine.get("weights") == "host"]
+    models = dict(config.models)
+    smallest = min(s.memory for s in slices)
+    profile = max(
+        (p for p in GH200_MIG.values() if p.memory <= smallest),
+        key=lambda p: p.memory,
+        default=GH200_MIG["1g.12gb"],
+    )
+    for m in host:
+        if "max_prefill_chunk" in m.engine:
+            continue
+        shape = ModelShape.from_spec(open_model(m.model).spec, m.tpot_target, m.ttft_target)
+        prompt = int(m.engine.get("max_model_len", 2048)) // 2
+        table = profile_table(
+            shape, profile, prompt, float(m.engine.get("alpha", 0.0)), C2C_BW / len(host)
+        )
+        chunk = prefill_chunk(table, m.ttft_target, smallest // 4)
+        models[m.name] = replace(m, engine={**m.engine, "max_prefill_chunk": chunk})
+    return replace(config, models=models)
+
+
 def check_placement(config: GatewayConfig, slices: list[Slice]) -> None:
     check_c2c(config)
     largest = max(s.memory for s in slices)
