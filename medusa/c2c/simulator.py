@@ -215,7 +215,8 @@ def bursty_trace(
     models: list[ModelShape], duration: float, rate: float, cv: float, seed: int = 0
 ) -> list[Request]:
     rng = random.Random(seed)
-    out, t = [], 0.0
+    out: list[Request] = []
+    t = 0.0
     shape = 1 / (cv * cv)
     while True:
         t += rng.gammavariate(shape, 1 / (rate * shape))

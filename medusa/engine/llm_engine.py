@@ -253,8 +253,8 @@ class LLMEngine:
         if self.tuner is not None:
             n = sum(len(s) for s in seqs) if is_prefill else len(seqs)
             self.tuner.observe(n, time.perf_counter() - t0, self.runner.alphas)
-        got, done = self.scheduler.postprocess(seqs, tokens, is_prefill)
-        finished = {s.seq_id for s in done}
+        got, finished_seqs = self.scheduler.postprocess(seqs, tokens, is_prefill)
+        finished = {s.seq_id for s in finished_seqs}
         sampled = {s.seq_id for s in got}
         outs = []
         for seq, tok in zip(seqs, tokens, strict=True):

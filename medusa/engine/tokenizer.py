@@ -81,8 +81,8 @@ class Tokenizer:
         if gen.is_file():
             e = json.loads(gen.read_text()).get("eos_token_id")
             eos_ids |= set(e if isinstance(e, list) else [e] if e is not None else [])
-        eos_ids.discard(None)
-        return cls(tk, tuple(sorted(eos_ids)), cfg.get("chat_template"),
+        ids = tuple(sorted(i for i in eos_ids if i is not None))
+        return cls(tk, ids, cfg.get("chat_template"),
                    _token_text(cfg.get("bos_token")), eos_tok)  # fmt: skip
 
     def encode(self, text: str) -> list[int]:

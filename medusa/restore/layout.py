@@ -19,7 +19,8 @@ assert (NODE.itemsize, RELOC.itemsize, EDGE.itemsize, ATTR.itemsize) == (88, 24,
 def pack_nodes(nodes: list[dict], param_base: int = 0, reloc_base: int = 0):  # type: ignore[no-untyped-def]
     """(node rows, params blob, reloc rows) for a list of node dicts from the analysis."""
     rows = np.zeros(len(nodes), NODE)
-    params, relocs = bytearray(), []
+    params = bytearray()
+    relocs: list[tuple[int, ...]] = []
     for i, n in enumerate(nodes):
         r = rows[i]
         r["type"] = n["type"]

@@ -107,7 +107,11 @@ class AsyncEngine:
     async def generate(self, prompt: list[int], params: SamplingParams) -> AsyncIterator[Output]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Output] = asyncio.Queue()
-        req = _Request(prompt, params, lambda o: loop.call_soon_threadsafe(q.put_nowait, o))
+
+        def deliver(o: Output) -> None:
+            loop.call_soon_threadsafe(q.put_nowait, o)
+
+        req = _Request(prompt, params, deliver)
         self.num_pending += 1
         self._inbox.put(("add", req))
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from medusa.serve.gateway.config import ConfigError, GatewayConfig, ModelConfig
 from medusa.serve.gateway.slices import Slice
 
@@ -11,7 +13,7 @@ def required_bytes(m: ModelConfig) -> int:
     if m.artifact:
         from medusa.artifact.store import read_manifest
 
-        manifest = read_manifest(m.artifact)
+        manifest = read_manifest(Path(m.artifact))
         kv, eng = manifest.get("kv", {}), manifest.get("engine", {})
         per_seq = kv.get("block_bytes", 0) * -(
             -eng.get("max_model_len", 0) // eng.get("block_size", 16)
