@@ -29,6 +29,21 @@ KERNELS = {
 }
 _CTYPES = {"p": c_void_p, "i": c_int, "f": c_float, "l": c_int64}
 
+# Blocks per launch on a GPU (the CUDA kernels loop grid-stride, so any count is correct; these
+# give one block per token or row). On simcuda a kernel runs its whole grid in one call anyway.
+GRID_RULES = {
+    "embed_tokens": lambda a: a[3],
+    "rms_norm_kernel": lambda a: a[3],
+    "rotary_embedding": lambda a: a[3],
+    "reshape_and_cache_kernel": lambda a: a[5],
+    "paged_attention_kernel": lambda a: 256,  # rows x heads over 128 threads, capped
+    "silu_and_mul_kernel": lambda a: a[2],
+    "add_bias_kernel": lambda a: a[2],
+    "add_inplace_kernel": lambda a: -(-a[2] // 128),
+    "gather_rows_kernel": lambda a: a[3],
+    "sample_tokens_kernel": lambda a: a[5],
+}
+
 
 @dataclass(frozen=True)
 class Buffer:
@@ -87,12 +102,15 @@ class Device:
         self,
         kernel: str,
         *args: int | float,
-        grid: int | tuple[int, int] = 1,
+        grid: int | tuple[int, int] | None = None,
         block: int = 128,
         shared: int = 0,
     ) -> None:
         holders = [t(a) for t, a in zip(self._types[kernel], args, strict=True)]
         argv = (c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+        if grid is None:
+            rule = GRID_RULES.get(kernel)
+            grid = max(1, min(65535, int(rule(args)))) if rule else 1
         gx, gy = (grid, 1) if isinstance(grid, int) else grid
         code = self._launch(
             self._stubs[kernel], Dim3(gx, gy, 1), Dim3(block, 1, 1), argv, shared, self.stream
