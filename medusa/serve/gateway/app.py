@@ -21,6 +21,7 @@ from medusa.serve.gateway.instances import Instance, InstanceManager, NoCapacity
 from medusa.serve.gateway.slices import Slice
 
 log = logging.getLogger("medusa.gateway")
+JSON = {"content-type": "application/json"}
 
 
 def _error(
@@ -196,12 +197,7 @@ def create_gateway(
                 return _error(503, str(e), "unavailable", {"Retry-After": "5"})
             t0 = time.perf_counter()
             try:
-                req = client.build_request(
-                    "POST",
-                    f"{inst.url}{route}",
-                    content=raw,
-                    headers={"content-type": "application/json"},
-                )
+                req = client.build_request("POST", f"{inst.url}{route}", content=raw, headers=JSON)
                 resp = await client.send(req, stream=stream)
             except httpx.TransportError:
                 manager.release(inst)
