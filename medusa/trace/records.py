@@ -298,34 +298,34 @@ def _options(blob: bytes) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int,
     return tuple(pairs[:nj]), tuple(pairs[nj:]), _s(blob[8 + 16 * (nj + nl) :])
 
 
-def _load(h: tuple, u: list[int], blob: bytes) -> Load:
+def _load(h: Head, u: list[int], blob: bytes) -> Load:
     jit, lib, fname = _options(blob)
     digest = struct.pack("<4Q", *u[3:7]).hex()
     return Load(*h, u[0], u[1], bool(u[2]), digest, fname, jit, lib)
 
 
-def _func(h: tuple, u: list[int], blob: bytes) -> Func:
+def _func(h: Head, u: list[int], blob: bytes) -> Func:
     n = u[3]
     pairs = tuple(struct.unpack_from("<II", blob, 8 * i) for i in range(n))
     return Func(*h, u[0], u[1], u[2], _s(blob[8 * n :]), pairs, u[4])
 
 
-def _stub(h: tuple, u: list[int], blob: bytes) -> Stub:
+def _stub(h: Head, u: list[int], blob: bytes) -> Stub:
     sym, _, obj = blob.partition(b"\0")
     return Stub(*h, u[0], u[1], _s(sym), _s(obj))
 
 
-def _device(h: tuple, u: list[int], blob: bytes) -> Device:
+def _device(h: Head, u: list[int], blob: bytes) -> Device:
     name, _, rest = blob.partition(b"\0")
     return Device(*h, u[0], _s(name), rest[:16], u[1], (u[2], u[3]), u[4], u[5], u[6])
 
 
-def _launch(h: tuple, u: list[int], blob: bytes) -> Launch:
+def _launch(h: Head, u: list[int], blob: bytes) -> Launch:
     grid, block = _geometry(u[3], u[4], u[5])
     return Launch(*h, u[0], u[1], u[2], grid, block, u[6], blob)
 
 
-def _node(h: tuple, u: list[int], blob: bytes) -> Node:
+def _node(h: Head, u: list[int], blob: bytes) -> Node:
     graph, node, ntype, index = u[0], u[1], _lo(u[2]), _hi(u[2])
     if ntype == 0:
         grid, block = _geometry(u[4], u[5], u[6])
@@ -341,7 +341,8 @@ def _node(h: tuple, u: list[int], blob: bytes) -> Node:
     return Node(*h, graph, node, ntype, index)
 
 
-Builder = Callable[[tuple, list[int], bytes], Event]
+Head = tuple[int, str, int, int]  # seq, api, result, t_ns
+Builder = Callable[[Head, list[int], bytes], Event]
 
 # Types whose fields are payload words as they are: (class, the words, in field order).
 SIMPLE: dict[int, tuple[type[Event], tuple[int, ...]]] = {
