@@ -175,8 +175,6 @@ bool mi_wants(unsigned family) {
     return mi_mode() == MEDUSA_MODE_RECORD || family == F_MEM || family == F_MODULE;
 }
 
-bool mi_failed(void) { return __atomic_load_n(&g_failed, __ATOMIC_RELAXED); }
-
 static void fork_prepare(void) { mi_writer_fork_prepare(); }
 static void fork_parent(void) { mi_writer_fork_parent(); }
 static void fork_child(void) { mi_writer_fork_child(); }

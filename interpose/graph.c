@@ -137,36 +137,26 @@ static void capture_end(hook_id api, int res, void *stream, void *graph) {
     mi_flush();
 }
 
-#define HOOK(ret, fam, sym, params, call, record)                                                  \
-    MI_EXPORT ret sym params {                                                                     \
-        mi_gate g_ = mi_enter(fam);                                                                \
-        ret r_ = call;                                                                             \
-        if (g_.rec) {                                                                              \
-            record;                                                                                \
-        }                                                                                          \
-        mi_leave(g_);                                                                              \
-        return r_;                                                                                 \
-    }
 
-HOOK(CUresult, F_CAPTURE, cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode m),
+MI_HOOK(CUresult, F_CAPTURE, cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode m),
      CALL_DRV(cuStreamBeginCapture_v2, s, m), capture_begin(H_cuStreamBeginCapture_v2, r_, s, m))
-HOOK(CUresult, F_CAPTURE, cuStreamBeginCapture_v2_ptsz, (CUstream s, CUstreamCaptureMode m),
+MI_HOOK(CUresult, F_CAPTURE, cuStreamBeginCapture_v2_ptsz, (CUstream s, CUstreamCaptureMode m),
      CALL_DRV(cuStreamBeginCapture_v2_ptsz, s, m),
      capture_begin(H_cuStreamBeginCapture_v2_ptsz, r_, s, m))
-HOOK(CUresult, F_CAPTURE, cuStreamEndCapture, (CUstream s, CUgraph *g),
+MI_HOOK(CUresult, F_CAPTURE, cuStreamEndCapture, (CUstream s, CUgraph *g),
      CALL_DRV(cuStreamEndCapture, s, g), capture_end(H_cuStreamEndCapture, r_, s, g ? *g : NULL))
-HOOK(CUresult, F_CAPTURE, cuStreamEndCapture_ptsz, (CUstream s, CUgraph *g),
+MI_HOOK(CUresult, F_CAPTURE, cuStreamEndCapture_ptsz, (CUstream s, CUgraph *g),
      CALL_DRV(cuStreamEndCapture_ptsz, s, g),
      capture_end(H_cuStreamEndCapture_ptsz, r_, s, g ? *g : NULL))
-HOOK(cudaError_t, F_CAPTURE, cudaStreamBeginCapture, (cudaStream_t s, enum cudaStreamCaptureMode m),
+MI_HOOK(cudaError_t, F_CAPTURE, cudaStreamBeginCapture, (cudaStream_t s, enum cudaStreamCaptureMode m),
      CALL_RT(cudaStreamBeginCapture, s, m), capture_begin(H_cudaStreamBeginCapture, r_, s, m))
-HOOK(cudaError_t, F_CAPTURE, cudaStreamBeginCapture_ptsz,
+MI_HOOK(cudaError_t, F_CAPTURE, cudaStreamBeginCapture_ptsz,
      (cudaStream_t s, enum cudaStreamCaptureMode m), CALL_RT(cudaStreamBeginCapture_ptsz, s, m),
      capture_begin(H_cudaStreamBeginCapture_ptsz, r_, s, m))
-HOOK(cudaError_t, F_CAPTURE, cudaStreamEndCapture, (cudaStream_t s, cudaGraph_t *g),
+MI_HOOK(cudaError_t, F_CAPTURE, cudaStreamEndCapture, (cudaStream_t s, cudaGraph_t *g),
      CALL_RT(cudaStreamEndCapture, s, g),
      capture_end(H_cudaStreamEndCapture, r_, s, g ? *g : NULL))
-HOOK(cudaError_t, F_CAPTURE, cudaStreamEndCapture_ptsz, (cudaStream_t s, cudaGraph_t *g),
+MI_HOOK(cudaError_t, F_CAPTURE, cudaStreamEndCapture_ptsz, (cudaStream_t s, cudaGraph_t *g),
      CALL_RT(cudaStreamEndCapture_ptsz, s, g),
      capture_end(H_cudaStreamEndCapture_ptsz, r_, s, g ? *g : NULL))
 
@@ -175,33 +165,33 @@ static void instantiated(hook_id api, int res, void *graph, void *exec, uint64_t
     mi_flush();
 }
 
-HOOK(CUresult, F_GRAPH, cuGraphInstantiateWithFlags,
+MI_HOOK(CUresult, F_GRAPH, cuGraphInstantiateWithFlags,
      (CUgraphExec * e, CUgraph g, unsigned long long f), CALL_DRV(cuGraphInstantiateWithFlags, e, g, f),
      instantiated(H_cuGraphInstantiateWithFlags, r_, g, e ? *e : NULL, f))
-HOOK(CUresult, F_GRAPH, cuGraphInstantiateWithParams,
+MI_HOOK(CUresult, F_GRAPH, cuGraphInstantiateWithParams,
      (CUgraphExec * e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p),
      CALL_DRV(cuGraphInstantiateWithParams, e, g, p),
      instantiated(H_cuGraphInstantiateWithParams, r_, g, e ? *e : NULL, p ? p->flags : 0))
-HOOK(CUresult, F_GRAPH, cuGraphInstantiateWithParams_ptsz,
+MI_HOOK(CUresult, F_GRAPH, cuGraphInstantiateWithParams_ptsz,
      (CUgraphExec * e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p),
      CALL_DRV(cuGraphInstantiateWithParams_ptsz, e, g, p),
      instantiated(H_cuGraphInstantiateWithParams_ptsz, r_, g, e ? *e : NULL, p ? p->flags : 0))
-HOOK(cudaError_t, F_GRAPH, cudaGraphInstantiate,
+MI_HOOK(cudaError_t, F_GRAPH, cudaGraphInstantiate,
      (cudaGraphExec_t * e, cudaGraph_t g, unsigned long long f), CALL_RT(cudaGraphInstantiate, e, g, f),
      instantiated(H_cudaGraphInstantiate, r_, g, e ? *e : NULL, f))
-HOOK(cudaError_t, F_GRAPH, cudaGraphInstantiateWithFlags,
+MI_HOOK(cudaError_t, F_GRAPH, cudaGraphInstantiateWithFlags,
      (cudaGraphExec_t * e, cudaGraph_t g, unsigned long long f),
      CALL_RT(cudaGraphInstantiateWithFlags, e, g, f),
      instantiated(H_cudaGraphInstantiateWithFlags, r_, g, e ? *e : NULL, f))
 
-HOOK(CUresult, F_GRAPH, cuGraphLaunch, (CUgraphExec e, CUstream s), CALL_DRV(cuGraphLaunch, e, s),
+MI_HOOK(CUresult, F_GRAPH, cuGraphLaunch, (CUgraphExec e, CUstream s), CALL_DRV(cuGraphLaunch, e, s),
      rec(MEDUSA_EV_GRAPH_LAUNCH, H_cuGraphLaunch, r_, U(e), U(s), 0, 0))
-HOOK(CUresult, F_GRAPH, cuGraphLaunch_ptsz, (CUgraphExec e, CUstream s),
+MI_HOOK(CUresult, F_GRAPH, cuGraphLaunch_ptsz, (CUgraphExec e, CUstream s),
      CALL_DRV(cuGraphLaunch_ptsz, e, s),
      rec(MEDUSA_EV_GRAPH_LAUNCH, H_cuGraphLaunch_ptsz, r_, U(e), U(s), 0, 0))
-HOOK(cudaError_t, F_GRAPH, cudaGraphLaunch, (cudaGraphExec_t e, cudaStream_t s),
+MI_HOOK(cudaError_t, F_GRAPH, cudaGraphLaunch, (cudaGraphExec_t e, cudaStream_t s),
      CALL_RT(cudaGraphLaunch, e, s),
      rec(MEDUSA_EV_GRAPH_LAUNCH, H_cudaGraphLaunch, r_, U(e), U(s), 0, 0))
-HOOK(cudaError_t, F_GRAPH, cudaGraphLaunch_ptsz, (cudaGraphExec_t e, cudaStream_t s),
+MI_HOOK(cudaError_t, F_GRAPH, cudaGraphLaunch_ptsz, (cudaGraphExec_t e, cudaStream_t s),
      CALL_RT(cudaGraphLaunch_ptsz, e, s),
      rec(MEDUSA_EV_GRAPH_LAUNCH, H_cudaGraphLaunch_ptsz, r_, U(e), U(s), 0, 0))

@@ -74,6 +74,18 @@ static inline mi_gate mi_enter(unsigned family) {
 }
 static inline void mi_leave(mi_gate g) { mi_t_nest = g.saved; }
 
+/* A hook: gate on the family, call the real function, record when this call is the outer one. */
+#define MI_HOOK(ret, family, sym, params, call, record)                                            \
+    MI_EXPORT ret sym params {                                                                     \
+        mi_gate g_ = mi_enter(family);                                                             \
+        ret r_ = call;                                                                             \
+        if (g_.rec) {                                                                              \
+            record;                                                                                \
+        }                                                                                          \
+        mi_leave(g_);                                                                              \
+        return r_;                                                                                 \
+    }
+
 #define REAL(sym) ((__typeof__(&sym))mi_real(H_##sym))
 #define CALL_DRV(sym, ...)                                                                         \
     __extension__({                                                                                \

@@ -39,17 +39,7 @@ static void rec_host(medusa_event_type type, hook_id api, int res, void *host, s
         type == MEDUSA_EV_HOST_ALLOC ? LIVE_ADD : LIVE_NONE);
 }
 
-/* A hook: gate on the family, call the real function, record when this call is the outer one. */
-#define HOOK(ret, sym, params, call, record)                                                       \
-    MI_EXPORT ret sym params {                                                                     \
-        mi_gate g_ = mi_enter(F_MEM);                                                              \
-        ret r_ = call;                                                                             \
-        if (g_.rec) {                                                                              \
-            record;                                                                                \
-        }                                                                                          \
-        mi_leave(g_);                                                                              \
-        return r_;                                                                                 \
-    }
+#define HOOK(ret, sym, params, call, record) MI_HOOK(ret, F_MEM, sym, params, call, record)
 #define HOOK_FREE(ret, sym, params, call, before)                                                  \
     MI_EXPORT ret sym params {                                                                     \
         mi_gate g_ = mi_enter(F_MEM);                                                              \

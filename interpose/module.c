@@ -147,16 +147,7 @@ static void rec_load(hook_id api, int res, const void *handle, bool is_library, 
 #define NO_OPTS ((options){0, NULL, NULL})
 #define OPTS(n, o, v) ((options){(o) ? (n) : 0, (const int *)(o), (void *const *)(v)})
 
-#define HOOK(sym, params, call, record)                                                            \
-    MI_EXPORT CUresult sym params {                                                                \
-        mi_gate g_ = mi_enter(F_MODULE);                                                           \
-        CUresult r_ = call;                                                                        \
-        if (g_.rec) {                                                                              \
-            record;                                                                                \
-        }                                                                                          \
-        mi_leave(g_);                                                                              \
-        return r_;                                                                                 \
-    }
+#define HOOK(sym, params, call, record) MI_HOOK(CUresult, F_MODULE, sym, params, call, record)
 
 static void rec_load_file(hook_id api, int res, const void *handle, bool is_library,
                           const char *fname, options jit, options lib) {

@@ -10,6 +10,35 @@ from medusa.cuda.backend import Backend
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
+def launch_shape(
+    m: int, n: int, k: int, alpha: float, tiles: Tiles, dtype: str = "float32"
+) -> tuple[list[int], tuple[int, int], int]:
+    """The kernel's integer arguments (after out, x, w), its grid (tiles of the larger path x
+    the two paths) and its dynamic shared memory (the resident W tile)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: use one of {sorted(DTYPES)}")
+    for name in ("bm", "bn", "bk", "wbm", "wbn", "wbk"):
+        if getattr(tiles, name) < 1:
+            raise ValueError(f"tiles.{name} must be positive")
+    split = split_columns(n, alpha)
+    tiles_os = -(-m // tiles.bm) * -(-split // tiles.bn)
+    tiles_ws = -(-(n - split) // tiles.wbn) * -(-k // tiles.wbk)
+    ints = [
+        m,
+        n,
+        k,
+        split,
+        DTYPES[dtype],
+        tiles.bm,
+        tiles.bn,
+        tiles.bk,
+        tiles.wbm,
+        tiles.wbn,
+        tiles.wbk,
+    ]
+    return ints, (max(tiles_os, tiles_ws, 1), 2), tiles.wbn * tiles.wbk * 4
+
+
 def hybrid_gemm(
     b: Backend,
     out: int,
@@ -24,26 +53,6 @@ def hybrid_gemm(
     stream: int = 0,
 ) -> None:
     """out[m, n] (fp32) = x[m, k] . w^T, w stored [n, k] (host-mapped on a superchip)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: use one of {sorted(DTYPES)}")
-    for name in ("bm", "bn", "bk", "wbm", "wbn", "wbk"):
-        if getattr(tiles, name) < 1:
-            raise ValueError(f"tiles.{name} must be positive")
-    split = split_columns(n, alpha)
-    args = [out, x, w] + [
-        ctypes.c_int(v)
-        for v in (
-            m,
-            n,
-            k,
-            split,
-            DTYPES[dtype],
-            tiles.bm,
-            tiles.bn,
-            tiles.bk,
-            tiles.wbm,
-            tiles.wbn,
-            tiles.wbk,
-        )
-    ]
-    b.launch("hybrid_gemm_kernel", 1, 128, args, stream=stream)
+    ints, grid, shared = launch_shape(m, n, k, alpha, tiles, dtype)
+    args = [out, x, w] + [ctypes.c_int(v) for v in ints]
+    b.launch("hybrid_gemm_kernel", (*grid, 1), 256, args, stream=stream, shared_mem=shared)

@@ -235,29 +235,32 @@ DEFAULT_MODELS = (
 DEFAULT_SLICES = "1g.12gb,1g.12gb,1g.12gb,1g.12gb,1g.24gb,2g.24gb,3g.48gb"  # 7 slices of a GH200
 
 
-def azure_trace(path: str, models: list[ModelShape], duration: float) -> list[Request]:
-    """The Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens); models are
-    assigned round-robin."""
+def azure_rows(path: str, duration: float) -> list[tuple[float, int, int]]:
+    """(seconds since the first request, context tokens, generated tokens) of an Azure LLM
+    inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), up to `duration`."""
     import csv
     from datetime import datetime
 
-    out: list[Request] = []
+    out: list[tuple[float, int, int]] = []
     t0 = None
     with open(path) as f:
-        for i, row in enumerate(csv.DictReader(f)):
+        for row in csv.DictReader(f):
             ts = datetime.fromisoformat(row["TIMESTAMP"].strip()[:26]).timestamp()
             t0 = ts if t0 is None else t0
             if ts - t0 > duration:
                 break
             out.append(
-                Request(
-                    ts - t0,
-                    models[i % len(models)].name,
-                    max(1, int(row["ContextTokens"])),
-                    max(1, int(row["GeneratedTokens"])),
-                )
+                (ts - t0, max(1, int(row["ContextTokens"])), max(1, int(row["GeneratedTokens"])))
             )
     return out
+
+
+def azure_trace(path: str, models: list[ModelShape], duration: float) -> list[Request]:
+    """An Azure-format trace as requests; models are assigned round-robin."""
+    return [
+        Request(t, models[i % len(models)].name, prompt, output)
+        for i, (t, prompt, output) in enumerate(azure_rows(path, duration))
+    ]
 
 
 def sparkline(util: list[tuple[float, float]], width: int = 40) -> str:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medusa.c2c.model import Tiles, split_columns
+from medusa.c2c.hybrid import launch_shape
+from medusa.c2c.model import Tiles
 from medusa.cuda import CudaError, load_backend
 from medusa.cuda.backend import Backend, Dim3
 
@@ -146,29 +147,8 @@ class Device:
     ) -> None:
         """out[m, n] = x[m, k] @ w[n, k]^T by HybridGEMM (w host-mapped), alpha: output-stationary
         share of the columns."""
-        split = split_columns(n, alpha)
-        tiles_os = -(-m // tiles.bm) * -(-split // tiles.bn)
-        tiles_ws = -(-(n - split) // tiles.wbn) * -(-k // tiles.wbk)
-        self.launch(
-            "hybrid_gemm_kernel",
-            out,
-            x,
-            w,
-            m,
-            n,
-            k,
-            split,
-            0,
-            tiles.bm,
-            tiles.bn,
-            tiles.bk,
-            tiles.wbm,
-            tiles.wbn,
-            tiles.wbk,
-            grid=(max(tiles_os, tiles_ws, 1), 2),
-            block=256,
-            shared=tiles.wbn * tiles.wbk * 4,
-        )
+        ints, grid, shared = launch_shape(m, n, k, alpha, tiles)
+        self.launch("hybrid_gemm_kernel", out, x, w, *ints, grid=grid, block=256, shared=shared)
 
     def synchronize(self) -> None:
         self.b.stream_synchronize(self.stream)

@@ -31,17 +31,6 @@ from medusa.trace import control as trace
 
 log = logging.getLogger("medusa.engine.startup")
 
-STAGES = (
-    "runtime_init",
-    "weights_alloc",
-    "weights_load",
-    "tokenizer",
-    "workspace",
-    "kv_profile",
-    "kv_alloc",
-    "graph_capture",
-)
-
 
 @dataclass
 class StepOutput:

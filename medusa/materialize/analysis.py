@@ -60,7 +60,6 @@ class RunView:
     graphs: list[dict]
     contents: dict[int, tuple[int, bytes]]  # alloc seq -> (content seq, bytes)
     device: R.Device | None
-    end_seq: int
     vmm: list[tuple[str, int, int, int, int, int]] = field(default_factory=list)
     # (phase, ordinal, addr, size, map seq, unmap seq) of each cuMemMap
 
@@ -99,7 +98,7 @@ class RunView:
         loads = {x.handle: x.sha256 for x in trace.of(R.Load, Ev.LOAD) if x.result == 0}
         stubs = {s.func: s.symbol for s in trace.of(R.Stub, Ev.STUB)}
         if not graphs:
-            return cls(trace, allocs, events, [], {}, loads, [], {}, None, 0, vmm)
+            return cls(trace, allocs, events, [], {}, loads, [], {}, None, vmm)
         funcs = {
             f.func: Func(
                 f.name,
@@ -131,7 +130,6 @@ class RunView:
             _graphs(trace),
             contents,
             devs[0] if devs else None,
-            int(trace.records["seq"][-1]) + 1,
             vmm,
         )
 

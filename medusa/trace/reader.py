@@ -69,16 +69,6 @@ class Trace:
             return self.records
         return self.records[np.isin(self.records["type"], [int(t) for t in types])]
 
-    def typed(self, row: np.void) -> R.Event:
-        t = int(row["type"])
-        head = (
-            int(row["seq"]),
-            self.api_name(int(row["api"])),
-            int(row["result"]),
-            int(row["t_ns"]),
-        )
-        return R.BUILDERS[t](head, row["u"].tolist(), self.blob(int(row["blob"])))
-
     def events(self, *types: Ev) -> Iterator[R.Event]:
         """Typed records, in order; only the given types when some are given."""
         rows = self.select(*types)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import os
 import random
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+from medusa.c2c.simulator import azure_rows
 
 ENGINE = {
     "max_num_seqs": 256,
@@ -65,23 +66,8 @@ def synthetic(
 
 
 def azure(path: str, models: int, duration: float) -> list[Req]:
-    rows = list(csv.DictReader(open(path)))
-    t0 = None
-    reqs = []
-    for i, r in enumerate(rows):
-        ts = time.mktime(time.strptime(r["TIMESTAMP"][:19], "%Y-%m-%d %H:%M:%S"))
-        t0 = ts if t0 is None else t0
-        if ts - t0 > duration:
-            break
-        reqs.append(
-            Req(
-                ts - t0,
-                f"m{i % models}",
-                min(200, int(r["ContextTokens"])),
-                min(64, int(r["GeneratedTokens"])),
-            )
-        )
-    return reqs
+    rows = azure_rows(path, duration)
+    return [Req(t, f"m{i % models}", min(200, p), min(64, g)) for i, (t, p, g) in enumerate(rows)]
 
 
 def mark_cold(reqs: list[Req], keep_alive: float) -> None:
