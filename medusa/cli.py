@@ -85,8 +85,19 @@ def engine_options(f):  # type: ignore[no-untyped-def]
     return f
 
 
-@main.command(context_settings={"show_default": True})
+ENGINE_CHOICE = click.Choice(["medusa", "vllm"])
+
+
+@main.command(context_settings={"show_default": True, "ignore_unknown_options": True})
 @click.argument("model", required=False)
+@click.option(
+    "--engine",
+    "engine_name",
+    type=ENGINE_CHOICE,
+    default="medusa",
+    help="medusa: the reference engine; vllm: `vllm serve` with the medusa plugin "
+    "(arguments after -- go to vllm serve).",
+)
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", default=8000, type=int, help="Port to listen on.")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: MODEL).")
@@ -113,8 +124,11 @@ def engine_options(f):  # type: ignore[no-untyped-def]
     default=None,
     help="Serve, answer PROMPT over HTTP, print the answer and stop.",
 )
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
+    engine_name: str,
+    argv: tuple[str, ...],
     host: str,
     port: int,
     served_model_name: str | None,
@@ -138,6 +152,12 @@ def run(
     from medusa.serve.worker import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if engine_name == "vllm":
+        _run_vllm(model, artifact, list(argv), host, port, require_artifact)
+    if argv:
+        raise click.UsageError(
+            f"unexpected arguments {' '.join(argv)} (only --engine vllm takes them)"
+        )
     try:
         config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
     except ValueError as e:
@@ -177,8 +197,40 @@ def run(
         async_engine.shutdown()
 
 
+def _run_vllm(
+    model: str | None,
+    artifact: str | None,
+    argv: list[str],
+    host: str,
+    port: int,
+    require: bool,
+) -> None:
+    from medusa.artifact import ArtifactError
+    from medusa.integrations.vllm.serve import serve_command
+
+    try:
+        cmd, env = serve_command(artifact, model, argv, host, port, require)
+    except ArtifactError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo("medusa run: " + " ".join(cmd), err=True)
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as e:
+        raise click.ClickException(
+            f"cannot start vLLM ({e}): install it with pip install 'medusa-coldstart[vllm]'"
+        ) from None
+
+
 @main.command(context_settings={"show_default": True, "ignore_unknown_options": True})
 @click.argument("model", required=False)
+@click.option(
+    "--engine",
+    "engine_name",
+    type=ENGINE_CHOICE,
+    default="medusa",
+    help="medusa: the reference engine; vllm: a vLLM server (needs a GPU; arguments after -- "
+    "go to vLLM).",
+)
 @engine_options
 @click.option(
     "--out",
@@ -201,6 +253,7 @@ def run(
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def materialize(
     model: str | None,
+    engine_name: str,
     out: str | None,
     command: bool,
     skip_phase: tuple[str, ...],
@@ -219,7 +272,14 @@ def materialize(
     kind = load_backend().kind
     echo = lambda msg: click.echo(msg, err=True)  # noqa: E731
     try:
-        if command:
+        if engine_name == "vllm":
+            from medusa.integrations.vllm.materialize import materialize_vllm
+
+            vargs = [model, *argv] if model else list(argv)
+            name = Path(vargs[0]).name if vargs else "model"
+            target = Path(out or f"artifacts/vllm-{name}-{kind}")
+            summary = materialize_vllm(vargs, target, kind, echo)
+        elif command:
             argv_list = list(argv if not model else (model, *argv))
             if not argv_list:
                 raise click.UsageError(

@@ -52,7 +52,7 @@ def _env(trace: Path, run: int, kind: str) -> dict[str, str]:
     return env
 
 
-def _record(cmd: list[str], trace: Path, run: int, kind: str, echo: Echo) -> float:
+def record_run(cmd: list[str], trace: Path, run: int, kind: str, echo: Echo) -> float:
     t0 = time.perf_counter()
     res = subprocess.run(cmd, env=_env(trace, run, kind), capture_output=True, text=True)
     if res.returncode != 0:
@@ -64,7 +64,7 @@ def _record(cmd: list[str], trace: Path, run: int, kind: str, echo: Echo) -> flo
     return dt
 
 
-def _images(a: RunView, plan: dict[str, Any]) -> dict[str, bytes]:
+def saved_images(a: RunView, plan: dict[str, Any]) -> dict[str, bytes]:
     images = {}
     for f in plan["funcs"]:
         data = a.trace.image(f["sha256"]) if f["sha256"] else None
@@ -73,13 +73,15 @@ def _images(a: RunView, plan: dict[str, Any]) -> dict[str, bytes]:
     return images
 
 
-def _analyze(ta: Path, tb: Path, skipped: set[str], echo: Echo) -> tuple[RunView, dict, float]:
+def analyze_runs(
+    ta: Path, tb: Path, skipped: set[str], echo: Echo
+) -> tuple[RunView, RunView, dict, float]:
     t0 = time.perf_counter()
     a, b = RunView.build(read_trace(ta)), RunView.build(read_trace(tb))
     plan = build_plan(a, b, lambda phase: phase in skipped)
     dt = time.perf_counter() - t0
     echo(f"  analyzed {len(plan['graphs'])} graphs, {plan['num_nodes']} nodes in {dt:.2f} s")
-    return a, plan, dt
+    return a, b, plan, dt
 
 
 def _device_of(run: RunView) -> dict[str, Any]:
@@ -111,7 +113,7 @@ def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -
                 )
             cmd = [sys.executable, "-c", ENGINE_SCRIPT, json.dumps(cfg), str(work / f"{run}.json")]
             echo(f"[{run + 1}/4] recording the engine's start-up" + (" (shifted)" if run else ""))
-            timings[f"record_{run + 1}"] = _record(cmd, work / f"{run}.mtr", run, kind, echo)
+            timings[f"record_{run + 1}"] = record_run(cmd, work / f"{run}.mtr", run, kind, echo)
             sidecars.append(json.loads((work / f"{run}.json").read_text()))
         blocks = [s["kv"]["num_blocks"] for s in sidecars]
         if blocks[0] != blocks[1]:
@@ -120,7 +122,7 @@ def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -
                 "blocks): is another process using the device?"
             )
         echo("[3/4] analyzing")
-        a, plan, timings["analyze"] = _analyze(
+        a, _, plan, timings["analyze"] = analyze_runs(
             work / "0.mtr", work / "1.mtr", set(ENGINE_SKIPPED), echo
         )
         side = sidecars[0]
@@ -139,7 +141,7 @@ def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -
             "relocations": plan["relocations"],
             "baseline_startup": side["timings"],
         }
-        return _write(out, manifest, plan, _images(a, plan), timings, echo)
+        return write_artifact(out, manifest, plan, saved_images(a, plan), timings, echo)
 
 
 def materialize_command(command: list[str], out: Path, kind: str, echo: Echo,
@@ -149,11 +151,13 @@ def materialize_command(command: list[str], out: Path, kind: str, echo: Echo,
         work = Path(tmp)
         for run in (0, 1):
             echo(f"[{run + 1}/4] recording {' '.join(command)}" + (" (shifted)" if run else ""))
-            timings[f"record_{run + 1}"] = _record(command, work / f"{run}.mtr", run, kind, echo)
+            timings[f"record_{run + 1}"] = record_run(command, work / f"{run}.mtr", run, kind, echo)
         echo("[3/4] analyzing")
         # An unmodified program marks no phases: nothing is skipped, every buffer is its own. A
         # program that restores through medusa.restore names the phases its restore skips.
-        a, plan, timings["analyze"] = _analyze(work / "0.mtr", work / "1.mtr", set(skipped), echo)
+        a, _, plan, timings["analyze"] = analyze_runs(
+            work / "0.mtr", work / "1.mtr", set(skipped), echo
+        )
         manifest = {
             "kind": "command",
             "model": {
@@ -170,10 +174,10 @@ def materialize_command(command: list[str], out: Path, kind: str, echo: Echo,
             },
             "relocations": plan["relocations"],
         }
-        return _write(out, manifest, plan, _images(a, plan), timings, echo)
+        return write_artifact(out, manifest, plan, saved_images(a, plan), timings, echo)
 
 
-def _write(
+def write_artifact(
     out: Path,
     manifest: dict[str, Any],
     plan: dict[str, Any],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
@@ -20,26 +21,100 @@ def test_the_plugin_is_a_vllm_general_plugin_and_registers_once():
     }
     register()
     register()  # vLLM may load plugins more than once per process
-    from medusa.integrations.vllm.phases import MARKED, PHASES
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    for method, phase in PHASES.items():
-        fn = getattr(gpu_worker.Worker, method)
-        assert getattr(fn, MARKED) == phase
-        assert getattr(fn.__wrapped__, MARKED, None) is None  # wrapped exactly once
+    from medusa.integrations.vllm.phases import MARKED, PHASES, RUNNER_PHASES
+
+    for cls, phases in ((gpu_worker.Worker, PHASES), (GPUModelRunner, RUNNER_PHASES)):
+        for method, phase in phases.items():
+            fn = getattr(cls, method)
+            assert getattr(fn, MARKED) == phase
+            assert getattr(fn.__wrapped__, MARKED, None) is None  # wrapped exactly once
     for m, sig in before.items():  # the patch points keep vLLM's signatures
         assert inspect.signature(getattr(gpu_worker.Worker, m)) == sig
+    assert list(inspect.signature(GPUModelRunner.capture_model).parameters) == [
+        "self",
+        "profile_only",
+    ]
 
 
 def test_patch_points_exist_with_the_expected_shapes():
+    import torch
+    from vllm.compilation import backends
     from vllm.compilation.cuda_graph import CUDAGraphEntry, CUDAGraphWrapper
+    from vllm.v1.worker import gpu_worker as worker_mod
     from vllm.v1.worker.gpu import cudagraph_utils, model_runner
+    from vllm.v1.worker.gpu.model_states.interface import ModelState
+    from vllm.v1.worker.workspace import lock_workspace
+
+    from medusa.integrations.vllm.capture import VLLM_WRAPPER
 
     assert {"batch_descriptor", "cudagraph", "output"} <= set(CUDAGraphEntry.__dataclass_fields__)
     assert "concrete_cudagraph_entries" in inspect.getsource(CUDAGraphWrapper.__init__)
-    mgr = cudagraph_utils.CudaGraphManager
-    assert {"capture", "run_fullgraph", "dispatch"} <= set(dir(mgr))
-    assert "self.graphs" in inspect.getsource(mgr)
-    assert "profile_only" in inspect.signature(model_runner.GPUModelRunner.capture_model).parameters
+    assert list(inspect.signature(CUDAGraphWrapper.__init__).parameters)[:4] == [
+        "self", "runnable", "vllm_config", "runtime_mode"
+    ]  # fmt: skip
+    # CUDA's static graph wrapper is vLLM's own class, resolved by name where it is built
+    cuda_src = (Path(worker_mod.__file__).parents[2] / "platforms" / "cuda.py").read_text()
+    assert f'return "{VLLM_WRAPPER}"' in cuda_src
+    assert "get_static_graph_wrapper_cls()" in inspect.getsource(backends)
+    # FULL graphs: a dict of descriptor -> graph, replayed with .replay(); outputs on the manager
+    mgr = cudagraph_utils.ModelCudaGraphManager
+    src = inspect.getsource(mgr.__init__) + inspect.getsource(cudagraph_utils.CudaGraphManager)
+    for attr in ("graphs", "hidden_states", "aux_hidden_states", "intermediate_tensors",
+                 "_graphs_captured", "ubatch_runner", "use_breakable_cg"):  # fmt: skip
+        assert f"self.{attr}" in src, attr
+    assert "self.graphs[desc].replay()" in inspect.getsource(cudagraph_utils.CudaGraphManager)
+    capture_src = inspect.getsource(model_runner.GPUModelRunner.capture_model)
+    assert "lock_workspace()" in capture_src and callable(lock_workspace)
+    assert callable(ModelState.capture_inner_cudagraphs)
+    # every torch capture ends in CUDAGraph.capture_end, where the plugin numbers it
+    assert "capture_end()" in inspect.getsource(torch.cuda.graph.__exit__)
+    assert "kv_cache_memory_bytes" in inspect.getsource(
+        worker_mod.Worker.determine_available_memory
+    )
+
+
+def test_restore_failure_falls_back_to_capturing(caplog):
+    from medusa.integrations.vllm.restore import install_restore
+
+    class Runner:
+        calls: list[bool] = []
+
+        def capture_model(self, *, profile_only: bool = False) -> int:
+            self.calls.append(profile_only)
+            return 7
+
+    install_restore(Runner, "/nonexistent/artifact")
+    install_restore(Runner, "/nonexistent/artifact")  # once only
+    with caplog.at_level("WARNING", logger="medusa.vllm"):
+        assert Runner().capture_model() == 7
+    assert Runner.calls == [False]
+    assert "restore failed, capturing CUDA graphs the normal way" in caplog.text
+    assert "/nonexistent/artifact" in caplog.text
+
+
+def test_the_wrapper_subclass_is_vllms_and_numbers_instances():
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.platforms.interface import Platform
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from medusa.integrations.vllm import capture
+
+    class CudaLike(Platform):
+        @classmethod
+        def get_static_graph_wrapper_cls(cls) -> str:
+            return capture.VLLM_WRAPPER
+
+    class Other(Platform):
+        @classmethod
+        def get_static_graph_wrapper_cls(cls) -> str:
+            return "somewhere.else.Wrapper"
+
+    assert capture.install_graph_wrapper(CudaLike()) and capture.install_graph_wrapper(CudaLike())
+    assert not capture.install_graph_wrapper(Other())
+    cls = resolve_obj_by_qualname(CudaLike.get_static_graph_wrapper_cls())
+    assert issubclass(cls, CUDAGraphWrapper) and cls.__name__ == "MedusaCUDAGraphWrapper"
 
 
 def test_descriptors_map_to_artifact_keys_and_back():

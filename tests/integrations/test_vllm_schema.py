@@ -28,6 +28,16 @@ def test_the_vllm_section_round_trips_and_references_the_compile_cache(tmp_path)
         {
             "kind": "piecewise",
             "graph": 1,
+            "wrapper": 0,
+            "output": {
+                "t": "tensor",
+                "alloc": 7,
+                "offset": 0,
+                "dtype": "bfloat16",
+                "shape": [8, 576],
+                "stride": [576, 1],
+                "bytes": 9216,
+            },
             "key": {
                 "type": "BatchDescriptor",
                 "fields": {

@@ -1,9 +1,18 @@
 """Medusa as a vLLM general plugin (`vllm.general_plugins` entry point `medusa`).
 
-In every vLLM process the plugin marks the worker's start-up phases for the recorder, so that
-`medusa materialize --engine vllm` sees them; with MEDUSA_ARTIFACT set it takes the KV-cache size
-from the artifact (after checking free memory) so vLLM skips its profiling pass. Loading is
-idempotent: vLLM may call `register` more than once per process.
+In every vLLM process the plugin marks the worker's start-up phases for the recorder. Two
+environment variables turn on the rest (`medusa materialize --engine vllm` and `medusa run
+--engine vllm` set them):
+
+- MEDUSA_VLLM_SIDECAR=FILE: record. Captures are numbered, piecewise graph wrappers numbered, and
+  the KV size and every captured graph (under its descriptor, with its output tensors) are written
+  to FILE for materialize to join with the trace.
+- MEDUSA_ARTIFACT=DIR: restore. The KV-cache size comes from the artifact (vLLM skips profiling)
+  and GPUModelRunner.capture_model builds the recorded graphs instead of capturing; anything that
+  does not fit falls back to a normal capture with the reason logged.
+
+Loading is idempotent: vLLM may call `register` more than once per process. Supported: vLLM
+0.32.x with the V2 model runner (its default); other versions are refused at the patch points.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import os
 
 log = logging.getLogger("medusa.vllm")
 _registered = False
+SUPPORTED = ">=0.32,<0.33"
 
 
 def register() -> None:
@@ -23,12 +33,32 @@ def register() -> None:
     from medusa.integrations.vllm.phases import install_phase_marks
 
     try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
         from vllm.v1.worker.gpu_worker import Worker
     except ImportError as e:  # vLLM without its GPU worker (a CPU build): nothing to mark
         log.info("medusa plugin: no GPU worker in this vLLM (%s); phase marks not installed", e)
         return
-    install_phase_marks(Worker)
-    if os.environ.get("MEDUSA_ARTIFACT"):
-        from medusa.integrations.vllm.restore import install_kv_size
+    recording = bool(os.environ.get("MEDUSA_VLLM_SIDECAR"))
+    artifact = os.environ.get("MEDUSA_ARTIFACT")
+    if recording or artifact:
+        from vllm.platforms import current_platform
 
-        install_kv_size(Worker, os.environ["MEDUSA_ARTIFACT"])
+        from medusa.integrations.vllm.capture import install_graph_wrapper
+
+        if not install_graph_wrapper(current_platform):
+            log.warning(
+                "medusa plugin: platform %s has its own graph wrapper; piecewise graphs are "
+                "neither recorded nor restored",
+                type(current_platform).__name__,
+            )
+    # Order matters: the phase marks go on last, outermost, so a restore runs inside its phase.
+    if recording:
+        from medusa.integrations.vllm.capture import install_recording
+
+        install_recording(Worker, GPUModelRunner)
+    if artifact:
+        from medusa.integrations.vllm.restore import install_kv_size, install_restore
+
+        install_kv_size(Worker, artifact)
+        install_restore(GPUModelRunner, artifact)
+    install_phase_marks(Worker, GPUModelRunner)

@@ -1,26 +1,60 @@
-"""Restoring a vLLM start-up: the KV-cache size from the artifact (vLLM then skips profiling
-and the profiling capture), and restored graphs standing in for captured ones.
+"""Restoring a vLLM start-up from an artifact, inside vLLM's own worker process.
 
-NOTE: the graph objects below launch restored executables on the current CUDA stream; they need a
-GPU and have not run on one yet (no GPU was available while writing them)."""
+- KV size: before the worker measures memory, cache_config.kv_cache_memory_bytes is set from the
+  artifact (after checking free memory), so vLLM skips the measurement and the profiling capture.
+- Graphs: GPUModelRunner.capture_model builds the recorded graphs instead of capturing: the
+  Restorer maps this start-up's allocations onto the recorded ones, replays the capture phase's
+  allocations that graphs use, resolves kernels and instantiates every graph. FULL graphs go into
+  the CudaGraphManager as objects whose replay() launches the restored executable on the current
+  stream; PIECEWISE graphs become entries of the numbered static graph wrappers, their outputs
+  tensors over the restored memory.
+- Anything that does not fit (another vLLM, config, device, compile cache, a start-up that
+  allocated differently) raises RestoreError inside capture_model, which then undoes what it did,
+  logs the reason and captures the normal way.
+
+NOTE: this runs only on a GPU; scripts/gpu/vllm_coldstart.sh exercises it end to end.
+"""
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
+
+from medusa.artifact import Artifact, ArtifactError, load_artifact
+from medusa.integrations.vllm import capture as cap
+from medusa.integrations.vllm.descriptors import descriptor_from_key
+from medusa.integrations.vllm.schema import (
+    check_section,
+    compile_cache_ref,
+    config_fingerprint,
+)
+from medusa.restore.restorer import RestoreError, Restorer
 
 log = logging.getLogger("medusa.vllm")
 
 
+@functools.cache
+def open_artifact(path: str) -> Artifact:
+    """The artifact, verified once per process (every file's size and hash)."""
+    art = load_artifact(Path(path))
+    if art.manifest.get("kind") != "vllm" or "vllm" not in art.manifest:
+        raise ArtifactError(
+            f"{path} is a {art.manifest.get('kind')!r} artifact, not a vLLM one: "
+            "make it with `medusa materialize --engine vllm`"
+        )
+    return art
+
+
 def kv_bytes_from(artifact: str | Path, free_bytes: int) -> int | None:
-    """The artifact's KV-cache bytes, or None (with the reason logged) when it does not fit."""
-    manifest = json.loads((Path(artifact) / "manifest.json").read_text())
-    section = manifest.get("vllm")
-    if not section:
-        log.warning("medusa: %s has no vLLM section; vLLM profiles as usual", artifact)
+    """The artifact's KV-cache bytes, or None (with the reason logged) when it cannot be used."""
+    try:
+        section = open_artifact(str(artifact)).manifest["vllm"]
+    except (ArtifactError, OSError) as e:
+        log.warning("medusa: artifact not used, vLLM profiles as usual: %s", e)
         return None
     need = int(section["kv_cache_memory_bytes"])
     if need > free_bytes:
@@ -44,10 +78,11 @@ def install_kv_size(worker_cls: type, artifact: str) -> None:
     def determine_available_memory(self: Any) -> int:
         import torch
 
-        free, _ = torch.cuda.mem_get_info()
-        kv = kv_bytes_from(artifact, free)
-        if kv is not None:
-            self.cache_config.kv_cache_memory_bytes = kv
+        if self.cache_config.kv_cache_memory_bytes is None:
+            free, _ = torch.cuda.mem_get_info()
+            kv = kv_bytes_from(artifact, free)
+            if kv is not None:
+                self.cache_config.kv_cache_memory_bytes = kv
         return fn(self)
 
     determine_available_memory._medusa_kv = True  # type: ignore[attr-defined]
@@ -55,8 +90,8 @@ def install_kv_size(worker_cls: type, artifact: str) -> None:
 
 
 class RestoredGraph:
-    """Stands in for a captured torch.cuda.CUDAGraph in CudaGraphManager.graphs: replay() launches
-    the restored graph executable on the current stream."""
+    """Stands in for a captured torch.cuda.CUDAGraph: replay() launches the restored graph
+    executable on the current stream, as CUDAGraph.replay() does."""
 
     def __init__(self, exec_handle: int, backend: Any) -> None:
         self.exec_handle, self.backend = exec_handle, backend
@@ -65,3 +100,196 @@ class RestoredGraph:
         import torch
 
         self.backend.graph_launch(self.exec_handle, torch.cuda.current_stream().cuda_stream)
+
+    def reset(self) -> None:  # the Restorer owns the executable
+        pass
+
+
+class _DeviceBytes:
+    """A span of device memory as __cuda_array_interface__ (bytes), for torch.as_tensor."""
+
+    def __init__(self, addr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (addr, False),
+            "version": 3,
+        }
+
+
+def build_output(spec: dict[str, Any], base: Any, device: Any) -> Any:
+    """The output a restored graph writes, as tensors aliasing the restored memory."""
+    import torch
+
+    t = spec["t"]
+    if t == "none":
+        return None
+    if t in ("list", "tuple"):
+        items = [build_output(s, base, device) for s in spec["items"]]
+        return items if t == "list" else tuple(items)
+    if t == "intermediate":
+        from vllm.sequence import IntermediateTensors
+
+        return IntermediateTensors(
+            {k: build_output(v, base, device) for k, v in spec["items"].items()}
+        )
+    dtype = getattr(torch, spec["dtype"])
+    if not spec["bytes"]:
+        return torch.empty(spec["shape"], dtype=dtype, device=device)
+    addr = int(base[spec["alloc"]]) + int(spec["offset"])
+    raw = torch.as_tensor(_DeviceBytes(addr, spec["bytes"]), device=device)
+    return raw.view(dtype).as_strided(spec["shape"], spec["stride"])
+
+
+def _process_backend() -> Any:
+    """The CUDA runtime this process (torch) already uses, through medusa's Backend."""
+    from medusa.cuda.backend import Backend, load_backend
+
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if "/libcudart.so" in path:
+                return Backend("cuda", [Path(path)])
+    return load_backend("cuda")
+
+
+def _check_runner(runner: Any) -> None:
+    """Refuses what the restore does not rebuild (it would otherwise be silently missing)."""
+    if runner.cudagraph_manager is None:
+        raise RestoreError("the runner has no CUDA graph manager (cudagraph_mode NONE?)")
+    from vllm.v1.worker.gpu.model_states.interface import ModelState
+
+    extra = {
+        "a speculator": getattr(runner, "speculator", None) is not None,
+        "adaptive verification": getattr(runner, "adaptive_verification", None) is not None,
+        "prefill context parallelism": getattr(runner, "pcp_manager", None) is not None,
+        "LoRA": getattr(runner, "lora_config", None) is not None,
+        "microbatching": getattr(runner.cudagraph_manager, "ubatch_runner", None) is not None,
+        "encoder graphs": bool(getattr(runner.model_state, "supports_mm_inputs", False)),
+        "inner model graphs": type(runner.model_state).capture_inner_cudagraphs
+        is not ModelState.capture_inner_cudagraphs,
+        "breakable graphs": bool(getattr(runner.cudagraph_manager, "use_breakable_cg", False)),
+    }
+    used = [k for k, v in extra.items() if v]
+    if used:
+        raise RestoreError(f"restore does not cover {', '.join(used)} yet")
+
+
+def restore_into(runner: Any, artifact: str) -> int:
+    """Builds the artifact's graphs into runner (a V2 GPUModelRunner); returns the bytes the
+    restored graphs hold, as capture_model does."""
+    import torch
+    import vllm
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+    t0 = time.perf_counter()
+    try:
+        art = open_artifact(artifact)
+    except (ArtifactError, OSError) as e:
+        raise RestoreError(str(e)) from e
+    section = art.manifest["vllm"]
+    try:
+        check_section(section, vllm_version=vllm.__version__)
+    except ValueError as e:
+        raise RestoreError(str(e)) from e
+    live = config_fingerprint(runner.vllm_config)
+    for k, want in section["config"].items():
+        if live.get(k) != want:
+            raise RestoreError(
+                f"vLLM configuration mismatch: {k}={live.get(k)!r} here, {want!r} when "
+                "materialized; use the same settings or materialize again"
+            )
+    cache_dir = runner.vllm_config.compilation_config.local_cache_dir
+    want_cache = section["compile_cache"]
+    if want_cache["files"]:
+        got = compile_cache_ref(cache_dir) if cache_dir else {"sha256": None, "dir": None}
+        if got["sha256"] != want_cache["sha256"]:
+            raise RestoreError(
+                f"the torch.compile cache {got['dir']} is not the one the graphs were recorded "
+                f"with ({want_cache['dir']}): its kernels may differ; materialize again"
+            )
+    dev = art.manifest.get("device", {})
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if dev.get("name") != props.name or dev.get("total_mem") != props.total_memory:
+        raise RestoreError(
+            f"device mismatch: this is a {props.name} with {props.total_memory} bytes, the "
+            f"artifact is for a {dev.get('name')} with {dev.get('total_mem')}"
+        )
+    _check_runner(runner)
+    wrappers = cap.wrappers()
+    if [cap.wrapper_identity(w) for w in wrappers] != section["wrappers"]:
+        raise RestoreError(
+            f"this start-up built {len(wrappers)} piecewise graph wrappers, the recorded one "
+            f"{len(section['wrappers'])} (or in another order): the compiled model differs"
+        )
+
+    mgr = runner.cudagraph_manager
+    restorer = Restorer(art, _process_backend())
+    try:
+        stream = torch.cuda.current_stream()
+        result = restorer.restore(stream.cuda_stream)
+        base = restorer.bases[0]
+        device = torch.device("cuda", torch.cuda.current_device())
+        enums = {"CUDAGraphMode": CUDAGraphMode}
+        from vllm.compilation.cuda_graph import CUDAGraphEntry
+
+        for g in section["graphs"]:
+            graph = RestoredGraph(result.execs[g["graph"]], restorer.b)
+            if g["kind"] == "full":
+                mgr.graphs[descriptor_from_key(BatchExecutionDescriptor, g["key"], enums)] = graph
+            else:
+                bd = descriptor_from_key(BatchDescriptor, g["key"], enums)
+                wrappers[g["wrapper"]].concrete_cudagraph_entries[bd] = CUDAGraphEntry(
+                    batch_descriptor=bd,
+                    cudagraph=graph,
+                    output=build_output(g["output"], base, device),
+                )
+        outs = section["outputs"]
+        mgr.hidden_states = build_output(outs["hidden_states"], base, device)
+        mgr.aux_hidden_states = build_output(outs["aux_hidden_states"], base, device) or []
+        mgr.intermediate_tensors = build_output(outs["intermediate_tensors"], base, device)
+        mgr._graphs_captured = True
+    except Exception:
+        mgr.graphs.clear()
+        for w in wrappers:
+            w.concrete_cudagraph_entries.clear()
+        mgr.hidden_states, mgr.aux_hidden_states, mgr.intermediate_tensors = None, [], None
+        restorer.release()
+        raise
+    from vllm.v1.worker.workspace import lock_workspace
+
+    lock_workspace()  # as capture_model does: a resize would free what the graphs point at
+    held = sum(a[3] for a in art.plan["allocs"] if a[0] in art.plan["skipped_phases"] and not a[4])
+    log.info(
+        "medusa: restored %d vLLM graphs (%d nodes) in %.3f s, %.2f GiB; kernels: %s",
+        len(section["graphs"]),
+        art.plan["num_nodes"],
+        time.perf_counter() - t0,
+        held / 2**30,
+        dict(result.methods),
+    )
+    return held
+
+
+def install_restore(runner_cls: type, artifact: str) -> None:
+    """capture_model restores instead of capturing; on any mismatch it captures as usual."""
+    fn = runner_cls.capture_model
+    if getattr(fn, "_medusa_restore", False):
+        return
+
+    @functools.wraps(fn)
+    def capture_model(self: Any, *, profile_only: bool = False) -> int:
+        if profile_only:
+            return int(fn(self, profile_only=True))
+        try:
+            return restore_into(self, artifact)
+        except (RestoreError, ValueError, KeyError) as e:
+            log.warning("medusa: restore failed, capturing CUDA graphs the normal way: %s", e)
+            if os.environ.get("MEDUSA_REQUIRE_ARTIFACT") == "1":
+                raise
+            return int(fn(self, profile_only=profile_only))
+
+    capture_model._medusa_restore = True  # type: ignore[attr-defined]
+    runner_cls.capture_model = capture_model  # type: ignore[method-assign]

@@ -3,11 +3,12 @@ torch.compile cache referenced (not copied) with its hash."""
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from pathlib import Path
 from typing import Any
 
-SECTION_VERSION = 1
+SECTION_VERSION = 2
 
 
 def compile_cache_ref(cache_dir: str | Path) -> dict[str, Any]:
@@ -22,6 +23,46 @@ def compile_cache_ref(cache_dir: str | Path) -> dict[str, Any]:
     return {"dir": str(root), "sha256": h.hexdigest(), "files": len(files)}
 
 
+# (section, attribute) of VllmConfig that change what start-up allocates, compiles or captures.
+CONFIG_FIELDS = (
+    ("model_config", "model"),
+    ("model_config", "revision"),
+    ("model_config", "dtype"),
+    ("model_config", "max_model_len"),
+    ("model_config", "quantization"),
+    ("model_config", "enforce_eager"),
+    ("cache_config", "block_size"),
+    ("cache_config", "cache_dtype"),
+    ("scheduler_config", "max_num_seqs"),
+    ("scheduler_config", "max_num_batched_tokens"),
+    ("parallel_config", "tensor_parallel_size"),
+    ("parallel_config", "pipeline_parallel_size"),
+    ("compilation_config", "mode"),
+    ("compilation_config", "backend"),
+    ("compilation_config", "cudagraph_mode"),
+    ("compilation_config", "cudagraph_capture_sizes"),
+)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, enum.Enum):
+        return v.name
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return getattr(v, "name", None) or str(v)  # enums by name, dtypes by str
+
+
+def config_fingerprint(vllm_config: Any) -> dict[str, Any]:
+    """The settings an artifact must be restored under, as plain values."""
+    out = {}
+    for section, attr in CONFIG_FIELDS:
+        out[f"{section}.{attr}"] = _plain(getattr(getattr(vllm_config, section, None), attr, None))
+    out["use_v2_model_runner"] = bool(getattr(vllm_config, "use_v2_model_runner", False))
+    return out
+
+
 def vllm_section(
     *,
     version: str,
@@ -29,16 +70,24 @@ def vllm_section(
     cudagraph_mode: str,
     graphs: list[dict[str, Any]],
     compile_cache: dict[str, Any],
+    config: dict[str, Any] | None = None,
+    outputs: dict[str, Any] | None = None,
+    wrappers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     for i, g in enumerate(graphs):
         if g.get("kind") not in ("full", "piecewise") or "key" not in g or "graph" not in g:
             raise ValueError(f"graphs[{i}]: needs kind (full|piecewise), key and graph index")
+        if g["kind"] == "piecewise" and ("wrapper" not in g or "output" not in g):
+            raise ValueError(f"graphs[{i}]: a piecewise graph needs its wrapper and output")
     return {
         "version": SECTION_VERSION,
         "vllm_version": version,
         "kv_cache_memory_bytes": int(kv_cache_memory_bytes),
         "cudagraph_mode": cudagraph_mode,
+        "config": config or {},
         "graphs": graphs,
+        "outputs": outputs or {},
+        "wrappers": wrappers or [],
         "compile_cache": compile_cache,
     }
 

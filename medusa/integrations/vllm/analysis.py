@@ -1,0 +1,83 @@
+"""Joining what the plugin saw in two recorded vLLM start-ups (graphs under descriptors, output
+tensors at raw addresses) with the traces: graph keys point at plan graphs, and every output
+tensor becomes (allocation, offset), the same in both runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from medusa.integrations.vllm.capture import spec_tensors
+from medusa.materialize.analysis import DEVICE, NEVER, AddressIndex, MaterializeError, RunView
+
+AT_END = int(NEVER) - 1  # "live when the start-up finished"
+
+
+def _relocate_spec(
+    spec_a: dict[str, Any], spec_b: dict[str, Any], ia: AddressIndex, ib: AddressIndex, where: str
+) -> dict[str, Any]:
+    ta, tb = spec_tensors(spec_a), spec_tensors(spec_b)
+    if _layout(spec_a) != _layout(spec_b):
+        raise MaterializeError(f"{where}: the runs' output tensors differ in type or shape")
+    out = _strip(spec_a)
+    for leaf, xa, xb in zip(spec_tensors(out), ta, tb, strict=True):
+        fa, fb = ia.find(xa["addr"], AT_END), ib.find(xb["addr"], AT_END)
+        if fa is None or fb is None:
+            raise MaterializeError(
+                f"{where}: an output tensor at {xa['addr']:#x} lies in no live allocation"
+            )
+        if fa != fb or fa[0] != DEVICE:
+            raise MaterializeError(
+                f"{where}: an output tensor is allocation #{fa[1]}+{fa[2]} in one run and "
+                f"#{fb[1]}+{fb[2]} in the other"
+            )
+        leaf["alloc"], leaf["offset"] = fa[1], fa[2]
+    return out
+
+
+def _layout(spec: dict[str, Any]) -> tuple[str, list[Any]]:
+    return spec["t"], [(x["dtype"], x["shape"], x["stride"]) for x in spec_tensors(spec)]
+
+
+def _ident(g: dict[str, Any]) -> tuple[Any, ...]:
+    return g["kind"], g["key"], g.get("wrapper"), g["graph"]
+
+
+def _strip(spec: dict[str, Any]) -> dict[str, Any]:
+    """A copy of spec without run-specific addresses."""
+    if spec["t"] == "tensor":
+        return {k: v for k, v in spec.items() if k != "addr"}
+    if spec["t"] == "intermediate":
+        return {"t": spec["t"], "items": {k: _strip(v) for k, v in spec["items"].items()}}
+    if "items" in spec:
+        return {"t": spec["t"], "items": [_strip(v) for v in spec["items"]]}
+    return dict(spec)
+
+
+def graph_section(
+    a: RunView, b: RunView, side_a: dict[str, Any], side_b: dict[str, Any]
+) -> dict[str, Any]:
+    """The graphs, their outputs and the wrappers of the artifact's vLLM section."""
+    n = len(a.graphs)
+    for side, name in ((side_a, "first"), (side_b, "second")):
+        if side.get("captures") != n:
+            raise MaterializeError(
+                f"the {name} run's trace holds {n} captured graphs, vLLM captured "
+                f"{side.get('captures')}: something captured outside torch.cuda.CUDAGraph"
+            )
+    if [_ident(g) for g in side_a["graphs"]] != [_ident(g) for g in side_b["graphs"]]:
+        raise MaterializeError("the two runs captured different graphs under vLLM's descriptors")
+    if side_a["wrappers"] != side_b["wrappers"]:
+        raise MaterializeError("the two runs built different piecewise graph wrappers")
+    ia, ib = AddressIndex(a), AddressIndex(b)
+    graphs = []
+    for ga, gb in zip(side_a["graphs"], side_b["graphs"], strict=True):
+        g = {k: v for k, v in ga.items() if k != "output"}
+        if "output" in ga:
+            where = f"piecewise graph {ga['graph']} (wrapper {ga['wrapper']})"
+            g["output"] = _relocate_spec(ga["output"], gb["output"], ia, ib, where)
+        graphs.append(g)
+    outputs = {
+        k: _relocate_spec(v, side_b["outputs"][k], ia, ib, f"the FULL graphs' {k}")
+        for k, v in side_a["outputs"].items()
+    }
+    return {"graphs": graphs, "outputs": outputs, "wrappers": side_a["wrappers"]}

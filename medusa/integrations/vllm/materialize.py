@@ -1,0 +1,139 @@
+"""`medusa materialize --engine vllm MODEL -- [vLLM args]`: learn vLLM's KV size, record its
+start-up twice with that size fixed (the second time shifted), and write a vLLM artifact.
+
+Three start-ups, one after another, each in its own process:
+1. a plain one (not recorded): vLLM profiles memory and settles on the KV-cache size; it also
+   fills the torch.compile cache, so the recorded runs and every restore load the same kernels;
+2. and 3. recorded with `--kv-cache-memory` set to that size, which is how a restore starts too,
+   so the phases a restore runs allocate exactly as recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from medusa.integrations.vllm.analysis import graph_section
+from medusa.integrations.vllm.phases import SKIPPED
+from medusa.integrations.vllm.schema import vllm_section
+from medusa.materialize.analysis import MaterializeError
+from medusa.materialize.driver import SHIFT_BYTES, Echo, analyze_runs, saved_images, write_artifact
+from medusa.trace import recorder_env
+
+
+def startup_command(result: Path, argv: list[str], *, bench: bool = False) -> list[str]:
+    cmd = [sys.executable, "-m", "medusa.integrations.vllm.startup", "--out", str(result)]
+    return cmd + (["--bench"] if bench else []) + ["--", *argv]
+
+
+def _run(cmd: list[str], env: dict[str, str], what: str, echo: Echo) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise MaterializeError(f"{what} exited {res.returncode}:\n{res.stderr[-3000:]}")
+    dt = time.perf_counter() - t0
+    echo(f"  {what} took {dt:.1f} s")
+    return dt
+
+
+def with_kv_size(argv: list[str], kv_bytes: int) -> list[str]:
+    """argv with --kv-cache-memory set to kv_bytes (replacing one the user gave)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--kv-cache-memory", "--kv-cache-memory-bytes"):
+            skip = True
+            continue
+        if a.startswith(("--kv-cache-memory=", "--kv-cache-memory-bytes=")):
+            continue
+        out.append(a)
+    return [*out, "--kv-cache-memory", str(kv_bytes)]
+
+
+def materialize_vllm(argv: list[str], out: Path, kind: str, echo: Echo) -> dict[str, Any]:
+    if kind != "cuda":
+        raise MaterializeError(
+            "materializing vLLM needs an NVIDIA GPU (vLLM does not run on simcuda); run it on "
+            "the machine type that will serve the model"
+        )
+    if not argv or argv[0].startswith("-"):
+        raise MaterializeError("name the model: medusa materialize --engine vllm MODEL -- [ARGS]")
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="medusa-vllm-") as tmp:
+        work = Path(tmp)
+        base = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+        echo("[1/5] starting vLLM once to learn its KV-cache size (and fill its compile cache)")
+        probe_env = {**base, "MEDUSA_VLLM_SIDECAR": str(work / "probe.side.json")}
+        timings["probe"] = _run(
+            startup_command(work / "probe.json", argv), probe_env, "the plain start-up", echo
+        )
+        probe_side = json.loads((work / "probe.side.json").read_text())
+        probe = json.loads((work / "probe.json").read_text())
+        kv = int(probe_side["kv_cache_memory_bytes"])
+        echo(f"  KV cache: {kv / 2**30:.2f} GiB; vLLM start-up {probe['startup_seconds']:.1f} s")
+        recorded = with_kv_size(argv, kv)
+        sides = []
+        for run in (0, 1):
+            env = recorder_env(work / f"{run}.mtr", base=base)
+            env["MEDUSA_VLLM_SIDECAR"] = str(work / f"{run}.side.json")
+            if run == 1:
+                env["MEDUSA_TRACE_SHIFT"] = str(SHIFT_BYTES)
+            echo(f"[{run + 2}/5] recording the start-up" + (" (shifted)" if run else ""))
+            timings[f"record_{run + 1}"] = _run(
+                startup_command(work / f"{run}.json", recorded),
+                env,
+                f"recorded run {run + 1}",
+                echo,
+            )
+            sides.append(json.loads((work / f"{run}.side.json").read_text()))
+        if "graphs" not in sides[0]:
+            raise MaterializeError(
+                "vLLM captured no graphs through the V2 model runner (enforce_eager, "
+                "cudagraph_mode NONE, or VLLM_USE_V2_MODEL_RUNNER=0?): nothing to materialize"
+            )
+        echo("[4/5] analyzing")
+        a, b, plan, timings["analyze"] = analyze_runs(
+            work / "0.mtr", work / "1.mtr", set(SKIPPED), echo
+        )
+        joined = graph_section(a, b, sides[0], sides[1])
+        side = sides[0]
+        section = vllm_section(
+            version=side["vllm_version"],
+            kv_cache_memory_bytes=kv,
+            cudagraph_mode=side["cudagraph_mode"],
+            graphs=joined["graphs"],
+            compile_cache=side["compile_cache"],
+            config=side["config"],
+            outputs=joined["outputs"],
+            wrappers=joined["wrappers"],
+        )
+        model = argv[0]
+        manifest = {
+            "kind": "vllm",
+            "model": {
+                "identity": "vllm:"
+                + hashlib.sha256(json.dumps(side["config"]).encode()).hexdigest(),
+                "name": model,
+            },
+            "engine": {"name": "vllm", "argv": recorded},
+            "device": side["device"],
+            "vllm": section,
+            "graphs": {
+                "count": len(plan["graphs"]),
+                "keys": [g["key"]["fields"].get("num_tokens") for g in joined["graphs"]],
+                "nodes": plan["num_nodes"],
+                "templates": len(plan["templates"]),
+            },
+            "relocations": plan["relocations"],
+            "baseline_startup": {"seconds": probe["startup_seconds"], **probe["phase_seconds"]},
+        }
+        return write_artifact(out, manifest, plan, saved_images(a, plan), timings, echo)

@@ -1,0 +1,72 @@
+"""`medusa run --engine vllm --artifact DIR`: `vllm serve` with the plugin restoring from DIR."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from medusa.artifact.store import MANIFEST, ArtifactError
+from medusa.integrations.vllm.materialize import with_kv_size
+from medusa.trace import recorder_env
+
+
+def _vllm_cli() -> list[str]:
+    exe = Path(sys.executable).with_name("vllm")
+    if exe.is_file():
+        return [str(exe)]
+    found = shutil.which("vllm")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "from vllm.entrypoints.cli.main import main; main()"]
+
+
+def recorded_argv(artifact: Path) -> list[str]:
+    """The vLLM arguments the artifact was materialized with, less the KV size (the plugin sets
+    that from the artifact once it has checked the memory is free)."""
+    mf = artifact / MANIFEST
+    try:
+        manifest = json.loads(mf.read_text())
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{mf}: cannot read it ({e}); materialize again") from e
+    if manifest.get("kind") != "vllm":
+        raise ArtifactError(
+            f"{artifact} is a {manifest.get('kind')!r} artifact; `--engine vllm` needs one made "
+            "by `medusa materialize --engine vllm`"
+        )
+    argv = with_kv_size(list(manifest["engine"]["argv"]), 0)[:-2]
+    return argv
+
+
+def serve_command(
+    artifact: str | None,
+    model: str | None,
+    extra: list[str],
+    host: str,
+    port: int,
+    require: bool,
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that serve through vLLM, restoring from artifact."""
+    env = dict(os.environ)
+    if artifact:
+        art = Path(artifact).resolve()
+        argv = recorded_argv(art)
+        if model and model != argv[0]:
+            raise ArtifactError(
+                f"{artifact} is for model {argv[0]!r}, not {model!r}: leave MODEL out or "
+                "materialize this model"
+            )
+        trace_dir = tempfile.mkdtemp(prefix="medusa-restore-")
+        env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore", base=env)
+        env["MEDUSA_ARTIFACT"] = str(art)
+        if require:
+            env["MEDUSA_REQUIRE_ARTIFACT"] = "1"
+    elif model:
+        argv = [model]
+    else:
+        raise ArtifactError("name a MODEL or an --artifact to serve through vLLM")
+    cmd = [*_vllm_cli(), "serve", *argv, *extra, "--host", host, "--port", str(port)]
+    return cmd, env

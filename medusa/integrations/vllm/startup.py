@@ -1,0 +1,110 @@
+"""One vLLM start-up in this process, for materialize (recorded) and for the cold-start benchmark.
+
+    python -m medusa.integrations.vllm.startup --out RESULT.json [--bench] -- MODEL [vLLM args]
+
+Builds vllm.LLM with exactly the engine arguments given (vLLM's own parser reads them), with the
+engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that one trace holds the whole
+start-up. Writes the start-up seconds and the phases' seconds; with --bench also greedy token ids
+and the time per output token at batch 1 and 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "List three prime numbers:",
+    "Explain what a GPU does in one sentence.",
+]
+
+
+def engine_kwargs(argv: list[str]) -> dict[str, Any]:
+    """The EngineArgs fields argv sets (other than defaults), parsed by vLLM's own parser."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    def parse(args: list[str]) -> dict[str, Any]:
+        parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+        return vars(parser.parse_args(args))
+
+    if not argv or argv[0].startswith("-"):
+        raise SystemExit("usage: startup --out F -- MODEL [vLLM engine args]")
+    model, rest = argv[0], argv[1:]
+    given, default = parse(["--model", model, *rest]), parse(["--model", model])
+    return _diff(given, default) | {"model": model}
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+
+
+def _diff(given: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in given.items():
+        d = default.get(k)
+        if dataclasses.is_dataclass(v) and type(v) is type(d):  # a config: only what differs
+            v, d = _fields(v), _fields(d)
+        if isinstance(v, dict) and isinstance(d, dict):
+            if sub := _diff(v, d):
+                out[k] = sub
+        elif v != d:
+            out[k] = v
+    return out
+
+
+def _tpot(llm: Any, batch: int, n: int = 64) -> tuple[float, list[list[int]]]:
+    from vllm import SamplingParams
+
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    full = SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
+    llm.generate(prompts, one, use_tqdm=False)  # warm
+    t0 = time.perf_counter()
+    llm.generate(prompts, one, use_tqdm=False)
+    t1 = time.perf_counter()
+    outs = llm.generate(prompts, full, use_tqdm=False)
+    t2 = time.perf_counter()
+    tpot = ((t2 - t1) - (t1 - t0)) / (n - 1)
+    return tpot, [list(o.outputs[0].token_ids) for o in outs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    ap = argparse.ArgumentParser(prog="python -m medusa.integrations.vllm.startup")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--bench", action="store_true")
+    opts = ap.parse_args(argv[:split])
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    kwargs = engine_kwargs(argv[split + 1 :])
+    from vllm import LLM
+
+    from medusa.integrations.vllm import phases
+
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    result: dict[str, Any] = {
+        "engine_args": kwargs,
+        "startup_seconds": time.perf_counter() - t0,
+        "phase_seconds": dict(phases.TIMINGS),
+    }
+    if opts.bench:
+        for batch in (1, 16):
+            tpot, tokens = _tpot(llm, batch)
+            result[f"tpot_batch{batch}"] = tpot
+            result[f"tokens_batch{batch}"] = tokens
+    with open(opts.out, "w") as f:
+        json.dump(result, f, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""A program shaped like a vLLM start-up, on simcuda: persistent inputs made before the capture,
+a graph pool and a hidden-states buffer made during it, one "FULL" and one "PIECEWISE" graph, and
+the plugin's sidecar (graphs under descriptor keys, output tensors at raw addresses).
+
+  python vllm_like.py record SIDECAR   capture, write the sidecar, replay; print the outputs
+  python vllm_like.py restore DIR      restore from artifact DIR; find the outputs the way the
+                                       plugin's restore does (allocation + offset); same output
+"""
+
+import json
+import struct
+import sys
+
+from medusa import trace
+from medusa.cuda import load_backend
+from medusa.integrations.vllm.capture import tensor_spec
+
+N = 256
+b = load_backend("sim")
+b.load_kernels("simcuda_testkernels")
+
+
+class DevTensor:
+    """Enough of a torch.Tensor for tensor_spec: float32, contiguous, on the device."""
+
+    dtype = "torch.float32"
+
+    def __init__(self, addr, n):
+        self.addr, self.shape = addr, (n,)
+
+    def data_ptr(self):
+        return self.addr
+
+    def stride(self):
+        return (1,)
+
+    def element_size(self):
+        return 4
+
+
+def total(addr, n):
+    return sum(struct.unpack(f"{n}f", b.memcpy_dtoh(addr, 4 * n)))
+
+
+def key(cls, **fields):
+    return {"type": cls, "fields": fields}
+
+
+FULL = key("BatchExecutionDescriptor", cg_mode={"enum": "CUDAGraphMode", "name": "FULL"},
+           num_tokens=N, num_reqs=N)  # fmt: skip
+PIECE = key("BatchDescriptor", num_tokens=N // 2, num_reqs=None)
+
+trace.mark("load_model")
+inp = b.malloc(4 * N)
+b.memcpy_htod(inp, struct.pack(f"{N}f", *[float(i) for i in range(N)]))
+stream = b.stream_create()
+
+if sys.argv[1] == "record":
+    trace.mark("graph_capture")
+    pool = b.malloc(8 * N)
+    hidden = b.malloc(4 * N)
+    graphs = []
+    for k, n in enumerate((N, N // 2)):
+        piece = pool + 4 * N * k
+        b.begin_capture(stream)
+        b.launch("vector_add", 1, 32, [piece, inp, inp, n], stream=stream)  # 2x
+        b.launch("vector_add", 1, 32, [hidden, piece, inp, n], stream=stream)  # 3x
+        graphs.append(b.graph_instantiate(b.end_capture(stream)))
+    trace.mark("ready")
+    side = {
+        "graphs": [
+            {"kind": "full", "key": FULL, "graph": 0},
+            {
+                "kind": "piecewise",
+                "wrapper": 0,
+                "key": PIECE,
+                "graph": 1,
+                "output": tensor_spec(DevTensor(pool + 4 * N, N // 2)),
+            },  # fmt: skip
+        ],
+        "outputs": {
+            "hidden_states": tensor_spec(DevTensor(hidden, N)),
+            "aux_hidden_states": tensor_spec([]),
+            "intermediate_tensors": tensor_spec(None),
+        },
+        "wrappers": [{"index": 0, "of": 1, "last": True}],
+        "captures": 2,
+    }
+    with open(sys.argv[2], "w") as f:
+        json.dump(side, f)
+    outputs = {"hidden_states": hidden, "piece": pool + 4 * N}
+else:
+    from medusa.artifact import load_artifact
+    from medusa.restore import Restorer
+
+    art = load_artifact(sys.argv[2])
+    trace.mark("graph_capture")
+    r = Restorer(art, b)
+    execs = r.restore(stream).execs
+    section = art.manifest["vllm"]
+    graphs = [execs[g["graph"]] for g in section["graphs"]]
+    at = lambda spec: int(r.bases[0][spec["alloc"]]) + spec["offset"]  # noqa: E731
+    outputs = {
+        "hidden_states": at(section["outputs"]["hidden_states"]),
+        "piece": at(section["graphs"][1]["output"]),
+    }
+
+for g, n in zip(graphs, (N, N // 2), strict=True):
+    b.memset(outputs["hidden_states"], 0, 4 * N)
+    b.graph_launch(g, stream)
+    b.stream_synchronize(stream)
+    print(f"n={n} hidden {total(outputs['hidden_states'], N):.1f}", end=" ")
+print(f"piece {total(outputs['piece'], N // 2):.1f}")

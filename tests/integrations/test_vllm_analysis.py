@@ -1,0 +1,88 @@
+"""The vLLM artifact's graph section, from two real recordings on simcuda of a program shaped
+like a vLLM start-up: descriptor keys point at the right plan graphs, output tensors become
+(allocation, offset) that a restored process finds its graphs' outputs at, and sidecars that do
+not match the traces are refused. (No vLLM needed.)"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from medusa.integrations.vllm.analysis import graph_section
+from medusa.integrations.vllm.phases import SKIPPED
+from medusa.integrations.vllm.schema import vllm_section
+from medusa.materialize.analysis import MaterializeError
+from medusa.materialize.driver import analyze_runs, record_run, write_artifact
+from medusa.trace import recorder_env
+from tests.materialize.conftest import clean_env
+
+PROGRAM = Path(__file__).parent / "programs" / "vllm_like.py"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    work = tmp_path_factory.mktemp("vllm-like")
+    sides = []
+    for run in (0, 1):
+        cmd = [sys.executable, str(PROGRAM), "record", str(work / f"{run}.side.json")]
+        record_run(cmd, work / f"{run}.mtr", run, "sim", lambda _m: None)
+        sides.append(json.loads((work / f"{run}.side.json").read_text()))
+    a, b, plan, _ = analyze_runs(work / "0.mtr", work / "1.mtr", set(SKIPPED), lambda _m: None)
+    plain = subprocess.run(
+        [sys.executable, str(PROGRAM), "record", str(work / "plain.json")],
+        env=clean_env(), capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return work, a, b, plan, sides, plain.stdout.strip()
+
+
+def test_outputs_are_relocated_and_a_restored_process_finds_them(recorded, tmp_path):
+    work, a, b, plan, (side_a, side_b), plain = recorded
+    assert side_a["graphs"][1]["output"]["addr"] != side_b["graphs"][1]["output"]["addr"]
+    joined = graph_section(a, b, side_a, side_b)
+    piece = joined["graphs"][1]["output"]
+    pool = a.allocs[piece["alloc"]]
+    assert (pool.phase, pool.size, piece["offset"]) == ("graph_capture", 8 * 256, 4 * 256)
+    assert "addr" not in piece and piece["shape"] == [128]
+    hidden = joined["outputs"]["hidden_states"]
+    assert a.allocs[hidden["alloc"]].size == 4 * 256 and hidden["offset"] == 0
+    assert joined["outputs"]["intermediate_tensors"] == {"t": "none"}
+    section = vllm_section(
+        version="test", kv_cache_memory_bytes=0, cudagraph_mode="FULL_AND_PIECEWISE",
+        graphs=joined["graphs"], compile_cache={"dir": None, "sha256": None, "files": 0},
+        outputs=joined["outputs"], wrappers=joined["wrappers"],
+    )  # fmt: skip
+    out = tmp_path / "art"
+    write_artifact(out, {"kind": "vllm", "vllm": section}, plan, {}, {}, lambda _m: None)
+    env = recorder_env(tmp_path / "r-%p.mtr", mode="restore", base=clean_env())
+    env["MEDUSA_SIM_MEMCHECK"] = "1"
+    res = subprocess.run(
+        [sys.executable, str(PROGRAM), "restore", str(out)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == plain == "n=256 hidden 97920.0 n=128 hidden 24384.0 piece 16256.0"
+
+
+def test_sidecars_that_do_not_match_the_traces_are_refused(recorded):
+    _, a, b, _, (side_a, side_b), _ = recorded
+    extra = copy.deepcopy(side_b)
+    extra["captures"] = 3
+    with pytest.raises(MaterializeError, match="holds 2 captured graphs, vLLM captured 3"):
+        graph_section(a, b, side_a, extra)
+    other = copy.deepcopy(side_b)
+    other["graphs"][0]["key"]["fields"]["num_tokens"] = 8
+    with pytest.raises(MaterializeError, match="captured different graphs"):
+        graph_section(a, b, side_a, other)
+    stray = copy.deepcopy(side_b)
+    stray["outputs"]["hidden_states"]["addr"] = 16  # nothing was ever allocated there
+    with pytest.raises(MaterializeError, match="lies in no live allocation"):
+        graph_section(a, b, side_a, stray)
+    moved = copy.deepcopy(side_b)
+    moved["outputs"]["hidden_states"]["addr"] += 4  # another offset in the other run
+    with pytest.raises(MaterializeError, match=r"allocation #\d+\+0 in one run and #\d+\+4"):
+        graph_section(a, b, side_a, moved)
