@@ -4,6 +4,10 @@ installs the `vllm` extra). Skipped where vLLM is not installed."""
 from __future__ import annotations
 
 import inspect
+import json
+import os
+import subprocess
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -138,3 +142,29 @@ def test_descriptors_map_to_artifact_keys_and_back():
         descriptor_from_key(
             BatchDescriptor, {"type": "BatchDescriptor", "fields": {"num_tokens": 1}}
         )
+
+
+def test_engine_arguments_are_read_by_vllms_own_parser():
+    # In a fresh process: the parser builds default configs, which need a platform (here the CPU).
+    script = (
+        "import json, sys; from medusa.integrations.vllm.startup import engine_kwargs; "
+        "kw = engine_kwargs(sys.argv[1:]); "
+        "kw['compilation_config'] = {k: v.name for k, v in kw['compilation_config'].items()}; "
+        "print(json.dumps(kw))"
+    )
+    args = ["/m", "--max-model-len", "2048", "-cc.cudagraph_mode=FULL_DECODE_ONLY",
+            "--kv-cache-memory", "1000"]  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {
+        "model": "/m",
+        "max_model_len": 2048,
+        "kv_cache_memory_bytes": 1000,
+        "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
+    }

@@ -1,0 +1,80 @@
+"""`medusa materialize --engine vllm` and `medusa run --engine vllm` on a machine without a GPU
+or without vLLM: what they refuse and what they would run. (No vLLM needed.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from medusa.integrations.vllm.materialize import with_kv_size
+from medusa.integrations.vllm.serve import serve_command
+from tests.materialize.conftest import clean_env
+
+
+def medusa(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "medusa.cli", *args],
+        env={**clean_env(), "MEDUSA_DEVICE": "sim"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_kv_size_replaces_one_the_user_gave():
+    assert with_kv_size(["m", "--max-model-len", "2048"], 5) == [
+        "m", "--max-model-len", "2048", "--kv-cache-memory", "5"
+    ]  # fmt: skip
+    assert with_kv_size(["m", "--kv-cache-memory", "9", "--seed", "1"], 5) == [
+        "m", "--seed", "1", "--kv-cache-memory", "5"
+    ]  # fmt: skip
+    assert with_kv_size(["m", "--kv-cache-memory=9"], 5)[-2:] == ["--kv-cache-memory", "5"]
+
+
+def test_materializing_vllm_without_a_gpu_says_it_needs_one():
+    res = medusa("materialize", "--engine", "vllm", "Qwen/Qwen2.5-0.5B-Instruct")
+    assert res.returncode == 1
+    assert "materializing vLLM needs an NVIDIA GPU" in res.stderr
+
+
+def _artifact(tmp_path, kind="vllm"):
+    art = tmp_path / "art"
+    art.mkdir(parents=True)
+    argv = ["/models/qwen", "--max-model-len", "2048", "--kv-cache-memory", "123"]
+    (art / "manifest.json").write_text(json.dumps({"kind": kind, "engine": {"argv": argv}}))
+    return art
+
+
+def test_run_builds_vllm_serve_with_the_recorded_arguments_and_the_restore_env(tmp_path):
+    art = _artifact(tmp_path)
+    cmd, env = serve_command(str(art), None, ["--seed", "3"], "0.0.0.0", 8001, require=True)
+    i = cmd.index("serve")
+    assert cmd[i:] == [
+        "serve",
+        "/models/qwen",
+        "--max-model-len",
+        "2048",
+        "--seed",
+        "3",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8001",
+    ]  # fmt: skip  (the KV size comes from the artifact, after a free-memory check)
+    assert env["MEDUSA_ARTIFACT"] == str(art.resolve()) and env["MEDUSA_MODE"] == "restore"
+    assert env["MEDUSA_TRACE"].endswith("restore-%p.mtr") and env["MEDUSA_REQUIRE_ARTIFACT"] == "1"
+    assert "medusa_interpose" in env["LD_PRELOAD"]
+
+
+def test_run_refuses_an_artifact_of_another_kind_or_model(tmp_path):
+    art = _artifact(tmp_path, kind="engine")
+    res = medusa("run", "--engine", "vllm", "--artifact", str(art))
+    assert res.returncode == 1
+    assert "is a 'engine' artifact; `--engine vllm` needs one made by" in res.stderr
+    (art / "manifest.json").write_text("{not json")
+    res = medusa("run", "--engine", "vllm", "--artifact", str(art))
+    assert "manifest.json: cannot read it" in res.stderr and "materialize again" in res.stderr
+    good = _artifact(tmp_path / "x")
+    res = medusa("run", "--engine", "vllm", "--artifact", str(good), "other-model")
+    assert "is for model '/models/qwen', not 'other-model'" in res.stderr
