@@ -65,6 +65,7 @@ def test_run_builds_vllm_serve_with_the_recorded_arguments_and_the_restore_env(t
     assert env["MEDUSA_ARTIFACT"] == str(art.resolve()) and env["MEDUSA_MODE"] == "restore"
     assert env["MEDUSA_TRACE"].endswith("restore-%p.mtr") and env["MEDUSA_REQUIRE_ARTIFACT"] == "1"
     assert "medusa_interpose" in env["LD_PRELOAD"]
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # a forked child would not record
 
 
 def test_run_refuses_an_artifact_of_another_kind_or_model(tmp_path):

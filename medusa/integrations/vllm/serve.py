@@ -62,6 +62,9 @@ def serve_command(
         trace_dir = tempfile.mkdtemp(prefix="medusa-restore-")
         env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore", base=env)
         env["MEDUSA_ARTIFACT"] = str(art)
+        # A forked child stops recording (and so could not map its allocations): spawn vLLM's
+        # engine-core process instead, a fresh process the recorder starts in.
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         if require:
             env["MEDUSA_REQUIRE_ARTIFACT"] = "1"
     elif model:
