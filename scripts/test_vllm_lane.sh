@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VLLM_LANE_VENV:-/tmp/medusa-vllm-lane}
 python -m venv --system-site-packages "$venv"
-"$venv/bin/pip" install -q "vllm>=0.32,<0.34" torch==2.13.0
+"$venv/bin/pip" install -q "vllm>=0.32,<0.33" torch==2.13.0
 "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 "$venv/bin/python" -m pytest -q tests/integrations

@@ -152,7 +152,7 @@ def simulate(
             if inst.step is None:
                 _next_step(inst, now)
         active = [i for i in insts.values() if i.step is not None]
-        demand = sum(i.step[2] / _alone(i) for i in active)  # type: ignore[index]
+        demand = sum(i.step[2] / _alone(i) for i in active)  # type: ignore[index,misc]
         scale = min(1.0, C2C_BW / demand) if demand else 1.0
         for inst in active:
             _, _, c2c, hbm, flops = inst.step  # type: ignore[misc]

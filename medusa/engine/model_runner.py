@@ -242,7 +242,9 @@ class ModelRunner:
             for s in seqs
         ]
 
-    def _meta(self, n: int, tables: list[list[int]], sampling: list[tuple[float, float, int]]):
+    def _meta(
+        self, n: int, tables: list[list[int]], sampling: list[tuple[float, float, int]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         bt = np.zeros((n, self.config.max_blocks_per_seq), np.int32)
         for i, t in enumerate(tables):
             bt[i, : len(t)] = t

@@ -104,7 +104,7 @@ class RunView:
                 f.name,
                 loads.get(f.library) or loads.get(f.module, ""),
                 stubs.get(f.func, ""),
-                [tuple(p) for p in f.params],
+                [(int(p[0]), int(p[1])) for p in f.params],
             )
             for f in trace.of(R.Func, Ev.FUNC)
         }

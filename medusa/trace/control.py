@@ -66,7 +66,7 @@ def mark(phase: str) -> None:
 def flush() -> bool:
     """Writes buffered records to the file (before os._exit, for instance)."""
     lib = _lib()
-    return bool(lib) and lib.medusa_trace_flush() == 0
+    return lib is not None and lib.medusa_trace_flush() == 0
 
 
 def interposer_path() -> Path:

@@ -22,7 +22,7 @@ import os
 
 log = logging.getLogger("medusa.vllm")
 _registered = False
-SUPPORTED = ">=0.32,<0.33"
+SUPPORTED = "0.32."  # the vLLM minor series the patch points were checked against
 
 
 def register() -> None:
@@ -38,6 +38,15 @@ def register() -> None:
     except ImportError as e:  # vLLM without its GPU worker (a CPU build): nothing to mark
         log.info("medusa plugin: no GPU worker in this vLLM (%s); phase marks not installed", e)
         return
+    import vllm
+
+    if not vllm.__version__.startswith(SUPPORTED):
+        log.warning(
+            "medusa plugin: vLLM %s is outside the supported %sx series; a restore that does "
+            "not fit falls back to a normal start",
+            vllm.__version__,
+            SUPPORTED,
+        )
     recording = bool(os.environ.get("MEDUSA_VLLM_SIDECAR"))
     artifact = os.environ.get("MEDUSA_ARTIFACT")
     if recording or artifact:

@@ -26,7 +26,7 @@ class CaptureOrderError(RuntimeError):
     pass
 
 
-def count_captures(graph_cls: type) -> None:
+def count_captures(graph_cls: Any) -> None:
     """Numbers every capture that ends on graph_cls (torch.cuda.CUDAGraph) in process order."""
     end = graph_cls.capture_end
     if getattr(end, "_medusa_counts", False):
@@ -40,7 +40,7 @@ def count_captures(graph_cls: type) -> None:
         return out
 
     capture_end._medusa_counts = True  # type: ignore[attr-defined]
-    graph_cls.capture_end = capture_end  # type: ignore[method-assign]
+    graph_cls.capture_end = capture_end
 
 
 def captures_so_far() -> int:
@@ -197,11 +197,11 @@ def install_graph_wrapper(platform: Any) -> bool:
         return True
     if current != VLLM_WRAPPER:
         return False
-    cls.get_static_graph_wrapper_cls = classmethod(lambda c: WRAPPER_QUALNAME)  # type: ignore[method-assign]
+    cls.get_static_graph_wrapper_cls = classmethod(lambda c: WRAPPER_QUALNAME)
     return True
 
 
-def install_recording(worker_cls: type, runner_cls: type) -> None:
+def install_recording(worker_cls: Any, runner_cls: Any) -> None:
     """For `medusa materialize --engine vllm`: numbers captures and writes, to the sidecar, the KV
     size vLLM settled on and, after the capture, every graph under its descriptor."""
     import torch
@@ -226,8 +226,8 @@ def install_recording(worker_cls: type, runner_cls: type) -> None:
         return out
 
     capture_model._medusa_records = True  # type: ignore[attr-defined]
-    worker_cls.determine_available_memory = determine_available_memory  # type: ignore[method-assign]
-    runner_cls.capture_model = capture_model  # type: ignore[method-assign]
+    worker_cls.determine_available_memory = determine_available_memory
+    runner_cls.capture_model = capture_model
 
 
 def describe(runner: Any) -> dict[str, Any]:

@@ -22,9 +22,7 @@ def descriptor_key(desc: Any) -> dict[str, Any]:
     return {"type": type(desc).__qualname__, "fields": out}
 
 
-def descriptor_from_key(
-    cls: type, key: dict[str, Any], enums: dict[str, type] | None = None
-) -> Any:
+def descriptor_from_key(cls: type, key: dict[str, Any], enums: dict[str, Any] | None = None) -> Any:
     """The descriptor of class cls a key stands for; refuses a key of another class or fields."""
     if key.get("type") != cls.__qualname__:
         raise ValueError(f"artifact graph key is a {key.get('type')}, expected {cls.__qualname__}")

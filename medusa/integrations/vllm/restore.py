@@ -67,7 +67,7 @@ def kv_bytes_from(artifact: str | Path, free_bytes: int) -> int | None:
     return need
 
 
-def install_kv_size(worker_cls: type, artifact: str) -> None:
+def install_kv_size(worker_cls: Any, artifact: str) -> None:
     """Before the worker measures memory, set cache_config.kv_cache_memory_bytes from the
     artifact (vLLM's own knob that skips the measurement and the profiling capture)."""
     fn = worker_cls.determine_available_memory
@@ -86,7 +86,7 @@ def install_kv_size(worker_cls: type, artifact: str) -> None:
         return fn(self)
 
     determine_available_memory._medusa_kv = True  # type: ignore[attr-defined]
-    worker_cls.determine_available_memory = determine_available_memory  # type: ignore[method-assign]
+    worker_cls.determine_available_memory = determine_available_memory
 
 
 class RestoredGraph:
@@ -273,7 +273,7 @@ def restore_into(runner: Any, artifact: str) -> int:
     return held
 
 
-def install_restore(runner_cls: type, artifact: str) -> None:
+def install_restore(runner_cls: Any, artifact: str) -> None:
     """capture_model restores instead of capturing; on any mismatch it captures as usual."""
     fn = runner_cls.capture_model
     if getattr(fn, "_medusa_restore", False):
@@ -292,4 +292,4 @@ def install_restore(runner_cls: type, artifact: str) -> None:
             return int(fn(self, profile_only=profile_only))
 
     capture_model._medusa_restore = True  # type: ignore[attr-defined]
-    runner_cls.capture_model = capture_model  # type: ignore[method-assign]
+    runner_cls.capture_model = capture_model
