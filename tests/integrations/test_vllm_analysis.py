@@ -24,6 +24,10 @@ from tests.materialize.conftest import clean_env
 PROGRAM = Path(__file__).parent / "programs" / "vllm_like.py"
 
 
+def CAPTURE(phase: str) -> bool:  # noqa: N802  (the phases a vLLM restore skips)
+    return phase in SKIPPED
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     work = tmp_path_factory.mktemp("vllm-like")
@@ -43,7 +47,7 @@ def recorded(tmp_path_factory):
 def test_outputs_are_relocated_and_a_restored_process_finds_them(recorded, tmp_path):
     work, a, b, plan, (side_a, side_b), plain = recorded
     assert side_a["graphs"][1]["output"]["addr"] != side_b["graphs"][1]["output"]["addr"]
-    joined = graph_section(a, b, side_a, side_b)
+    joined = graph_section(a, b, side_a, side_b, CAPTURE)
     piece = joined["graphs"][1]["output"]
     pool = a.allocs[piece["alloc"]]
     assert (pool.phase, pool.size, piece["offset"]) == ("graph_capture", 8 * 256, 4 * 256)
@@ -73,16 +77,29 @@ def test_sidecars_that_do_not_match_the_traces_are_refused(recorded):
     extra = copy.deepcopy(side_b)
     extra["captures"] = 3
     with pytest.raises(MaterializeError, match="holds 2 captured graphs, vLLM captured 3"):
-        graph_section(a, b, side_a, extra)
+        graph_section(a, b, side_a, extra, CAPTURE)
     other = copy.deepcopy(side_b)
     other["graphs"][0]["key"]["fields"]["num_tokens"] = 8
     with pytest.raises(MaterializeError, match="captured different graphs"):
-        graph_section(a, b, side_a, other)
+        graph_section(a, b, side_a, other, CAPTURE)
     stray = copy.deepcopy(side_b)
     stray["outputs"]["hidden_states"]["addr"] = 16  # nothing was ever allocated there
     with pytest.raises(MaterializeError, match="lies in no live allocation"):
-        graph_section(a, b, side_a, stray)
+        graph_section(a, b, side_a, stray, CAPTURE)
     moved = copy.deepcopy(side_b)
     moved["outputs"]["hidden_states"]["addr"] += 4  # another offset in the other run
     with pytest.raises(MaterializeError, match=r"allocation #\d+\+0 in one run and #\d+\+4"):
-        graph_section(a, b, side_a, moved)
+        graph_section(a, b, side_a, moved, CAPTURE)
+
+
+def test_an_output_in_memory_made_before_the_capture_is_refused(recorded):
+    # e.g. a hidden-states buffer torch carved from an older segment: a restored process could
+    # not keep torch from handing that memory out again
+    _, a, b, _, (side_a, side_b), _ = recorded
+    inp = [x for x in a.allocs if x.phase == "load_model"][0]
+    inp_b = b.allocs[inp.index]
+    early_a, early_b = copy.deepcopy(side_a), copy.deepcopy(side_b)
+    early_a["outputs"]["hidden_states"]["addr"] = inp.addr
+    early_b["outputs"]["hidden_states"]["addr"] = inp_b.addr
+    with pytest.raises(MaterializeError, match="phase 'load_model'.*made before the graph capture"):
+        graph_section(a, b, early_a, early_b, CAPTURE)

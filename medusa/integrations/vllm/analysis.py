@@ -4,6 +4,7 @@ tensor becomes (allocation, offset), the same in both runs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from medusa.integrations.vllm.capture import spec_tensors
@@ -13,7 +14,13 @@ AT_END = int(NEVER) - 1  # "live when the start-up finished"
 
 
 def _relocate_spec(
-    spec_a: dict[str, Any], spec_b: dict[str, Any], ia: AddressIndex, ib: AddressIndex, where: str
+    spec_a: dict[str, Any],
+    spec_b: dict[str, Any],
+    ia: AddressIndex,
+    ib: AddressIndex,
+    where: str,
+    captured: Callable[[int], bool],
+    ia_phase: Callable[[int], str] = str,
 ) -> dict[str, Any]:
     ta, tb = spec_tensors(spec_a), spec_tensors(spec_b)
     if _layout(spec_a) != _layout(spec_b):
@@ -29,6 +36,15 @@ def _relocate_spec(
             raise MaterializeError(
                 f"{where}: an output tensor is allocation #{fa[1]}+{fa[2]} in one run and "
                 f"#{fb[1]}+{fb[2]} in the other"
+            )
+        if not captured(fa[1]):
+            # In a restored process that memory belongs to torch's allocator, which would hand
+            # it out again while the graphs write there.
+            raise MaterializeError(
+                f"{where}: an output tensor lies in allocation #{fa[1]} (phase "
+                f"{ia_phase(fa[1])!r}), made before the graph capture: torch's allocator carved "
+                "it from an older segment, which a restore cannot reserve; this start-up cannot "
+                "be materialized as is"
             )
         leaf["alloc"], leaf["offset"] = fa[1], fa[2]
     return out
@@ -54,9 +70,14 @@ def _strip(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def graph_section(
-    a: RunView, b: RunView, side_a: dict[str, Any], side_b: dict[str, Any]
+    a: RunView,
+    b: RunView,
+    side_a: dict[str, Any],
+    side_b: dict[str, Any],
+    skipped: Callable[[str], bool],
 ) -> dict[str, Any]:
-    """The graphs, their outputs and the wrappers of the artifact's vLLM section."""
+    """The graphs, their outputs and the wrappers of the artifact's vLLM section. Output tensors
+    must lie in memory the skipped (capture) phase allocated, which a restore replays."""
     n = len(a.graphs)
     for side, name in ((side_a, "first"), (side_b, "second")):
         if side.get("captures") != n:
@@ -69,15 +90,22 @@ def graph_section(
     if side_a["wrappers"] != side_b["wrappers"]:
         raise MaterializeError("the two runs built different piecewise graph wrappers")
     ia, ib = AddressIndex(a), AddressIndex(b)
+
+    def captured(i: int) -> bool:
+        return skipped(a.allocs[i].phase)
+
+    def phase(i: int) -> str:
+        return a.allocs[i].phase
+
     graphs = []
     for ga, gb in zip(side_a["graphs"], side_b["graphs"], strict=True):
         g = {k: v for k, v in ga.items() if k != "output"}
         if "output" in ga:
             where = f"piecewise graph {ga['graph']} (wrapper {ga['wrapper']})"
-            g["output"] = _relocate_spec(ga["output"], gb["output"], ia, ib, where)
+            g["output"] = _relocate_spec(ga["output"], gb["output"], ia, ib, where, captured, phase)
         graphs.append(g)
     outputs = {
-        k: _relocate_spec(v, side_b["outputs"][k], ia, ib, f"the FULL graphs' {k}")
+        k: _relocate_spec(v, side_b["outputs"][k], ia, ib, f"the FULL graphs' {k}", captured, phase)
         for k, v in side_a["outputs"].items()
     }
     return {"graphs": graphs, "outputs": outputs, "wrappers": side_a["wrappers"]}
