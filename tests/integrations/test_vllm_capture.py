@@ -1,0 +1,46 @@
+"""What the plugin writes about a capture: output tensors (real torch tensors) as address, dtype,
+shape, stride and byte span; captures numbered in process order. (No vLLM needed.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from medusa.integrations.vllm import capture
+
+torch = pytest.importorskip("torch")
+
+
+def test_output_tensors_are_described_with_their_layout_and_span():
+    base = torch.zeros(8, 16, dtype=torch.bfloat16)
+    view = base[2:6, ::2]  # 4 x 8, strides (16, 2), starting 32 elements in
+    spec = capture.tensor_spec((view, [base], None))
+    assert spec["t"] == "tuple" and spec["items"][2] == {"t": "none"}
+    leaf = spec["items"][0]
+    assert leaf == {
+        "t": "tensor",
+        "addr": base.data_ptr() + 2 * 16 * 2,
+        "dtype": "bfloat16",
+        "shape": [4, 8],
+        "stride": [16, 2],
+        "bytes": (1 + 3 * 16 + 7 * 2) * 2,  # first to last element, inclusive
+    }
+    assert [x["shape"] for x in capture.spec_tensors(spec)] == [[4, 8], [8, 16]]
+    empty = capture.tensor_spec(torch.zeros(0, 4))
+    assert empty["bytes"] == 0
+    with pytest.raises(capture.CaptureOrderError, match="of type str is not supported"):
+        capture.tensor_spec("logits")
+
+
+def test_captures_are_numbered_in_process_order_once():
+    class Graph:  # the shape of torch.cuda.CUDAGraph: capture_end ends a capture
+        def capture_end(self):
+            return "ended"
+
+    capture.count_captures(Graph)
+    capture.count_captures(Graph)  # installed once
+    first = capture.captures_so_far()
+    graphs = [Graph(), Graph(), Graph()]
+    assert [g.capture_end() for g in graphs] == ["ended"] * 3
+    assert [capture.capture_index(g) for g in graphs] == [first, first + 1, first + 2]
+    with pytest.raises(capture.CaptureOrderError, match="before the medusa plugin counted"):
+        capture.capture_index(object())
