@@ -279,10 +279,13 @@ def install_restore(runner_cls: Any, artifact: str) -> None:
     if getattr(fn, "_medusa_restore", False):
         return
 
+    tried: list[bool] = []
+
     @functools.wraps(fn)
     def capture_model(self: Any, *, profile_only: bool = False) -> int:
-        if profile_only:
-            return int(fn(self, profile_only=True))
+        if profile_only or tried:  # profiling, or a re-capture (elastic EP): vLLM's own
+            return int(fn(self, profile_only=profile_only))
+        tried.append(True)
         try:
             return restore_into(self, artifact)
         except (RestoreError, ValueError, KeyError) as e:
