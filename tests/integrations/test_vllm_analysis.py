@@ -47,7 +47,7 @@ def recorded(tmp_path_factory):
 def test_outputs_are_relocated_and_a_restored_process_finds_them(recorded, tmp_path):
     work, a, b, plan, (side_a, side_b), plain = recorded
     assert side_a["graphs"][1]["output"]["addr"] != side_b["graphs"][1]["output"]["addr"]
-    joined = graph_section(a, b, side_a, side_b, CAPTURE)
+    joined = graph_section(a, b, side_a, side_b, CAPTURE, plan)
     piece = joined["graphs"][1]["output"]
     pool = a.allocs[piece["alloc"]]
     assert (pool.phase, pool.size, piece["offset"]) == ("graph_capture", 8 * 256, 4 * 256)
@@ -103,3 +103,17 @@ def test_an_output_in_memory_made_before_the_capture_is_refused(recorded):
     early_b["outputs"]["hidden_states"]["addr"] = inp_b.addr
     with pytest.raises(MaterializeError, match="phase 'load_model'.*made before the graph capture"):
         graph_section(a, b, early_a, early_b, CAPTURE)
+
+
+def test_a_buffer_made_during_the_capture_that_graphs_use_must_be_a_rebuilt_output(recorded):
+    # The pool's first half is graph 0's intermediate: were it a live tensor vLLM holds (its
+    # owner would make another in a restored process), the artifact would be wrong.
+    _, a, b, plan, (side_a, side_b), _ = recorded
+    pool = side_a["graphs"][1]["output"]["addr"] - 4 * 256
+    held = copy.deepcopy(side_a)
+    held["capture_live"].append([pool, 4 * 256])
+    with pytest.raises(MaterializeError, match=r"1024-byte buffer vLLM created during the capture"):
+        graph_section(a, b, held, side_b, CAPTURE, plan)
+    unused = copy.deepcopy(side_a)
+    unused["capture_live"] = [[pool + 8 * 256 - 8, 8]]  # no graph touches its last float pair
+    graph_section(a, b, unused, side_b, CAPTURE, plan)

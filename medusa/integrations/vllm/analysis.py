@@ -7,8 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from medusa.integrations.vllm.capture import spec_tensors
 from medusa.materialize.analysis import DEVICE, NEVER, AddressIndex, MaterializeError, RunView
+from medusa.restore.layout import RELOC
 
 AT_END = int(NEVER) - 1  # "live when the start-up finished"
 
@@ -69,15 +72,55 @@ def _strip(spec: dict[str, Any]) -> dict[str, Any]:
     return dict(spec)
 
 
+def _plan_relocs(plan: dict[str, Any]) -> np.ndarray:
+    parts = [np.frombuffer(t["relocs"], RELOC) for t in plan["templates"]]
+    parts += [np.frombuffer(g["relocs"], RELOC) for g in plan["graphs"]]
+    out = np.concatenate(parts) if parts else np.zeros(0, RELOC)
+    return out[out["kind"] == DEVICE]
+
+
+def _check_capture_live(
+    blocks: list[list[int]],
+    ia: AddressIndex,
+    plan: dict[str, Any],
+    outputs: list[dict[str, Any]],
+) -> None:
+    """Tensors vLLM created during the capture and still holds are fine when no graph uses them
+    or when they are outputs the restore rebuilds; any other one a graph uses would be made anew
+    by its owner in a restored process, and the graph would keep using the old memory."""
+    relocs = _plan_relocs(plan)
+    for addr, size in blocks:
+        f = ia.find(addr, AT_END)
+        if f is None or f[0] != DEVICE:
+            continue
+        _, alloc, off = f
+        used = (relocs["target"] == alloc) & (relocs["addend"] >= off)
+        used &= relocs["addend"] < off + size
+        if not used.any():
+            continue
+        if any(
+            o["alloc"] == alloc and o["offset"] < off + size and off < o["offset"] + o["bytes"]
+            for o in outputs
+        ):
+            continue
+        raise MaterializeError(
+            f"the graphs use a {size}-byte buffer vLLM created during the capture (allocation "
+            f"#{alloc}+{off}) that is not an output the restore rebuilds; in a restored process "
+            "its owner would make another, so this start-up cannot be materialized as is"
+        )
+
+
 def graph_section(
     a: RunView,
     b: RunView,
     side_a: dict[str, Any],
     side_b: dict[str, Any],
     skipped: Callable[[str], bool],
+    plan: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The graphs, their outputs and the wrappers of the artifact's vLLM section. Output tensors
-    must lie in memory the skipped (capture) phase allocated, which a restore replays."""
+    must lie in memory the skipped (capture) phase allocated, which a restore replays; with the
+    plan, buffers created during the capture that graphs use must be such outputs."""
     n = len(a.graphs)
     for side, name in ((side_a, "first"), (side_b, "second")):
         if side.get("captures") != n:
@@ -108,4 +151,8 @@ def graph_section(
         k: _relocate_spec(v, side_b["outputs"][k], ia, ib, f"the FULL graphs' {k}", captured, phase)
         for k, v in side_a["outputs"].items()
     }
+    if plan is not None:
+        leaves = [x for g in graphs if "output" in g for x in spec_tensors(g["output"])]
+        leaves += [x for v in outputs.values() for x in spec_tensors(v)]
+        _check_capture_live(side_a.get("capture_live", []), ia, plan, leaves)
     return {"graphs": graphs, "outputs": outputs, "wrappers": side_a["wrappers"]}

@@ -220,14 +220,30 @@ def install_recording(worker_cls: Any, runner_cls: Any) -> None:
 
     @functools.wraps(capture)
     def capture_model(self: Any, *, profile_only: bool = False) -> Any:
+        before = set(live_blocks()) if not profile_only else set()
         out = capture(self, profile_only=profile_only)
         if not profile_only:
-            write_sidecar(describe(self))
+            created = sorted(set(live_blocks()) - before)
+            write_sidecar({**describe(self), "capture_live": [list(b) for b in created]})
         return out
 
     capture_model._medusa_records = True  # type: ignore[attr-defined]
     worker_cls.determine_available_memory = determine_available_memory
     runner_cls.capture_model = capture_model
+
+
+def live_blocks() -> list[tuple[int, int]]:
+    """(address, size) of every block torch's caching allocator has handed to a live tensor."""
+    import torch
+
+    out = []
+    for seg in torch.cuda.memory_snapshot(include_traces=False):
+        addr = seg["address"]
+        for blk in seg["blocks"]:
+            if blk["state"] == "active_allocated":
+                out.append((addr, blk["size"]))
+            addr += blk["size"]
+    return out
 
 
 def describe(runner: Any) -> dict[str, Any]:

@@ -104,7 +104,7 @@ def materialize_vllm(argv: list[str], out: Path, kind: str, echo: Echo) -> dict[
         a, b, plan, timings["analyze"] = analyze_runs(
             work / "0.mtr", work / "1.mtr", set(SKIPPED), echo
         )
-        joined = graph_section(a, b, sides[0], sides[1], lambda phase: phase in SKIPPED)
+        joined = graph_section(a, b, sides[0], sides[1], lambda phase: phase in SKIPPED, plan)
         side = sides[0]
         section = vllm_section(
             version=side["vllm_version"],

@@ -85,6 +85,7 @@ if sys.argv[1] == "record":
         },
         "wrappers": [{"index": 0, "of": 1, "last": True}],
         "captures": 2,
+        "capture_live": [[hidden, 4 * N]],  # held by the manager, like mgr.hidden_states
     }
     with open(sys.argv[2], "w") as f:
         json.dump(side, f)
