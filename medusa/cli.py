@@ -153,6 +153,10 @@ def run(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if engine_name == "vllm":
+        _refuse_reference_options(
+            [*engine, "served_model_name", "demo", "validate"],
+            "medusa run --engine vllm --artifact DIR -- --seed 3",
+        )
         _run_vllm(model, artifact, list(argv), host, port, require_artifact)
     if argv:
         raise click.UsageError(
@@ -195,6 +199,22 @@ def run(
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
         async_engine.shutdown()
+
+
+def _refuse_reference_options(names: list[str], example: str) -> None:
+    """With --engine vllm, options of the reference engine given on the command line would be
+    silently dropped: name them and say where vLLM's own go."""
+    ctx = click.get_current_context()
+    given = [
+        "--" + name.replace("_", "-")
+        for name in names
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)}: the reference engine's option(s); with --engine vllm pass "
+            f"vLLM's own after --, e.g. {example}"
+        )
 
 
 def _run_vllm(
@@ -275,6 +295,10 @@ def materialize(
         if engine_name == "vllm":
             from medusa.integrations.vllm.materialize import materialize_vllm
 
+            _refuse_reference_options(
+                [*engine, "skip_phase", "command"],
+                "medusa materialize --engine vllm MODEL -- --max-model-len 4096",
+            )
             vargs = [model, *argv] if model else list(argv)
             name = Path(vargs[0]).name if vargs else "model"
             target = Path(out or f"artifacts/vllm-{name}-{kind}")

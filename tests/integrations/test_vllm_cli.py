@@ -79,3 +79,13 @@ def test_run_refuses_an_artifact_of_another_kind_or_model(tmp_path):
     good = _artifact(tmp_path / "x")
     res = medusa("run", "--engine", "vllm", "--artifact", str(good), "other-model")
     assert "is for model '/models/qwen', not 'other-model'" in res.stderr
+
+
+def test_run_with_vllm_refuses_the_reference_engines_options():
+    res = medusa("run", "--engine", "vllm", "--max-num-seqs", "4", "--artifact", "/x")
+    assert res.returncode == 2
+    assert "--max-num-seqs: the reference engine's option(s); with --engine vllm" in res.stderr
+    res = medusa("materialize", "--engine", "vllm", "M", "--max-model-len", "4096")
+    assert res.returncode == 2
+    assert "--max-model-len: the reference engine's option(s)" in res.stderr
+    assert "medusa materialize --engine vllm MODEL -- --max-model-len 4096" in res.stderr
