@@ -85,18 +85,22 @@ def engine_options(f):  # type: ignore[no-untyped-def]
     return f
 
 
-ENGINE_CHOICE = click.Choice(["medusa", "vllm"])
+def engine_choice(help: str):  # type: ignore[no-untyped-def]
+    """--engine medusa|vllm, as run and materialize take it."""
+    return click.option(
+        "--engine",
+        "engine_name",
+        type=click.Choice(["medusa", "vllm"]),
+        default="medusa",
+        help=help,
+    )
 
 
 @main.command(context_settings={"show_default": True, "ignore_unknown_options": True})
 @click.argument("model", required=False)
-@click.option(
-    "--engine",
-    "engine_name",
-    type=ENGINE_CHOICE,
-    default="medusa",
-    help="medusa: the reference engine; vllm: `vllm serve` with the medusa plugin "
-    "(arguments after -- go to vllm serve).",
+@engine_choice(
+    "medusa: the reference engine; vllm: `vllm serve` with the medusa plugin "
+    "(arguments after -- go to vllm serve)."
 )
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", default=8000, type=int, help="Port to listen on.")
@@ -243,13 +247,9 @@ def _run_vllm(
 
 @main.command(context_settings={"show_default": True, "ignore_unknown_options": True})
 @click.argument("model", required=False)
-@click.option(
-    "--engine",
-    "engine_name",
-    type=ENGINE_CHOICE,
-    default="medusa",
-    help="medusa: the reference engine; vllm: a vLLM server (needs a GPU; arguments after -- "
-    "go to vLLM).",
+@engine_choice(
+    "medusa: the reference engine; vllm: a vLLM server (needs a GPU; arguments after -- "
+    "go to vLLM)."
 )
 @engine_options
 @click.option(

@@ -225,7 +225,24 @@ def _real_driver_present() -> bool:
     return drv.cuInit(0) == 0 and drv.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0
 
 
+def _loaded_cudart() -> Path | None:
+    """The libcudart this process has loaded already (PyTorch's, say), so calls go to one
+    runtime instance."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if "/libcudart.so" in path:
+                    return Path(path)
+    except OSError:
+        pass
+    return None
+
+
 def _cudart_path() -> Path:
+    loaded = _loaded_cudart()
+    if loaded is not None:
+        return loaded
     name = ctypes.util.find_library("cudart")
     for cand in ([name] if name else []) + ["/usr/local/cuda/lib64/libcudart.so"]:
         if cand and (Path(cand).is_file() or not cand.startswith("/")):

@@ -19,16 +19,21 @@ from medusa.engine.sampling import SamplingParams
 from medusa.serve.async_engine import AsyncEngine, Output
 
 
-class CompletionRequest(BaseModel):
+class _Sampling(BaseModel):
+    """Fields completions and chat completions share."""
+
     model: str
-    prompt: str | list[int]
-    max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = 1
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int]
+    max_tokens: int = 16
 
 
 class ChatMessage(BaseModel):
@@ -36,17 +41,10 @@ class ChatMessage(BaseModel):
     content: str
 
 
-class ChatRequest(BaseModel):
-    model: str
+class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    n: int = 1
 
 
 class APIError(Exception):

@@ -22,9 +22,11 @@ def _relocate_spec(
     ia: AddressIndex,
     ib: AddressIndex,
     where: str,
-    captured: Callable[[int], bool],
-    ia_phase: Callable[[int], str] = str,
+    phases: list[str],
+    skipped: Callable[[str], bool],
 ) -> dict[str, Any]:
+    """spec_a with each tensor as (allocation, offset), checked alike in run b; phases[i] is
+    allocation i's phase, and outputs must lie in a skipped (replayed) phase's memory."""
     ta, tb = spec_tensors(spec_a), spec_tensors(spec_b)
     if _layout(spec_a) != _layout(spec_b):
         raise MaterializeError(f"{where}: the runs' output tensors differ in type or shape")
@@ -40,12 +42,12 @@ def _relocate_spec(
                 f"{where}: an output tensor is allocation #{fa[1]}+{fa[2]} in one run and "
                 f"#{fb[1]}+{fb[2]} in the other"
             )
-        if not captured(fa[1]):
+        if not skipped(phases[fa[1]]):
             # In a restored process that memory belongs to torch's allocator, which would hand
             # it out again while the graphs write there.
             raise MaterializeError(
                 f"{where}: an output tensor lies in allocation #{fa[1]} (phase "
-                f"{ia_phase(fa[1])!r}), made before the graph capture: torch's allocator carved "
+                f"{phases[fa[1]]!r}), made before the graph capture: torch's allocator carved "
                 "it from an older segment, which a restore cannot reserve; this start-up cannot "
                 "be materialized as is"
             )
@@ -133,22 +135,16 @@ def graph_section(
     if side_a["wrappers"] != side_b["wrappers"]:
         raise MaterializeError("the two runs built different piecewise graph wrappers")
     ia, ib = AddressIndex(a), AddressIndex(b)
-
-    def captured(i: int) -> bool:
-        return skipped(a.allocs[i].phase)
-
-    def phase(i: int) -> str:
-        return a.allocs[i].phase
-
+    phases = [x.phase for x in a.allocs]
     graphs = []
     for ga, gb in zip(side_a["graphs"], side_b["graphs"], strict=True):
         g = {k: v for k, v in ga.items() if k != "output"}
         if "output" in ga:
             where = f"piecewise graph {ga['graph']} (wrapper {ga['wrapper']})"
-            g["output"] = _relocate_spec(ga["output"], gb["output"], ia, ib, where, captured, phase)
+            g["output"] = _relocate_spec(ga["output"], gb["output"], ia, ib, where, phases, skipped)
         graphs.append(g)
     outputs = {
-        k: _relocate_spec(v, side_b["outputs"][k], ia, ib, f"the FULL graphs' {k}", captured, phase)
+        k: _relocate_spec(v, side_b["outputs"][k], ia, ib, f"the FULL graphs' {k}", phases, skipped)
         for k, v in side_a["outputs"].items()
     }
     if plan is not None:

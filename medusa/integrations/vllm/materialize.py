@@ -43,20 +43,25 @@ def _run(cmd: list[str], env: dict[str, str], what: str, echo: Echo) -> float:
     return dt
 
 
-def with_kv_size(argv: list[str], kv_bytes: int) -> list[str]:
-    """argv with --kv-cache-memory set to kv_bytes (replacing one the user gave)."""
+KV_FLAGS = ("--kv-cache-memory", "--kv-cache-memory-bytes")
+
+
+def strip_kv_size(argv: list[str]) -> list[str]:
+    """argv without a --kv-cache-memory setting."""
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
-            continue
-        if a in ("--kv-cache-memory", "--kv-cache-memory-bytes"):
+        elif a in KV_FLAGS:
             skip = True
-            continue
-        if a.startswith(("--kv-cache-memory=", "--kv-cache-memory-bytes=")):
-            continue
-        out.append(a)
-    return [*out, "--kv-cache-memory", str(kv_bytes)]
+        elif not a.startswith(tuple(f + "=" for f in KV_FLAGS)):
+            out.append(a)
+    return out
+
+
+def with_kv_size(argv: list[str], kv_bytes: int) -> list[str]:
+    """argv with --kv-cache-memory set to kv_bytes (replacing one the user gave)."""
+    return [*strip_kv_size(argv), "--kv-cache-memory", str(kv_bytes)]
 
 
 def materialize_vllm(argv: list[str], out: Path, kind: str, echo: Echo) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.artifact import Artifact, ArtifactError, load_artifact
+from medusa.cuda.backend import load_backend
 from medusa.integrations.vllm import capture as cap
 from medusa.integrations.vllm.descriptors import descriptor_from_key
 from medusa.integrations.vllm.schema import (
@@ -141,18 +142,6 @@ def build_output(spec: dict[str, Any], base: Any, device: Any) -> Any:
     return raw.view(dtype).as_strided(spec["shape"], spec["stride"])
 
 
-def _process_backend() -> Any:
-    """The CUDA runtime this process (torch) already uses, through medusa's Backend."""
-    from medusa.cuda.backend import Backend, load_backend
-
-    with open("/proc/self/maps") as f:
-        for line in f:
-            path = line.split()[-1]
-            if "/libcudart.so" in path:
-                return Backend("cuda", [Path(path)])
-    return load_backend("cuda")
-
-
 def _check_runner(runner: Any) -> None:
     """Refuses what the restore does not rebuild (it would otherwise be silently missing)."""
     if runner.cudagraph_manager is None:
@@ -226,7 +215,7 @@ def restore_into(runner: Any, artifact: str) -> int:
         )
 
     mgr = runner.cudagraph_manager
-    restorer = Restorer(art, _process_backend())
+    restorer = Restorer(art, load_backend("cuda"))
     try:
         stream = torch.cuda.current_stream()
         result = restorer.restore(stream.cuda_stream)

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from medusa.artifact.store import MANIFEST, ArtifactError
-from medusa.integrations.vllm.materialize import with_kv_size
+from medusa.integrations.vllm.materialize import strip_kv_size
 from medusa.trace import recorder_env
 
 
@@ -37,8 +37,7 @@ def recorded_argv(artifact: Path) -> list[str]:
             f"{artifact} is a {manifest.get('kind')!r} artifact; `--engine vllm` needs one made "
             "by `medusa materialize --engine vllm`"
         )
-    argv = with_kv_size(list(manifest["engine"]["argv"]), 0)[:-2]
-    return argv
+    return strip_kv_size(list(manifest["engine"]["argv"]))
 
 
 def serve_command(
