@@ -541,4 +541,4 @@ def trace_summarize(file: str, allow_truncated: bool) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="medusa")

@@ -1,0 +1,33 @@
+"""Command lines for child Python processes that run the same Medusa as this process.
+
+`python -m medusa.cli` and `python -c CODE` put the child's working directory first on sys.path, so
+a worker started from inside a checkout would import the source tree instead of the installed
+package (or another checkout's). Every child Medusa starts goes through here instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import medusa
+
+# The directory this process imported `medusa` from.
+ROOT = str(Path(medusa.__file__).resolve().parent.parent)
+_FIRST = f"import sys; sys.path[0] = {ROOT!r}\n"
+
+
+def python_code(code: str, *args: str) -> list[str]:
+    """argv that runs CODE (as `python -c`) importing medusa from where this process did."""
+    return [sys.executable, "-c", _FIRST + code, *args]
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv that runs `python -m MODULE ARGS` importing medusa from where this process did."""
+    run = f"import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    return python_code(run, *args)
+
+
+def medusa_cli(*args: str) -> list[str]:
+    """argv for `medusa ARGS` run by this interpreter and this copy of the package."""
+    return python_module("medusa.cli", *args)
