@@ -5,9 +5,15 @@ to fp32 before the dot (accumulation in fp32). On a CPU, run under TRITON_INTERP
 
 from __future__ import annotations
 
-import torch
-import triton
-import triton.language as tl
+try:
+    import torch
+    import triton
+    import triton.language as tl
+except ImportError as e:  # the c2c extra
+    raise ImportError(
+        f"HybridGEMM in Triton needs torch and triton ({e}): "
+        "pip install 'medusa-coldstart[c2c]'"
+    ) from None
 
 from medusa.c2c.model import DEFAULT_TILES, Tiles, split_columns
 
