@@ -6,19 +6,41 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from medusa import __version__
 
+if TYPE_CHECKING:
+    from medusa.engine.config import EngineConfig
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _InOrder(click.Group):
+    """Lists commands in the order they are defined (the order a user needs them), not A-Z."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+
+@click.group(cls=_InOrder, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="medusa")
 def main() -> None:
-    """Medusa: materialize an LLM server's start-up once, restore it at every cold start."""
+    """Medusa: materialize an LLM server's start-up once, restore it at every cold start.
+
+    \b
+    In the order you use them:
+      1. medusa doctor                        check the back-end (simcuda or a GPU)
+      2. medusa run [MODEL]                   serve a model, started the normal way
+      3. medusa materialize [MODEL]           record its start-up once: an artifact
+      4. medusa run --artifact DIR            cold-start from the artifact
+      5. medusa gateway --config models.yaml  scale many models from zero
+
+    `medusa COMMAND --help` explains each.
+    """
 
 
-@main.command()
+@main.command(short_help="Check the back-end and the device; run a kernel.")
 @click.option(
     "--device",
     type=click.Choice(["auto", "cuda", "sim"]),
@@ -96,7 +118,10 @@ def engine_choice(help: str):  # type: ignore[no-untyped-def]
     )
 
 
-@main.command(context_settings={"show_default": True, "ignore_unknown_options": True})
+@main.command(
+    short_help="Serve a model with an OpenAI-compatible API.",
+    context_settings={"show_default": True, "ignore_unknown_options": True},
+)
 @click.argument("model", required=False)
 @engine_choice(
     "medusa: the reference engine; vllm: `vllm serve` with the medusa plugin "
@@ -128,6 +153,9 @@ def engine_choice(help: str):  # type: ignore[no-untyped-def]
     default=None,
     help="Serve, answer PROMPT over HTTP, print the answer and stop.",
 )
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Log start-up stages and failures' tracebacks to stderr."
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -140,22 +168,19 @@ def run(
     artifact: str | None,
     require_artifact: bool,
     validate: bool,
+    verbose: bool,
     **engine: object,
 ) -> None:
     """Serve MODEL (default: SmolLM2-135M-Instruct) with an OpenAI-compatible API.
 
     MODEL is 'smollm2', a .gguf file, or a Hugging Face-layout directory. The server answers
-    /health with 503 until the engine has started; requests made meanwhile wait.
+    /health with 503 until the engine has started; requests made meanwhile wait. A model that
+    cannot load, a missing --artifact directory or a busy port end the command at once with the
+    reason (an artifact that exists but does not fit falls back to a normal start).
     """
-    import logging
-
-    import uvicorn
-
     from medusa.engine.config import EngineConfig
-    from medusa.serve.async_engine import AsyncEngine
-    from medusa.serve.worker import create_app
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    _setup_logging(verbose, quiet=demo is not None)
     if engine_name == "vllm":
         _refuse_reference_options(
             [*engine, "served_model_name", "demo", "validate"],
@@ -170,13 +195,88 @@ def run(
         config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    _check_run_inputs(model, artifact, host, port)
     if artifact and not os.environ.get("MEDUSA_TRACE"):
         # Restore maps allocations through the recorder in restore mode: re-exec under it.
+        from medusa.child import medusa_cli
         from medusa.trace import recorder_env
 
         trace_dir = tempfile.mkdtemp(prefix="medusa-restore-")
         env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore")
-        os.execvpe(sys.executable, [sys.executable, "-m", "medusa.cli", *sys.argv[1:]], env)
+        cmd = medusa_cli(*sys.argv[1:])
+        os.execve(cmd[0], cmd, env)
+    _serve(config, model, host, port, served_model_name, demo, artifact, require_artifact, validate)
+
+
+def _setup_logging(verbose: bool, quiet: bool) -> None:
+    """INFO by default; WARNING for --demo (its output is the answer); DEBUG with --verbose;
+    MEDUSA_LOG_LEVEL over all of them."""
+    import logging
+
+    from medusa import env
+
+    level = env.LOG_LEVEL.get().upper() or ("DEBUG" if verbose else "WARNING" if quiet else "INFO")
+    if not isinstance(logging.getLevelName(level), int):
+        raise click.UsageError(
+            f"MEDUSA_LOG_LEVEL={level!r}: use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    if level != "DEBUG":
+        # NOTE: httpx logs a line per request at INFO (the demo polls /health).
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def _check_run_inputs(model: str | None, artifact: str | None, host: str, port: int) -> None:
+    """What would otherwise surface only after a slow start, or never (another server answering
+    on the port): refuse it now, with the fix."""
+    import errno
+    import socket
+
+    from medusa.cuda.backend import NoDeviceError, load_backend
+    from medusa.engine.loader import ModelError, locate_model
+
+    try:
+        locate_model(model)
+    except ModelError as e:
+        raise click.ClickException(str(e)) from None
+    if artifact and not Path(artifact).is_dir():
+        make = " ".join(["medusa materialize", *([model] if model else []), "--out", artifact])
+        raise click.ClickException(
+            f"--artifact {artifact}: no such directory; make it with `{make}`, or drop --artifact"
+        )
+    try:
+        load_backend()
+    except (NoDeviceError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise click.ClickException(f"port {port} is in use; pass --port") from None
+            raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
+def _serve(
+    config: EngineConfig,
+    model: str | None,
+    host: str,
+    port: int,
+    served_model_name: str | None,
+    demo: str | None,
+    artifact: str | None,
+    require_artifact: bool,
+    validate: bool,
+) -> None:
+    import threading
+
+    import uvicorn
+
+    from medusa.serve.async_engine import AsyncEngine
+    from medusa.serve.worker import create_app
+
     factory = None
     if artifact:
         from medusa.engine.llm_engine import LLMEngine
@@ -190,17 +290,30 @@ def run(
     async_engine.start()
     name = served_model_name or model or "smollm2"
     app = create_app(async_engine, name)
-    if require_artifact:
-        async_engine.ready.wait()
-        if async_engine.error:
-            click.echo(f"medusa run: {async_engine.error}", err=True)
-            raise SystemExit(3)
     try:
+        if require_artifact:
+            async_engine.ready.wait()
+            if async_engine.error:
+                click.echo(f"medusa run: {async_engine.error}", err=True)
+                raise SystemExit(3)
         if demo is not None:
             from medusa.serve.demo import run_demo
 
             raise SystemExit(run_demo(app, async_engine, host, port, name, demo))
-        uvicorn.run(app, host=host, port=port, log_level="info")
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+
+        def stop_if_failed() -> None:
+            async_engine.ready.wait()
+            if async_engine.error:
+                server.should_exit = True
+
+        threading.Thread(target=stop_if_failed, daemon=True).start()
+        server.run()
+        if async_engine.error:
+            click.echo(f"medusa run: the engine failed to start: {async_engine.error}", err=True)
+            raise SystemExit(1)
+        if not server.started:
+            raise SystemExit(1)
     finally:
         async_engine.shutdown()
 
@@ -245,7 +358,10 @@ def _run_vllm(
         ) from None
 
 
-@main.command(context_settings={"show_default": True, "ignore_unknown_options": True})
+@main.command(
+    short_help="Record a start-up once and write an artifact.",
+    context_settings={"show_default": True, "ignore_unknown_options": True},
+)
 @click.argument("model", required=False)
 @engine_choice(
     "medusa: the reference engine; vllm: a vLLM server (needs a GPU; arguments after -- "
@@ -284,14 +400,15 @@ def materialize(
     restores (KV size, CUDA graphs with relocated pointers, kernel identities)."""
     from medusa.artifact.inspect import describe
     from medusa.artifact.store import load_artifact
-    from medusa.cuda import load_backend
+    from medusa.cuda.backend import NoDeviceError, load_backend
     from medusa.engine.config import EngineConfig
+    from medusa.engine.loader import locate_model
     from medusa.materialize.analysis import MaterializeError
     from medusa.materialize.driver import materialize_command, materialize_engine
 
-    kind = load_backend().kind
     echo = lambda msg: click.echo(msg, err=True)  # noqa: E731
     try:
+        kind = load_backend().kind
         if engine_name == "vllm":
             from medusa.integrations.vllm.materialize import materialize_vllm
 
@@ -316,11 +433,12 @@ def materialize(
                 raise click.UsageError(
                     f"unexpected arguments {' '.join(argv)} (did you mean --command?)"
                 )
+            locate_model(model)
             config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
             name = Path(model).stem if model else "smollm2"
             target = Path(out or f"artifacts/{name}-{kind}")
             summary = materialize_engine(config, target, kind, echo)
-    except (MaterializeError, ValueError) as e:
+    except (MaterializeError, ValueError, NoDeviceError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(describe(load_artifact(target)))
     t = summary["timings"]
@@ -330,7 +448,10 @@ def materialize(
     )
 
 
-@main.command(context_settings={"show_default": True})
+@main.command(
+    short_help="Serve a catalog of models, scaled from zero.",
+    context_settings={"show_default": True},
+)
 @click.option(
     "--config",
     "config_path",
@@ -372,7 +493,10 @@ def gateway(config_path: str, host: str, port: int) -> None:
     )
 
 
-@main.command(context_settings={"show_default": True})
+@main.command(
+    short_help="Simulate models sharing a superchip's C2C link.",
+    context_settings={"show_default": True},
+)
 @click.option(
     "--trace",
     "trace_kind",
@@ -453,7 +577,7 @@ def simulate(
     click.echo(f"  C2C utilisation |{sparkline(r['c2c_utilisation'])}|")
 
 
-@main.command()
+@main.command(short_help="Print what an artifact holds.")
 @click.argument("artifact", type=click.Path(file_okay=False))
 def inspect(artifact: str) -> None:
     """Print an artifact: model, device, KV size, graphs, relocations, kernels, files."""
@@ -466,7 +590,7 @@ def inspect(artifact: str) -> None:
         raise click.ClickException(str(e)) from None
 
 
-@main.command()
+@main.command(short_help="Check an artifact's integrity.")
 @click.argument("artifact", type=click.Path(file_okay=False))
 def verify(artifact: str) -> None:
     """Check an artifact's integrity: schema, every file's size and sha256, the payload decodes."""
@@ -481,7 +605,7 @@ def verify(artifact: str) -> None:
     )
 
 
-@main.group()
+@main.group(short_help="Record a program's CUDA calls; read the traces.")
 def trace() -> None:
     """Record a program's CUDA calls with the LD_PRELOAD recorder, and read the traces."""
 

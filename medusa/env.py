@@ -47,6 +47,11 @@ SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messag
 TRACE = EnvVar(
     "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
 )
+LOG_LEVEL = EnvVar(
+    "MEDUSA_LOG_LEVEL",
+    "",
+    "log level of medusa commands (DEBUG, INFO, WARNING...); default: INFO, WARNING with --demo",
+)
 MODE = EnvVar("MEDUSA_MODE", "record", "recorder: record (everything) or restore (allocations)")
 
 ALL: tuple[EnvVar, ...] = (
@@ -61,4 +66,5 @@ ALL: tuple[EnvVar, ...] = (
     SIM_VERBOSE,
     TRACE,
     MODE,
+    LOG_LEVEL,
 )

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.artifact import save_artifact
+from medusa.child import python_code
 from medusa.engine.config import EngineConfig
 from medusa.materialize.analysis import MaterializeError, RunView
 from medusa.materialize.plan import build_plan
@@ -111,7 +111,7 @@ def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -
                 cfg["gpu_memory_utilization"] = min(
                     1.0, cfg["gpu_memory_utilization"] + SHIFT_BYTES / total
                 )
-            cmd = [sys.executable, "-c", ENGINE_SCRIPT, json.dumps(cfg), str(work / f"{run}.json")]
+            cmd = python_code(ENGINE_SCRIPT, json.dumps(cfg), str(work / f"{run}.json"))
             echo(f"[{run + 1}/4] recording the engine's start-up" + (" (shifted)" if run else ""))
             timings[f"record_{run + 1}"] = record_run(cmd, work / f"{run}.mtr", run, kind, echo)
             sidecars.append(json.loads((work / f"{run}.json").read_text()))

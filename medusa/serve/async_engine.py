@@ -62,8 +62,9 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             self.engine = self._factory()
-        except Exception as e:  # noqa: BLE001 - reported on /health, the process stays up
-            log.exception("engine start-up failed")
+        except Exception as e:  # noqa: BLE001 - reported on /health and by `medusa run`
+            # NOTE: the one-line reason is the user's message; the traceback is for --verbose.
+            log.debug("engine start-up failed", exc_info=True)
             self.error = f"{type(e).__name__}: {e}"
             self.ready.set()
             return

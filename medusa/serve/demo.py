@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -30,7 +31,7 @@ def run_demo(
             if health.status_code == 200:
                 break
             if health.status_code == 500:
-                print(f"the engine failed to start: {health.json().get('error')}")
+                print(f"medusa run: the engine failed to start: {engine.error}", file=sys.stderr)
                 return 1
             time.sleep(0.2)
         ready = time.perf_counter() - t0
@@ -40,7 +41,7 @@ def run_demo(
         r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300)
         answer = r.json()
         if r.status_code != 200:
-            print(f"request failed ({r.status_code}): {answer}")
+            print(f"medusa run: request failed ({r.status_code}): {answer}", file=sys.stderr)
             return 1
         assert engine.engine is not None
         stages = ", ".join(

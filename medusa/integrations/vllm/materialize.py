@@ -14,12 +14,12 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from medusa.child import python_module
 from medusa.integrations.vllm.analysis import graph_section
 from medusa.integrations.vllm.phases import SKIPPED
 from medusa.integrations.vllm.schema import vllm_section
@@ -29,7 +29,7 @@ from medusa.trace import recorder_env
 
 
 def startup_command(result: Path, argv: list[str], *, bench: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "medusa.integrations.vllm.startup", "--out", str(result)]
+    cmd = python_module("medusa.integrations.vllm.startup", "--out", str(result))
     return cmd + (["--bench"] if bench else []) + ["--", *argv]
 
 
