@@ -50,3 +50,34 @@ def compile_program(
         if res.returncode != 0:
             raise RuntimeError(f"compiling {src} failed:\n{res.stderr}")
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m medusa.cuda.toolchain SRC.c -o PROG`: build a C program against simcuda and its
+    test kernels, as the tests do (the README's recorder example builds ./recorded this way)."""
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="python -m medusa.cuda.toolchain", description=main.__doc__)
+    ap.add_argument("src", type=Path, help="C source file")
+    ap.add_argument("-o", "--output", type=Path, required=True, help="program to write")
+    ap.add_argument(
+        "--lib",
+        action="append",
+        default=None,
+        help="package library to link (default: simcuda and simcuda_testkernels)",
+    )
+    args = ap.parse_args(argv)
+    if not args.src.is_file():
+        ap.error(f"{args.src}: no such file")
+    with tempfile.TemporaryDirectory() as tmp:
+        built = compile_program(
+            args.src, Path(tmp), libs=args.lib or ("simcuda", "simcuda_testkernels")
+        )
+        shutil.copy2(built, args.output)
+    print(args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,6 +6,7 @@ Run: python scripts/bench/simcuda.py
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import tempfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from medusa.cuda.toolchain import compile_program
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     src = Path(__file__).parent / "c" / "launch_cost.c"
     with tempfile.TemporaryDirectory() as tmp:
         prog = compile_program(src, Path(tmp), libs=("simcuda", "simcuda_testkernels"))
