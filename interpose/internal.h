@@ -105,6 +105,7 @@ int mi_flush(void);
 bool mi_recording_on(void);
 unsigned mi_mode(void);
 const char *mi_trace_path(void);
+void mi_save_image(const char *hex, const void *data, size_t size); /* as <trace>.images/<hex>.img */
 void mi_writer_config(const char *path, unsigned mode);
 void mi_writer_fork_child(void);
 void mi_writer_fork_prepare(void);

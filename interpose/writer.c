@@ -34,7 +34,7 @@ static struct {
     unsigned mode;      /* 0: off */
     bool opened, broken;
     char path[4096];
-    int fd, bfd;
+    int fd, bfd, ifd; /* ifd: the images directory, held so that no link swapped in is followed */
     buf rec, blob;
     uint64_t blob_file_off; /* file offset of blob.v[0] */
     uint64_t seq, t0;
@@ -45,7 +45,7 @@ static struct {
     size_t func_cap, func_used;
     const void **stubs;
     size_t stub_cap, stub_used;
-} W = {.lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1, .bfd = -1};
+} W = {.lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1, .bfd = -1, .ifd = -1};
 
 static uint64_t now_ns(clockid_t c) {
     struct timespec ts;
@@ -141,21 +141,45 @@ static void emit_preamble(void) {
     append(&a, names, o);
 }
 
+/* Fail-open on a name that is taken: a file already there, or a link planted to another file, is
+ * never truncated, written through or followed. */
+static bool refuse_path(const char *path) {
+    char msg[4400];
+    snprintf(msg, sizeof msg, "cannot create %s (%s)%s", path, strerror(errno),
+             errno == EEXIST ? "; remove it, or pick another name (put %p in MEDUSA_TRACE for one "
+                               "file per process)"
+                             : "");
+    mi_fail(msg);
+    return false;
+}
+
 static bool open_locked(void) {
     char bpath[4200], ipath[4200];
     snprintf(bpath, sizeof bpath, "%s.blobs", W.path);
     snprintf(ipath, sizeof ipath, "%s.images", W.path);
-    W.fd = open(W.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (W.fd < 0) {
-        char msg[4400];
-        snprintf(msg, sizeof msg, "cannot create %s (%s)%s", W.path, strerror(errno),
-                 errno == EEXIST ? "; remove it, or put %p in MEDUSA_TRACE for one file per process"
-                                 : "");
-        mi_fail(msg);
-        return false;
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    W.fd = open(W.path, flags, 0644);
+    if (W.fd < 0)
+        return refuse_path(W.path);
+    const char *taken = NULL;
+    W.bfd = open(bpath, flags, 0644);
+    if (W.bfd < 0)
+        taken = bpath;
+    else if (mkdir(ipath, 0755) != 0 ||
+             (W.ifd = open(ipath, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+        taken = ipath;
+    if (taken) {
+        /* Only what this call created goes: the trace a re-run would otherwise trip over. */
+        int err = errno;
+        if (W.bfd >= 0)
+            close(W.bfd), unlink(bpath);
+        if (taken == ipath && err != EEXIST)
+            rmdir(ipath);
+        close(W.fd), unlink(W.path);
+        W.fd = W.bfd = W.ifd = -1;
+        errno = err;
+        return refuse_path(taken);
     }
-    W.bfd = open(bpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    mkdir(ipath, 0755);
     medusa_trace_header h = {.magic = MEDUSA_TRACE_MAGIC,
                              .version = MEDUSA_TRACE_VERSION,
                              .header_size = MEDUSA_TRACE_HEADER_SIZE,
@@ -163,7 +187,7 @@ static bool open_locked(void) {
                              .pid = (uint32_t)getpid(),
                              .start_unix_ns = now_ns(CLOCK_REALTIME),
                              .mode = W.mode};
-    if (W.bfd < 0 || !write_all(W.fd, &h, sizeof h) ||
+    if (!write_all(W.fd, &h, sizeof h) ||
         !write_all(W.bfd, MEDUSA_TRACE_BLOB_MAGIC, 8)) {
         mi_fail("cannot write the trace header");
         return false;
@@ -271,11 +295,38 @@ void mi_writer_close(void) {
         medusa_trace_record r = {.type = MEDUSA_EV_END, .u = {W.seq + 1}};
         append(&r, NULL, 0);
         flush_locked();
-        close(W.fd), close(W.bfd);
+        close(W.fd), close(W.bfd), close(W.ifd);
         W.opened = false;
     }
     W.mode = 0;
     pthread_mutex_unlock(&W.lock);
+}
+
+/* ---- module images, by content: an image already saved is not written again ---- */
+void mi_save_image(const char *hex, const void *data, size_t size) {
+    char name[80];
+    snprintf(name, sizeof name, "%s.img", hex);
+    pthread_mutex_lock(&W.lock);
+    int dir = W.opened ? dup(W.ifd) : -1; /* the descriptor outlives a close meanwhile */
+    pthread_mutex_unlock(&W.lock);
+    if (dir < 0)
+        return; /* not recording (or refused): nothing to save, nothing to say */
+    int fd = openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        if (errno != EEXIST)
+            mi_log("cannot save image %s.images/%s (%s); its kernels can only be found by "
+                   "triggering", W.path, name, strerror(errno));
+        close(dir);
+        return;
+    }
+    bool ok = write_all(fd, data, size);
+    close(fd);
+    if (!ok) {
+        unlinkat(dir, name, 0);
+        mi_log("cannot write image %s.images/%s; its kernels can only be found by triggering",
+               W.path, name);
+    }
+    close(dir);
 }
 
 /* ---- the capture phase's buffers: their contents, when "ready" is marked ---- */
@@ -318,7 +369,7 @@ void mi_writer_fork_prepare(void) { pthread_mutex_lock(&W.lock); }
 void mi_writer_fork_parent(void) { pthread_mutex_unlock(&W.lock); }
 void mi_writer_fork_child(void) {
     if (W.opened)
-        close(W.fd), close(W.bfd);
+        close(W.fd), close(W.bfd), close(W.ifd);
     W.opened = false;
     W.mode = 0;
     W.rec.n = W.blob.n = 0;

@@ -160,7 +160,7 @@ def test_an_existing_trace_is_not_overwritten_and_the_program_still_runs(cprog, 
     trace.write_bytes(b"precious")
     res = run(prog, env=recorder_env(trace))
     assert trace.read_bytes() == b"precious"
-    assert "remove it, or put %p in MEDUSA_TRACE" in res.stderr
+    assert "remove it, or pick another name (put %p in MEDUSA_TRACE" in res.stderr
     assert "checksum" in lines(res.stdout)
 
 
@@ -170,3 +170,34 @@ def test_percent_p_gives_one_file_per_process(cprog, run, tmp_path):
     assert res.returncode == 0
     (f,) = [p for p in tmp_path.iterdir() if p.suffix == ".mtr"]
     assert read_trace(f).pid == int(f.stem.split("-")[1])
+
+
+# NOTE: module.c still saves images by path, through a planted link; the .images case passes once
+# its save_image is replaced by writer.c's mi_save_image (which writes under the directory's fd).
+IMAGES_BY_FD = pytest.mark.xfail(
+    strict=True, reason="interpose/module.c does not yet call mi_save_image"
+)
+
+
+@pytest.mark.parametrize("side", [".blobs", pytest.param(".images", marks=IMAGES_BY_FD)])
+def test_an_existing_side_file_or_link_is_never_written_through(cprog, run, tmp_path, side):
+    prog = cprog("recorded", src_dir=PROGRAMS)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    for name, make in (("file", lambda p: p.write_bytes(b"mine")), ("link", None)):
+        trace = tmp_path / f"{name}{side}.mtr"
+        planted = trace.with_name(trace.name + side)
+        if make:
+            make(planted)
+        else:
+            planted.symlink_to(victim if side == ".blobs" else tmp_path)
+        res = run(prog, env=recorder_env(trace))
+        assert "checksum" in lines(res.stdout), res.stderr
+        assert f"cannot create {planted} " in res.stderr and "remove it" in res.stderr
+        assert victim.read_bytes() == b"precious"
+        assert not trace.exists(), "a refused recording leaves no half-made trace behind"
+        if make:
+            assert planted.read_bytes() == b"mine"
+        else:
+            assert planted.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".img") == []
