@@ -1,6 +1,7 @@
 /* Module images: what cuLibraryLoadData takes. A simcuda image names the shared object holding the
- * CPU code and lists the kernels (name + parameter signature) and globals; loading one dlopens that
- * object and checks it still exports a matching module table, so a stale image is refused. */
+ * CPU code and lists the kernels (name + parameter signature) and globals; loading one opens that
+ * object (only if codeobj.c allows it) and checks it still exports a matching module table, so a
+ * stale image is refused. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,10 +150,9 @@ unsigned char *sim_image_build(const simcuda_module_desc *d, size_t *size) {
 
 /* ---- loading an image (driver side) ---- */
 static CUresult bind_code(sim_library *lib, const char *path, const simcuda_module_desc **out) {
-    lib->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!lib->dl)
-        return sim_fail(CUDA_ERROR_INVALID_IMAGE, "image code object %s cannot be loaded: %s", path,
-                        dlerror());
+    CUresult e = sim_open_code(path, &lib->dl);
+    if (e)
+        return e;
     char sym[160];
     snprintf(sym, sizeof sym, "__simcuda_module_%s", lib->module_name);
     const simcuda_module_desc *d = dlsym(lib->dl, sym);

@@ -94,6 +94,8 @@ typedef struct sim_library {
 int sim_parse_signature(sim_func *f, const char *sig);
 CUresult sim_library_from_image(const void *image, sim_library **out);
 void sim_library_free(sim_library *lib);
+/* Opens the shared object an image names, if it may be (codeobj.c); refuses any other. */
+CUresult sim_open_code(const char *path, void **dl);
 sim_library *sim_library_of_module(CUmodule m);
 CUresult sim_func_load(sim_func *f);
 
