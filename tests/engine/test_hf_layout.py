@@ -114,5 +114,8 @@ def test_bad_model_directories_say_what_is_missing(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ModelError, match="GPT2LMHeadModel is not supported"):
         open_model(tmp_path)
-    with pytest.raises(ModelError, match="not a model"):
+    with pytest.raises(ModelError, match="nothing.bin: does not exist"):
         open_model(tmp_path / "nothing.bin")
+    (tmp_path / "weights.bin").write_bytes(b"0")
+    with pytest.raises(ModelError, match="weights.bin: is not a model"):
+        open_model(tmp_path / "weights.bin")
