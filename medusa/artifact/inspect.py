@@ -8,6 +8,9 @@ from medusa.artifact.store import Artifact
 def describe(art: Artifact) -> str:
     m, p = art.manifest, art.plan
     lines = [f"artifact {art.path}  (schema {m['schema']}, medusa {m['medusa_version']})"]
+    lines.append(f"  digest    sha256:{art.seal.digest}")
+    signed = f"by {art.signer} (medusa verify --trust KEY checks it)" if art.signer else "no"
+    lines.append(f"  signed    {signed}")
     lines.append(f"  model     {m['model'].get('name')}  [{str(m['model'].get('identity'))[:40]}…]")
     d = m.get("device", {})
     if d:

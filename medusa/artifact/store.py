@@ -1,4 +1,9 @@
-"""Writing, verifying and reading artifacts."""
+"""Writing, verifying and reading artifacts.
+
+Loading checks, in order, before anything uses the artifact: the manifest's size and JSON, its
+schema version, the seal's digest (and signature, given a trusted key), the manifest's schema,
+every listed file (a regular file inside the directory, its size and sha256) and the plan's
+decoding within the sizes the manifest records."""
 
 from __future__ import annotations
 
@@ -12,18 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgpack
-import zstandard
-
 from medusa import __version__
+from medusa.artifact.errors import ArtifactError
+from medusa.artifact.files import MANIFEST, SEAL, ArtifactDir
+from medusa.artifact.payload import decode_plan, encode_plan
+from medusa.artifact.schema import HEX64, check_manifest
+from medusa.artifact.seal import Seal, key_id
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PLAN = "plan.msgpack.zst"
-MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_SEAL_BYTES = 4096
 
-
-class ArtifactError(ValueError):
-    """An artifact that must not be used; the message names the file and what to do."""
+__all__ = ["MANIFEST", "PLAN", "SCHEMA_VERSION", "Artifact", "ArtifactError"]
 
 
 @dataclass(frozen=True)
@@ -31,10 +37,73 @@ class Artifact:
     path: Path
     manifest: dict[str, Any]
     plan: dict[str, Any]
+    seal: Seal
+
+    @property
+    def signer(self) -> str | None:
+        """The key that signed the artifact (checked only when a trusted key was given)."""
+        return key_id(self.seal.public_key) if self.seal.public_key else None
 
     def image(self, sha256: str) -> bytes | None:
-        p = self.path / "images" / f"{sha256}.img"
-        return p.read_bytes() if p.is_file() else None
+        """A saved module image the manifest lists, read again and checked against its sha256;
+        None when the artifact saved no image with that hash."""
+        if not isinstance(sha256, str) or not HEX64.fullmatch(sha256):
+            raise ArtifactError(
+                f"{self.path / PLAN}: a kernel's image hash {str(sha256)[:80]!r} is not 64 "
+                "lowercase hex digits; materialize again"
+            )
+        name = f"images/{sha256}.img"
+        entry = self.manifest["files"].get(name)
+        if entry is None:
+            return None
+        data = ArtifactDir(self.path).read(name, entry["size"])
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise ArtifactError(
+                f"{self.path / name}: checksum mismatch (corrupted; materialize again)"
+            )
+        return data
+
+
+def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],
+                  images: dict[str, bytes], *, sign: str | Path | None = None) -> Path:  # fmt: skip
+    """Writes the artifact into a fresh directory next to `out`, then swaps it in, so a crash
+    never leaves a half-written artifact under the final name. `sign`: a private key file."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        payload, raw_size = encode_plan(plan)
+        (tmp / PLAN).write_bytes(payload)
+        (tmp / "images").mkdir()
+        for sha, data in images.items():
+            (tmp / "images" / f"{sha}.img").write_bytes(data)
+        files: dict[str, dict[str, Any]] = {}
+        for p in sorted(tmp.rglob("*")):
+            if p.is_file():
+                files[str(p.relative_to(tmp))] = {"sha256": _sha256(p), "size": p.stat().st_size}
+        files[PLAN]["raw_size"] = raw_size
+        full = {"schema": SCHEMA_VERSION, "medusa_version": __version__,
+                "created_unix": int(time.time()), **manifest, "files": files}  # fmt: skip
+        check_manifest(full, f"the manifest for {out}")
+        (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
+        (tmp / SEAL).write_text(Seal.make(full, sign).to_json())
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def sign_artifact(path: Path, key_file: str | Path) -> Artifact:
+    """Signs an existing artifact with a private key file, after checking all of it."""
+    art = load_artifact(path)
+    seal = Seal.make(art.manifest, key_file)
+    tmp = Path(path) / f".{SEAL}.tmp"
+    tmp.write_text(seal.to_json())
+    os.replace(tmp, Path(path) / SEAL)
+    return Artifact(art.path, art.manifest, art.plan, seal)
 
 
 def _sha256(path: Path) -> str:
@@ -45,81 +114,63 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],
-                  images: dict[str, bytes]) -> Path:  # fmt: skip
-    """Writes the artifact into a fresh directory next to `out`, then swaps it in, so a crash
-    never leaves a half-written artifact under the final name."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+def read_manifest(path: Path, trust: str | Path | None = None) -> dict[str, Any]:
+    """The manifest, its digest (and signature, with `trust`) and schema checked; the files it
+    lists are not read."""
+    return _read_sealed(ArtifactDir(Path(path)), trust)[0]
+
+
+def _read_sealed(d: ArtifactDir, trust: str | Path | None) -> tuple[dict[str, Any], Seal]:
+    mf = d.path / MANIFEST
     try:
-        payload = msgpack.packb(plan, use_bin_type=True)
-        (tmp / PLAN).write_bytes(zstandard.ZstdCompressor(level=6).compress(payload))
-        (tmp / "images").mkdir()
-        for sha, data in images.items():
-            (tmp / "images" / f"{sha}.img").write_bytes(data)
-        files = {}
-        for p in sorted(tmp.rglob("*")):
-            if p.is_file():
-                files[str(p.relative_to(tmp))] = {"sha256": _sha256(p), "size": p.stat().st_size}
-        full = {"schema": SCHEMA_VERSION, "medusa_version": __version__,
-                "created_unix": int(time.time()), **manifest, "files": files}  # fmt: skip
-        (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    mf = Path(path) / MANIFEST
-    if not mf.is_file():
-        raise ArtifactError(
-            f"{path}: no {MANIFEST}; not an artifact (make one with medusa materialize)"
-        )
-    try:
-        manifest: dict[str, Any] = json.loads(mf.read_text())
-    except ValueError as e:
-        raise ArtifactError(f"{mf}: not valid JSON ({e}); materialize again") from None
-    if manifest.get("schema") != SCHEMA_VERSION:
-        raise ArtifactError(
-            f"{mf}: artifact schema {manifest.get('schema')}, this medusa reads schema "
-            f"{SCHEMA_VERSION}; materialize again with this version"
-        )
-    return manifest
-
-
-def verify_artifact(path: Path) -> dict[str, Any]:
-    """Checks every file's size and sha256 against the manifest; returns the manifest."""
-    path = Path(path)
-    manifest = read_manifest(path)
-    for rel, want in manifest.get("files", {}).items():
-        p = path / rel
-        if not p.is_file():
-            raise ArtifactError(f"{p}: missing (the artifact is incomplete; materialize again)")
-        if p.stat().st_size != want["size"]:
+        manifest = json.loads(d.read(MANIFEST, max_size=MAX_MANIFEST_BYTES), parse_constant=_nan)
+        if not isinstance(manifest, dict):
+            raise ArtifactError(f"{mf}: not a JSON object; materialize again")
+        if manifest.get("schema") != SCHEMA_VERSION:
             raise ArtifactError(
-                f"{p}: {p.stat().st_size} bytes, the manifest says {want['size']} (truncated or "
-                "replaced; materialize again)"
+                f"{mf}: artifact schema {str(manifest.get('schema'))[:20]}, this medusa reads "
+                f"schema {SCHEMA_VERSION}; materialize again with this version"
             )
-        if _sha256(p) != want["sha256"]:
-            raise ArtifactError(f"{p}: checksum mismatch (corrupted; materialize again)")
-    if PLAN not in manifest.get("files", {}):
-        raise ArtifactError(f"{path}: the manifest lists no {PLAN}")
-    return manifest
+        seal = Seal.parse(d.read(SEAL, max_size=MAX_SEAL_BYTES), str(d.path / SEAL))
+        seal.check(manifest, trust, str(mf))
+        check_manifest(manifest, str(mf))
+    except ArtifactError:
+        raise
+    except (ValueError, RecursionError) as e:  # JSON: not JSON, nested too deep, huge numbers
+        raise ArtifactError(f"{mf}: not valid JSON ({str(e)[:200]}); materialize again") from None
+    return manifest, seal
 
 
-def load_artifact(path: Path) -> Artifact:
-    path = Path(path)
-    manifest = verify_artifact(path)
-    try:
-        raw = zstandard.ZstdDecompressor().decompress((path / PLAN).read_bytes())
-        plan = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except (zstandard.ZstdError, ValueError, msgpack.UnpackException) as e:
-        raise ArtifactError(f"{path / PLAN}: cannot be decoded ({e}); materialize again") from None
+def _nan(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def load_artifact(path: Path, trust: str | Path | None = None) -> Artifact:
+    """The artifact, every check done (see the module's docstring); ArtifactError otherwise.
+    `trust`: a public key file; the artifact must then be signed by that key."""
+    d = ArtifactDir(Path(path))
+    manifest, seal = _read_sealed(d, trust)
+    files = manifest["files"]
+    if PLAN not in files or "raw_size" not in files[PLAN]:
+        raise ArtifactError(
+            f"{d.path / MANIFEST}: lists no {PLAN} with its size; materialize again"
+        )
+    data = d.read(PLAN, files[PLAN]["size"])
+    if hashlib.sha256(data).hexdigest() != files[PLAN]["sha256"]:
+        raise ArtifactError(f"{d.path / PLAN}: checksum mismatch (corrupted; materialize again)")
+    for name, want in files.items():
+        if name != PLAN and (
+            name != f"images/{want['sha256']}.img" or d.sha256(name, want["size"]) != want["sha256"]
+        ):
+            raise ArtifactError(
+                f"{d.path / name}: checksum mismatch (corrupted; materialize again)"
+            )
+    plan = decode_plan(data, files[PLAN]["raw_size"], str(d.path / PLAN))
     if not isinstance(plan, dict) or "graphs" not in plan:
-        raise ArtifactError(f"{path / PLAN}: not a restore plan")
-    return Artifact(path, manifest, plan)
+        raise ArtifactError(f"{d.path / PLAN}: not a restore plan; materialize again")
+    return Artifact(d.path, manifest, plan, seal)
+
+
+def verify_artifact(path: Path, trust: str | Path | None = None) -> Artifact:
+    """Every check loading runs (`medusa verify`); returns the artifact."""
+    return load_artifact(path, trust)

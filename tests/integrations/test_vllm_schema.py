@@ -57,7 +57,17 @@ def test_the_vllm_section_round_trips_and_references_the_compile_cache(tmp_path)
         graphs=graphs,
         compile_cache=ref,
     )
-    out = save_artifact(tmp_path / "art", {"kind": "vllm", "vllm": section}, {"graphs": []}, {})
+    manifest = {
+        "kind": "vllm",
+        "vllm": section,
+        "model": {"identity": "vllm:0", "name": "m"},
+        "engine": {"name": "vllm", "argv": []},
+        "device": {},
+        "graphs": {"count": 0, "keys": [], "nodes": 0, "templates": 0},
+        "relocations": {},
+        "kernels": {"count": 0, "exported": 0, "hidden": 0, "images_saved": 0},
+    }
+    out = save_artifact(tmp_path / "art", manifest, {"graphs": []}, {})
     back = load_artifact(out).manifest["vllm"]
     assert back == json.loads(json.dumps(section))
     check_section(back, vllm_version="0.32.0")

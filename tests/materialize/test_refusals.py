@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from medusa.artifact import load_artifact, save_artifact
+from medusa.artifact import SCHEMA_VERSION, load_artifact, save_artifact
+from medusa.artifact.seal import Seal
 from tests.materialize.conftest import ENGINE_OPTS, clean_env, run_restored
 
 FALLBACK = """
@@ -33,9 +34,12 @@ def _copy(src, tmp):
 
 
 def _edit_manifest(art, fn):
+    """Edits the manifest and writes a matching (unsigned) digest: what a writer of the directory
+    can do; the refusal must then come from the check of what was changed."""
     m = json.loads((art / "manifest.json").read_text())
     fn(m)
     (art / "manifest.json").write_text(json.dumps(m))
+    (art / "seal.json").write_text(Seal.make(m).to_json())
 
 
 def _resave(art, fn):
@@ -74,7 +78,7 @@ CASES = {
     "schema": (
         lambda a: _edit_manifest(a, lambda m: m.update(schema=99)),
         {},
-        "artifact schema 99, this medusa reads schema 1",
+        f"artifact schema 99, this medusa reads schema {SCHEMA_VERSION}",
     ),
     "checksum": (lambda a: _flip_image_byte(a), {}, "checksum mismatch"),
     "truncated": (lambda a: _truncate(a / "plan.msgpack.zst"), {}, "truncated or replaced"),
