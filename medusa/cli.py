@@ -118,6 +118,16 @@ def engine_choice(help: str):  # type: ignore[no-untyped-def]
     )
 
 
+def trust_option(f):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--trust",
+        metavar="PUBKEY",
+        type=click.Path(dir_okay=False, exists=True),
+        default=None,
+        help="Public key file: refuse an artifact not signed by it (medusa keygen makes keys).",
+    )(f)
+
+
 @main.command(
     short_help="Serve a model with an OpenAI-compatible API.",
     context_settings={"show_default": True, "ignore_unknown_options": True},
@@ -142,6 +152,7 @@ def engine_choice(help: str):  # type: ignore[no-untyped-def]
     is_flag=True,
     help="Exit with the reason instead of starting normally when the artifact is unusable.",
 )
+@trust_option
 @click.option(
     "--validate",
     is_flag=True,
@@ -167,6 +178,7 @@ def run(
     demo: str | None,
     artifact: str | None,
     require_artifact: bool,
+    trust: str | None,
     validate: bool,
     verbose: bool,
     **engine: object,
@@ -182,6 +194,8 @@ def run(
 
     _setup_logging(verbose, quiet=demo is not None)
     if engine_name == "vllm":
+        if trust:
+            raise click.UsageError("--trust is not supported with --engine vllm yet")
         _refuse_reference_options(
             [*engine, "served_model_name", "demo", "validate"],
             "medusa run --engine vllm --artifact DIR -- --seed 3",
@@ -205,7 +219,10 @@ def run(
         env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore")
         cmd = medusa_cli(*sys.argv[1:])
         os.execve(cmd[0], cmd, env)
-    _serve(config, model, host, port, served_model_name, demo, artifact, require_artifact, validate)
+    _serve(
+        config, model, host, port, served_model_name, demo, artifact, require_artifact, validate,
+        trust=trust,
+    )  # fmt: skip
 
 
 def _setup_logging(verbose: bool, quiet: bool) -> None:
@@ -269,6 +286,8 @@ def _serve(
     artifact: str | None,
     require_artifact: bool,
     validate: bool,
+    *,
+    trust: str | None = None,
 ) -> None:
     import threading
 
@@ -283,7 +302,11 @@ def _serve(
 
         def factory() -> LLMEngine:
             return LLMEngine(
-                config, artifact=artifact, require_artifact=require_artifact, validate=validate
+                config,
+                artifact=artifact,
+                require_artifact=require_artifact,
+                validate=validate,
+                trust=trust,
             )
 
     async_engine = AsyncEngine(config, factory)
@@ -386,6 +409,13 @@ def _run_vllm(
     multiple=True,
     help="With --command: a phase (medusa.trace.mark) the program's own restore skips.",
 )
+@click.option(
+    "--sign",
+    metavar="KEYFILE",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Sign the artifact with this ed25519 private key (medusa keygen makes one).",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def materialize(
     model: str | None,
@@ -393,12 +423,15 @@ def materialize(
     out: str | None,
     command: bool,
     skip_phase: tuple[str, ...],
+    sign: str | None,
     argv: tuple[str, ...],
     **engine: object,
 ) -> None:
     """Record MODEL's start-up twice, analyze it, and write an artifact `medusa run --artifact`
     restores (KV size, CUDA graphs with relocated pointers, kernel identities)."""
+    from medusa.artifact import sign_artifact
     from medusa.artifact.inspect import describe
+    from medusa.artifact.seal import load_private_key
     from medusa.artifact.store import load_artifact
     from medusa.cuda.backend import NoDeviceError, load_backend
     from medusa.engine.config import EngineConfig
@@ -408,6 +441,8 @@ def materialize(
 
     echo = lambda msg: click.echo(msg, err=True)  # noqa: E731
     try:
+        if sign:
+            load_private_key(sign)  # a bad key file fails now, not after the recording
         kind = load_backend().kind
         if engine_name == "vllm":
             from medusa.integrations.vllm.materialize import materialize_vllm
@@ -438,9 +473,10 @@ def materialize(
             name = Path(model).stem if model else "smollm2"
             target = Path(out or f"artifacts/{name}-{kind}")
             summary = materialize_engine(config, target, kind, echo)
-    except (MaterializeError, ValueError, NoDeviceError) as e:
+        art = sign_artifact(target, sign) if sign else load_artifact(target)
+    except (MaterializeError, ValueError, NoDeviceError) as e:  # ArtifactError is a ValueError
         raise click.ClickException(str(e)) from None
-    click.echo(describe(load_artifact(target)))
+    click.echo(describe(art))
     t = summary["timings"]
     click.echo(
         f"  size      {summary['bytes'] / 1024:.0f} KiB; stages: "
@@ -592,17 +628,36 @@ def inspect(artifact: str) -> None:
 
 @main.command(short_help="Check an artifact's integrity.")
 @click.argument("artifact", type=click.Path(file_okay=False))
-def verify(artifact: str) -> None:
-    """Check an artifact's integrity: schema, every file's size and sha256, the payload decodes."""
+@trust_option
+def verify(artifact: str, trust: str | None) -> None:
+    """Run every check loading an artifact runs: the manifest's schema, its digest (and, with
+    --trust, the signature), file names and types, every file's size and sha256, and the plan's
+    decoding within the sizes the manifest records."""
     from medusa.artifact import ArtifactError, load_artifact
 
     try:
-        art = load_artifact(Path(artifact))
+        art = load_artifact(Path(artifact), trust=trust)
     except ArtifactError as e:
         raise click.ClickException(str(e)) from None
+    signed = f", signed by {art.signer}" + (" (trusted)" if trust else "") if art.signer else ""
     click.echo(
-        f"{artifact}: ok ({len(art.manifest['files'])} files, schema {art.manifest['schema']})"
+        f"{artifact}: ok ({len(art.manifest['files'])} files, schema {art.manifest['schema']}, "
+        f"digest sha256:{art.seal.digest}{signed})"
     )
+
+
+@main.command(short_help="Make a key pair to sign artifacts with.")
+@click.argument("key", type=click.Path(dir_okay=False))
+def keygen(key: str) -> None:
+    """Write a new ed25519 private key to KEY (readable by you only) and its public key to
+    KEY.pub: `medusa materialize --sign KEY`, then `medusa run --trust KEY.pub`."""
+    from medusa.artifact.seal import generate_key
+
+    try:
+        pub = generate_key(Path(key))
+    except FileExistsError:
+        raise click.ClickException(f"{key} exists; pick another name or remove it") from None
+    click.echo(f"private key {key} (keep it secret), public key {pub}")
 
 
 @main.group(short_help="Record a program's CUDA calls; read the traces.")

@@ -49,6 +49,7 @@ class LLMEngine:
         artifact: str | Path | None = None,
         require_artifact: bool = False,
         validate: bool = False,
+        trust: str | Path | None = None,
     ) -> None:
         self.config = config
         self.timings: dict[str, float] = {}
@@ -61,7 +62,7 @@ class LLMEngine:
             self.source = source or open_model(config.model)
             self.spec = self.source.spec
             self.device = Device()
-        art = self._open_artifact(artifact, require_artifact)
+        art = self._open_artifact(artifact, require_artifact, trust)
         self.runner = ModelRunner(config, self.spec, self.device)
         with self._stage("weights_alloc"):
             self.runner.allocate_weights()
@@ -75,8 +76,9 @@ class LLMEngine:
             try:
                 self._restore(art, validate)
                 self.restored = True
-            except (RestoreError, CudaError) as e:
-                self._fall_back(f"restore failed: {e}", require_artifact)
+            except Exception as e:  # NOTE: any failure, of any type: undo the restore, fall back
+                self._fall_back(f"restore failed: {_reason(e)}", require_artifact)
+                self.runner.free_kv()
         if not self.restored:
             self._start_normally()
         trace.mark("ready")
@@ -107,11 +109,13 @@ class LLMEngine:
         with self._stage("graph_capture"):
             self.runner.capture_graphs()
 
-    def _open_artifact(self, path: str | Path | None, require: bool) -> Artifact | None:
+    def _open_artifact(
+        self, path: str | Path | None, require: bool, trust: str | Path | None
+    ) -> Artifact | None:
         if path is None:
             return None
         try:
-            art = load_artifact(Path(path))
+            art = load_artifact(Path(path), trust=trust)
             check_compatible(
                 art.manifest,
                 model_identity=self.source.identity(),
@@ -119,8 +123,8 @@ class LLMEngine:
                 device=device_fingerprint(self.device),
             )
             return art
-        except (ArtifactError, RestoreError) as e:
-            self._fall_back(str(e), require)
+        except Exception as e:  # NOTE: whatever is wrong, fall back (--require-artifact: exit)
+            self._fall_back(_reason(e), require)
             return None
 
     def _fall_back(self, reason: str, require: bool) -> None:
@@ -281,6 +285,11 @@ class LLMEngine:
             if on_step:
                 on_step(outs)
         return [completion_text(self.tokenizer, s) for s in seqs]
+
+
+def _reason(e: Exception) -> str:
+    """Our errors say what to do; anything else is named by its type too."""
+    return str(e) if isinstance(e, (ArtifactError, RestoreError, CudaError)) else f"{e!r}"
 
 
 def completion_text(tok: Tokenizer, seq: Sequence) -> str:
