@@ -53,6 +53,11 @@ LOG_LEVEL = EnvVar(
     "log level of medusa commands (DEBUG, INFO, WARNING...); default: INFO, WARNING with --demo",
 )
 MODE = EnvVar("MEDUSA_MODE", "record", "recorder: record (everything) or restore (allocations)")
+WORKER_TOKEN = EnvVar(
+    "MEDUSA_WORKER_TOKEN",
+    "",
+    "medusa run: answer only requests that send it (the gateway sets one per worker)",
+)
 
 ALL: tuple[EnvVar, ...] = (
     DEVICE,
@@ -67,4 +72,5 @@ ALL: tuple[EnvVar, ...] = (
     TRACE,
     MODE,
     LOG_LEVEL,
+    WORKER_TOKEN,
 )

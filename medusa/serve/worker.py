@@ -3,24 +3,41 @@ models, health and Prometheus metrics, over one engine."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
+from medusa import env
 from medusa.engine.sampling import SamplingParams
 from medusa.serve.async_engine import AsyncEngine, Output
+from medusa.serve.protocol import MAX_BODY_BYTES, APIError, TokenGuard, parse, read_json
+from medusa.serve.stop_filter import StopFilter
+
+if TYPE_CHECKING:
+    from medusa.engine.tokenizer import Tokenizer
+
+
+async def _encode(tok: Tokenizer, text: str) -> list[int]:
+    """Token ids of `text`, off the event loop: a long prompt takes seconds to tokenize."""
+    # NOTE: the tokenizers binding holds the GIL in encode() and releases it in encode_batch().
+    batch = await asyncio.to_thread(tok.tk.encode_batch, [text], add_special_tokens=False)
+    return list(batch[0].ids)
 
 
 class _Sampling(BaseModel):
     """Fields completions and chat completions share."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     model: str
     temperature: float = 1.0
@@ -33,52 +50,19 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
-    max_tokens: int = 16
+    max_tokens: int = Field(16, ge=1)
 
 
 class ChatMessage(BaseModel):
-    role: str
+    # NOTE: the chat template renders the role verbatim; a role it was not trained on is noise.
+    role: Literal["system", "developer", "user", "assistant"]
     content: str
 
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-
-
-class APIError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = (
-            status,
-            message,
-            param,
-            code,
-            kind,
-        )
-        self.headers = headers
-
-
-def _error(status: int, message: str, **kw: Any) -> JSONResponse:
-    body = {
-        "error": {
-            "message": message,
-            "type": kw.get("kind", "invalid_request_error"),
-            "param": kw.get("param"),
-            "code": kw.get("code"),
-        }
-    }
-    return JSONResponse(body, status_code=status, headers=kw.get("headers"))
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
 
 
 class Metrics:
@@ -105,25 +89,36 @@ class Metrics:
         )
 
 
-def create_app(engine: AsyncEngine, served_name: str, *, max_pending: int = 256) -> FastAPI:
+def create_app(
+    engine: AsyncEngine,
+    served_name: str,
+    *,
+    max_pending: int = 256,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    token: str | None = None,
+) -> FastAPI:
+    """`token` (default: MEDUSA_WORKER_TOKEN): when set, requests without it get 401."""
     app = FastAPI(title="medusa worker")
     metrics = Metrics()
     app.state.metrics = metrics
+    token = env.WORKER_TOKEN.get() if token is None else token
+    if token:
+        app.add_middleware(TokenGuard, token=token)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
-        return _error(
-            e.status, e.message, param=e.param, code=e.code, kind=e.kind, headers=e.headers
-        )
+        return e.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        return APIError(e.status_code, str(e.detail), headers=dict(e.headers or {})).response()
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
-        if first.get("type") == "json_invalid":
-            return _error(400, f"the request body is not valid JSON ({first.get('ctx', {})})")
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         msg = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
-        return _error(400, msg, param=where or None)
+        return APIError(400, msg, param=where or None).response()
 
     def ready() -> None:
         if not engine.ready.is_set():
@@ -156,18 +151,20 @@ def create_app(engine: AsyncEngine, served_name: str, *, max_pending: int = 256)
                 metrics.startup.labels(stage).set(secs)
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
-    def prepare(
-        model: str, prompt_ids: list[int], params: dict[str, Any], n: int
-    ) -> SamplingParams:
-        if model != served_name:
+    def admit(req: _Sampling) -> None:
+        """What can be refused before the prompt is tokenized."""
+        ready()
+        if req.model != served_name:
             raise APIError(
                 404,
-                f"model {model!r} is not served here; this worker serves {served_name!r}",
+                f"model {req.model!r} is not served here; this worker serves {served_name!r}",
                 param="model",
                 code="model_not_found",
             )
-        if n != 1:
+        if req.n != 1:
             raise APIError(400, "n must be 1 (one completion per request)", param="n")
+
+    def prepare(route: str, prompt_ids: list[int], params: dict[str, Any]) -> SamplingParams:
         if engine.num_pending >= max_pending:
             raise APIError(
                 503,
@@ -179,7 +176,8 @@ def create_app(engine: AsyncEngine, served_name: str, *, max_pending: int = 256)
         try:
             engine.engine.check_prompt(prompt_ids)
         except ValueError as e:
-            raise APIError(400, str(e), param="messages", code="context_length_exceeded") from None
+            where = "messages" if route == "chat" else "prompt"
+            raise APIError(400, str(e), param=where, code="context_length_exceeded") from None
         stop = params.pop("stop")
         try:
             return SamplingParams(
@@ -205,13 +203,15 @@ def create_app(engine: AsyncEngine, served_name: str, *, max_pending: int = 256)
         metrics.requests.labels(route, "200").inc()
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Response:
-        ready()
+    async def completions(request: Request) -> Response:
+        req = parse(CompletionRequest, await read_json(request, max_body_bytes))
+        admit(req)
         assert engine.engine is not None
         tok = engine.engine.tokenizer
-        ids = list(req.prompt) if isinstance(req.prompt, list) else tok.encode(req.prompt)
+        prompt = req.prompt
+        ids = prompt if isinstance(prompt, list) else await _encode(tok, prompt)
         sp = prepare(
-            req.model,
+            "completions",
             ids,
             {
                 "max_tokens": req.max_tokens,
@@ -220,20 +220,27 @@ def create_app(engine: AsyncEngine, served_name: str, *, max_pending: int = 256)
                 "seed": req.seed,
                 "stop": req.stop,
             },
-            req.n,
         )
         return await respond(ids, sp, chat=False, stream=req.stream)
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest) -> Response:
-        ready()
+    async def chat(request: Request) -> Response:
+        req = parse(ChatRequest, await read_json(request, max_body_bytes))
+        admit(req)
         assert engine.engine is not None
         tok = engine.engine.tokenizer
-        ids = tok.encode(tok.apply_chat_template([m.model_dump() for m in req.messages]))
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+            for m in req.messages
+        ]
+        ids = await _encode(tok, tok.apply_chat_template(messages))
         room = max(1, engine.config.max_model_len - len(ids))
-        max_tokens = req.max_completion_tokens or req.max_tokens or room
+        limit = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
+        max_tokens = room if limit is None else limit
         sp = prepare(
-            req.model,
+            "chat",
             ids,
             {
                 "max_tokens": max_tokens,
@@ -242,7 +249,6 @@ def create_app(engine: AsyncEngine, served_name: str, *, max_pending: int = 256)
                 "seed": req.seed,
                 "stop": req.stop,
             },
-            req.n,
         )
         return await respond(ids, sp, chat=True, stream=req.stream)
 
@@ -313,30 +319,3 @@ def create_app(engine: AsyncEngine, served_name: str, *, max_pending: int = 256)
         return StreamingResponse(events(), media_type="text/event-stream")
 
     return app
-
-
-class StopFilter:
-    """Holds back text that may be the start of a stop string; cuts the text at a stop."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.text = ""
-        self.sent = 0
-        self.stopped = False
-
-    def push(self, out: Output) -> str:
-        if self.stopped:
-            return ""
-        self.text += out.text
-        for s in self.stops:
-            i = self.text.find(s)
-            if i >= 0:
-                self.text, self.stopped = self.text[:i], True
-        end = len(self.text) if self.stopped else max(self.sent, len(self.text) - self.hold)
-        piece, self.sent = self.text[self.sent : end], end
-        return piece
-
-    def flush(self) -> str:
-        piece, self.sent = self.text[self.sent :], len(self.text)
-        return piece

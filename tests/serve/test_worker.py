@@ -3,6 +3,8 @@ OpenAI-shaped with the right status; health and metrics."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
 import socket
 import subprocess
@@ -137,3 +139,93 @@ def test_models_health_and_metrics(client, server):
     text = httpx.get(f"{server}/metrics").text
     assert 'medusa_startup_seconds{stage="kv_profile"}' in text
     assert "medusa_ttft_seconds_count" in text and "medusa_queue_length" in text
+
+
+def _post(server: str, route: str, raw: bytes) -> httpx.Response:
+    return httpx.post(
+        f"{server}{route}", content=raw, headers={"content-type": "application/json"}, timeout=60
+    )
+
+
+def _openai_error(r: httpx.Response, status: int, param: str | None = None) -> str:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == param
+    return str(err["message"])
+
+
+def test_input_that_is_not_text_or_not_a_number_is_refused(server):
+    surrogate = rb'{"model": "smollm2", "prompt": "a\ud800b", "max_tokens": 2}'
+    msg = _openai_error(_post(server, "/v1/completions", surrogate), 400, "prompt")
+    assert "lone surrogate" in msg
+    chat = rb'{"model": "smollm2", "messages": [{"role": "user", "content": "a\udfffb"}]}'
+    _openai_error(_post(server, "/v1/chat/completions", chat), 400, "messages.0.content")
+    for number in (b"NaN", b"Infinity", b"-Infinity"):
+        body = b'{"model": "smollm2", "prompt": "x", "temperature": %s}' % number
+        msg = _openai_error(_post(server, "/v1/completions", body), 400)
+        assert f"{number.decode()} is not a JSON number" in msg
+    huge = b'{"model": "smollm2", "prompt": "x", "temperature": 1e999}'
+    _openai_error(_post(server, "/v1/completions", huge), 400, "temperature")
+
+
+def test_chat_fields_a_model_cannot_honour_are_refused(server):
+    def chat(**kw: object) -> httpx.Response:
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **kw}
+        return httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
+
+    msg = _openai_error(chat(max_tokens=0), 400, "max_tokens")
+    assert "greater than or equal to 1" in msg
+    _openai_error(chat(max_completion_tokens=0), 400, "max_completion_tokens")
+    robot = {"model": "smollm2", "messages": [{"role": "robot", "content": "hi"}]}
+    r = httpx.post(f"{server}/v1/chat/completions", json=robot, timeout=60)
+    assert "'user'" in _openai_error(r, 400, "messages.0.role")
+    r = chat(messages=[{"role": "developer", "content": "Be brief."}], max_tokens=2)
+    assert r.status_code == 200
+
+
+def test_bodies_that_do_not_parse_get_openai_shaped_errors(server):
+    msg = _openai_error(_post(server, "/v1/completions", b'{"model": "smollm2",'), 400)
+    assert msg.startswith("the request body is not valid JSON: Expecting") and "{" not in msg
+    assert "must be a JSON object" in _openai_error(_post(server, "/v1/completions", b"[1]"), 400)
+    assert "UTF-8" in _openai_error(_post(server, "/v1/completions", b'"\xff"'), 400)
+    _openai_error(httpx.get(f"{server}/v1/nothing"), 404)
+    _openai_error(httpx.get(f"{server}/v1/completions"), 405)
+
+
+def test_a_body_over_the_cap_is_refused_and_a_long_prompt_does_not_stall_streams(server):
+    big = json.dumps({"model": "smollm2", "prompt": "x" * (5 << 20)}).encode()
+    r = _post(server, "/v1/completions", big)
+    assert "larger than 4194304 bytes" in _openai_error(r, 413)
+    chunked = httpx.post(
+        f"{server}/v1/completions", content=iter([big[: 3 << 20], big[3 << 20 :]]), timeout=60
+    )
+    _openai_error(chunked, 413)
+
+    # Tokenizing a prompt near the cap takes seconds: meanwhile the server keeps answering.
+    long_prompt = {"model": "smollm2", "prompt": "word " * 800_000, "max_tokens": 1}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        refused = pool.submit(httpx.post, f"{server}/v1/completions", json=long_prompt, timeout=60)
+        time.sleep(0.5)
+        answered = 0
+        while not refused.done():
+            answered += httpx.get(f"{server}/health", timeout=60).status_code == 200
+            time.sleep(0.05)
+    assert "tokens; this engine takes at most" in _openai_error(refused.result(), 400, "prompt")
+    assert answered >= 3
+
+
+def test_a_worker_token_keeps_out_callers_other_than_the_gateway():
+    from fastapi.testclient import TestClient
+
+    from medusa.engine.config import EngineConfig
+    from medusa.serve.async_engine import AsyncEngine
+    from medusa.serve.worker import create_app
+
+    engine = AsyncEngine(EngineConfig())  # never started: /health says "starting"
+    with TestClient(create_app(engine, "smollm2", token="t0k")) as c:
+        assert "only its gateway" in _openai_error(c.get("/health"), 401)
+        wrong = c.get("/health", headers={"x-medusa-worker-token": "nope"})
+        _openai_error(wrong, 401)
+        assert c.get("/health", headers={"x-medusa-worker-token": "t0k"}).status_code == 503
+    with TestClient(create_app(engine, "smollm2", token="")) as c:
+        assert c.get("/health").status_code == 503  # no token: open, as `medusa run` is
