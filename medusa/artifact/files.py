@@ -104,10 +104,13 @@ class ArtifactDir:
                     f"{self.path / name}: a symbolic link or not a plain file; an artifact holds "
                     "only regular files in its own directory (materialize again)"
                 ) from None
-            if e.errno == errno.ENOENT:
-                what = "not an artifact directory" if dir_fd is None else "missing"
+            if e.errno == errno.ENOENT and (dir_fd is None or name == MANIFEST):
                 raise ArtifactError(
-                    f"{self.path / name if dir_fd is not None else self.path}: {what} (the "
-                    "artifact is incomplete; materialize again)"
+                    f"{self.path}: no {MANIFEST}; not an artifact (make one with medusa "
+                    "materialize)"
+                ) from None
+            if e.errno == errno.ENOENT:
+                raise ArtifactError(
+                    f"{self.path / name}: missing (the artifact is incomplete; materialize again)"
                 ) from None
             raise ArtifactError(f"{self.path / name}: cannot be opened ({e.strerror})") from None

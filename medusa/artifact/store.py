@@ -46,7 +46,9 @@ class Artifact:
 
     def image(self, sha256: str) -> bytes | None:
         """A saved module image the manifest lists, read again and checked against its sha256;
-        None when the artifact saved no image with that hash."""
+        None when the artifact saved no image with that hash ("": a kernel of no known image)."""
+        if sha256 == "":
+            return None
         if not isinstance(sha256, str) or not HEX64.fullmatch(sha256):
             raise ArtifactError(
                 f"{self.path / PLAN}: a kernel's image hash {str(sha256)[:80]!r} is not 64 "

@@ -90,6 +90,7 @@ def test_only_images_the_manifest_lists_are_read(art):
     img = _image(art)
     sha = img.stem
     assert load_artifact(art).image(sha) == img.read_bytes()
+    assert load_artifact(art).image("") is None  # a kernel whose image was never known
     edit_manifest(art, lambda m: m["files"].pop(f"images/{img.name}") and None)
     assert img.exists()
     assert load_artifact(art).image(sha) is None

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from medusa.artifact import load_artifact
+from medusa.artifact import SCHEMA_VERSION, load_artifact
 from tests.materialize.conftest import clean_env, run_restored
 
 COMPARE = """
@@ -66,4 +66,4 @@ def test_inspect_and_verify_describe_the_artifact(engine_artifact):
     )
     assert ok.returncode == 0 and ": ok (" in ok.stdout
     manifest = json.loads((engine_artifact / "manifest.json").read_text())
-    assert manifest["schema"] == 1 and set(manifest["files"]) >= {"plan.msgpack.zst"}
+    assert manifest["schema"] == SCHEMA_VERSION and set(manifest["files"]) >= {"plan.msgpack.zst"}
