@@ -639,7 +639,8 @@ def verify(artifact: str, trust: str | None) -> None:
         art = load_artifact(Path(artifact), trust=trust)
     except ArtifactError as e:
         raise click.ClickException(str(e)) from None
-    signed = f", signed by {art.signer}" + (" (trusted)" if trust else "") if art.signer else ""
+    checked = " (trusted)" if trust else " (not checked: pass --trust PUBKEY)"
+    signed = f", signed by {art.signer}{checked}" if art.signer else ", unsigned"
     click.echo(
         f"{artifact}: ok ({len(art.manifest['files'])} files, schema {art.manifest['schema']}, "
         f"digest sha256:{art.seal.digest}{signed})"
