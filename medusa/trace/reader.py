@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import operator
+import os
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,23 +16,18 @@ from typing import TypeVar
 import numpy as np
 
 from medusa.trace import records as R
-from medusa.trace.format import (
-    BLOB_MAGIC,
-    HEADER_DTYPE,
-    HEADER_SIZE,
-    MAGIC,
-    RECORD_DTYPE,
-    RECORD_SIZE,
-    VERSION,
-    Ev,
-    Mode,
+from medusa.trace.format import HEADER_SIZE, RECORD_DTYPE, RECORD_SIZE, Ev, Mode
+from medusa.trace.validate import (
+    TraceError,
+    blob_lengths,
+    check_header,
+    check_records,
+    decode_apis,
+    read_regular,
 )
 
 E = TypeVar("E", bound=R.Event)
-
-
-class TraceError(ValueError):
-    """A trace that cannot be read as it is; the message names the file, the offset and the fix."""
+_SHA256 = re.compile("[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -48,8 +46,20 @@ class Trace:
         return self.path.with_name(self.path.name + ".images")
 
     def image(self, sha256: str) -> bytes | None:
+        """A module image the recorder saved, None if it saved none; one whose bytes do not hash
+        to its name (altered, or planted to be loaded in its place) is refused."""
+        if not _SHA256.fullmatch(sha256):
+            raise ValueError(f"image name {sha256!r} is not a sha256 in hex")
         p = self.images_dir / f"{sha256}.img"
-        return p.read_bytes() if p.exists() else None
+        if not os.path.lexists(p):
+            return None
+        data = read_regular(p, "module image", follow=False)
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise TraceError(
+                f"{p}: its bytes (from offset 0) do not hash to its name: altered or replaced "
+                "since recording; delete it (its kernels are then found by triggering)"
+            )
+        return data
 
     def __len__(self) -> int:
         return len(self.records)
@@ -60,6 +70,8 @@ class Trace:
     def blob(self, offset: int) -> bytes:
         if not offset:
             return b""
+        if not 8 <= offset <= len(self.blobs) - 4:
+            raise TraceError(f"{self.path}.blobs: no blob at offset {offset}")
         (n,) = struct.unpack_from("<I", self.blobs, offset)
         return self.blobs[offset + 4 : offset + 4 + n]
 
@@ -102,8 +114,7 @@ class Trace:
 
     def _blobs_of(self, rows: np.ndarray) -> list[bytes]:
         offs = rows["blob"].astype(np.int64)
-        words = np.frombuffer(self.blobs, "<u4", count=len(self.blobs) // 4)
-        lens = np.where(offs > 0, words[offs // 4] if words.size else 0, 0)
+        lens = blob_lengths(rows, self.blobs)
         b = self.blobs
         return [
             b[o + 4 : o + 4 + n] if n else b""
@@ -112,10 +123,8 @@ class Trace:
 
     def _heads(self, rows: np.ndarray) -> list[list]:
         """The common fields as columns: seq, api name, result, t_ns."""
-        apis = self.apis
-        names = [
-            apis[a] if a < len(apis) else f"api#{a}" for a in range(int(rows["api"].max()) + 1)
-        ]
+        # Only the api numbers present: a corrupt one (up to 65535) costs one name, not 65536.
+        names = {a: self.api_name(a) for a in np.flatnonzero(np.bincount(rows["api"])).tolist()}
         return [
             rows["seq"].tolist(),
             list(map(names.__getitem__, rows["api"].tolist())),
@@ -150,35 +159,14 @@ class Trace:
         return [e for e in self.events(*types) if isinstance(e, cls)]
 
 
-def _check_header(path: Path, raw: bytes) -> np.void:
-    if len(raw) < HEADER_SIZE:
-        raise TraceError(
-            f"{path}: {len(raw)} bytes is too short for a trace header ({HEADER_SIZE})"
-        )
-    h = np.frombuffer(raw[:HEADER_SIZE], HEADER_DTYPE)[0]
-    if bytes(h["magic"]) != MAGIC:
-        raise TraceError(
-            f"{path}: not a Medusa trace (starts with {raw[:8]!r}, expected {MAGIC!r}); "
-            "pass the file MEDUSA_TRACE named, not its .blobs side file"
-        )
-    if int(h["version"]) != VERSION:
-        raise TraceError(
-            f"{path}: trace format version {int(h['version'])}, this medusa reads version "
-            f"{VERSION}; record it again with this build"
-        )
-    if int(h["record_size"]) != RECORD_SIZE or int(h["header_size"]) != HEADER_SIZE:
-        raise TraceError(f"{path}: record size {int(h['record_size'])}, expected {RECORD_SIZE}")
-    return h
-
-
 def read_trace(path: str | Path, *, allow_truncated: bool = False) -> Trace:
     """Reads and validates a trace. A partial last record (the process was killed mid-write) is
     an error naming its offset, unless allow_truncated, which drops it."""
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such trace (MEDUSA_TRACE names the file to create)")
-    raw = path.read_bytes()
-    h = _check_header(path, raw)
+    raw = read_regular(path, "trace")
+    h = check_header(path, raw)
     body = len(raw) - HEADER_SIZE
     extra = body % RECORD_SIZE
     if extra and not allow_truncated:
@@ -191,48 +179,11 @@ def read_trace(path: str | Path, *, allow_truncated: bool = False) -> Trace:
         )
     recs = np.frombuffer(raw, RECORD_DTYPE, count=body // RECORD_SIZE, offset=HEADER_SIZE)
     bpath = path.with_name(path.name + ".blobs")
-    blobs = bpath.read_bytes() if bpath.exists() else b""
-    if recs.size and blobs[:8] != BLOB_MAGIC and int(recs["blob"].max()) > 0:
-        raise TraceError(f"{bpath}: missing or not a blob side table (expected {BLOB_MAGIC!r})")
-    _check_records(path, recs, len(blobs))
-    apis: tuple[str, ...] = ()
-    first = recs[recs["type"] == Ev.APIS]
-    if first.size:
-        row = first[0]
-        b = Trace(path, 0, Mode.RECORD, 0, recs[:0], blobs, (), False).blob(int(row["blob"]))
-        apis = tuple(s.decode() for s in b.split(b"\0")[: int(row["u"][0])])
+    blobs = read_regular(bpath, "blob side table") if os.path.lexists(bpath) else b""
+    check_records(path, recs, blobs)
+    apis = decode_apis(path, recs, blobs, blob_lengths(recs, blobs))
     complete = bool(recs.size) and int(recs["type"][-1]) == Ev.END
     return Trace(
         path, int(h["pid"]), Mode(int(h["mode"])), int(h["start_unix_ns"]), recs, blobs, apis,
         complete,
     )  # fmt: skip
-
-
-def _check_records(path: Path, recs: np.ndarray, blob_size: int) -> None:
-    if not recs.size:
-        return
-    types = recs["type"]
-    bad = np.flatnonzero((types < min(Ev)) | (types > max(Ev)))
-    if bad.size:
-        i = int(bad[0])
-        raise TraceError(
-            f"{path}: record {i} at offset {HEADER_SIZE + i * RECORD_SIZE} has unknown type "
-            f"{int(types[i])}; the file is corrupt or from a newer medusa"
-        )
-    boffs = recs["blob"]
-    bad = np.flatnonzero(boffs + 4 > blob_size)
-    bad = bad[boffs[bad] != 0]
-    if bad.size:
-        i = int(bad[0])
-        raise TraceError(
-            f"{path}: record {i} at offset {HEADER_SIZE + i * RECORD_SIZE} points past the end "
-            f"of {path.name}.blobs ({blob_size} bytes); the side file is truncated or belongs to "
-            "another trace"
-        )
-    seqs = recs["seq"]
-    if seqs.size > 1 and not bool(np.all(seqs[1:] > seqs[:-1])):
-        i = int(np.flatnonzero(seqs[1:] <= seqs[:-1])[0]) + 1
-        raise TraceError(
-            f"{path}: record {i} at offset {HEADER_SIZE + i * RECORD_SIZE} is out of sequence; "
-            "two processes wrote one file (put %p in MEDUSA_TRACE)"
-        )

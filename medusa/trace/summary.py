@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +22,13 @@ def human(n: float) -> str:
 
 
 def live_memory(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """(t_ns, live device bytes) after each device allocation or free, in order."""
+    """(t_ns, live device bytes) after each device allocation or free, in order. The bytes are
+    Python ints: sizes read from a file may be anything, and int64 sums of them would wrap."""
     rows = trace.select(Ev.ALLOC, Ev.FREE)
-    ok = rows["result"] == 0
-    rows = rows[ok]
-    sign = np.where(rows["type"] == Ev.ALLOC, 1, -1).astype(np.int64)
-    live = np.cumsum(sign * rows["u"][:, 1].astype(np.int64))
-    return rows["t_ns"], live
+    rows = rows[rows["result"] == 0]
+    sizes = rows["u"][:, 1].tolist()
+    signed = [n if t == Ev.ALLOC else -n for t, n in zip(rows["type"].tolist(), sizes, strict=True)]
+    return rows["t_ns"], np.array(list(accumulate(signed)), dtype=object)
 
 
 def _timeline(trace: Trace, width: int = 10) -> list[str]:
@@ -42,7 +43,7 @@ def _timeline(trace: Trace, width: int = 10) -> list[str]:
         if not sel.size:
             continue
         names = ", ".join(p for mt, p in marks if lo <= mt < hi)
-        bar = "#" * int(30 * sel.max() / max(int(live.max()), 1))
+        bar = "#" * min(max(30 * int(sel.max()) // max(int(live.max()), 1), 0), 30)
         out.append(
             f"  {lo / 1e9:8.3f}s  {human(int(sel.max())):>11}  {bar}"
             + (f"  <{names}" if names else "")

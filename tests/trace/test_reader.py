@@ -61,7 +61,9 @@ def test_other_files_and_versions_are_refused_with_the_fix(trace_file, tmp_path)
     raw = bytearray(t.read_bytes())
     raw[8] = 7
     t.write_bytes(bytes(raw))
-    with pytest.raises(TraceError, match="version 7, this medusa reads version 1; record it again"):
+    with pytest.raises(
+        TraceError, match="version 7 at offset 8, this medusa reads version 1; record it again"
+    ):
         read_trace(t)
     with pytest.raises(TraceError, match="no such trace"):
         read_trace(tmp_path / "missing.mtr")
