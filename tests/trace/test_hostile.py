@@ -248,7 +248,7 @@ def test_random_bytes_raise_only_trace_error_in_bounded_memory(
     _only_trace_errors(_write(tmp_path, head + body, blobs), allow_truncated=records % 2 == 0)
 
 
-def test_the_pack_of_blob_offsets_is_what_the_writer_writes(real):
+def test_the_writer_aligns_blobs_as_the_reader_requires(real):
     trace, blobs = real
     recs = np.frombuffer(trace, RECORD_DTYPE, offset=HEADER_SIZE)
     offs = recs["blob"][recs["blob"] != 0]
