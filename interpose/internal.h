@@ -104,7 +104,6 @@ void mi_emit(medusa_trace_record *r, const void *blob, size_t len, live_op op);
 int mi_flush(void);
 bool mi_recording_on(void);
 unsigned mi_mode(void);
-const char *mi_trace_path(void);
 void mi_save_image(const char *hex, const void *data, size_t size); /* as <trace>.images/<hex>.img */
 void mi_writer_config(const char *path, unsigned mode);
 void mi_writer_fork_child(void);

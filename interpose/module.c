@@ -51,31 +51,6 @@ size_t mi_image_size(const void *image) {
     return n < MAX_IMAGE && n ? n + 1 : 0;
 }
 
-static void save_image(const char *hex, const void *data, size_t size) {
-    char path[4400];
-    snprintf(path, sizeof path, "%s.images/%s.img", mi_trace_path(), hex);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        if (errno != EEXIST)
-            mi_log("cannot save image %s (%s); its kernels can only be found by triggering",
-                   path, strerror(errno));
-        return;
-    }
-    const char *c = data;
-    bool ok = true;
-    for (size_t left = size; left && ok;) {
-        ssize_t w = write(fd, c, left);
-        ok = w > 0 || (w < 0 && errno == EINTR);
-        if (w > 0)
-            c += w, left -= (size_t)w;
-    }
-    close(fd);
-    if (!ok) {
-        unlink(path);
-        mi_log("cannot write image %s; its kernels can only be found by triggering", path);
-    }
-}
-
 static void *read_file(const char *fname, size_t *size) {
     FILE *fp = fname ? fopen(fname, "rb") : NULL;
     if (!fp)
@@ -122,7 +97,7 @@ static void rec_load(hook_id api, int res, const void *handle, bool is_library, 
     if (!blob) {
         mi_emit(&r, NULL, 0, LIVE_NONE);
         if (hex[0])
-            save_image(hex, image, size);
+            mi_save_image(hex, image, size);
         return;
     }
     uint32_t counts[2] = {jit.num, lib.num};
@@ -141,7 +116,7 @@ static void rec_load(hook_id api, int res, const void *handle, bool is_library, 
     free(blob);
     /* After the event: the first event is what creates the trace's files. */
     if (hex[0])
-        save_image(hex, image, size);
+        mi_save_image(hex, image, size);
 }
 
 #define NO_OPTS ((options){0, NULL, NULL})

@@ -55,7 +55,6 @@ static uint64_t now_ns(clockid_t c) {
 
 bool mi_recording_on(void) { return __atomic_load_n(&W.mode, __ATOMIC_RELAXED) != 0; }
 unsigned mi_mode(void) { return W.mode; }
-const char *mi_trace_path(void) { return W.path; }
 
 void mi_writer_config(const char *path, unsigned mode) {
     /* %p becomes the pid, so that several processes can record side by side. */

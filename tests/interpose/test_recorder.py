@@ -172,14 +172,7 @@ def test_percent_p_gives_one_file_per_process(cprog, run, tmp_path):
     assert read_trace(f).pid == int(f.stem.split("-")[1])
 
 
-# NOTE: module.c still saves images by path, through a planted link; the .images case passes once
-# its save_image is replaced by writer.c's mi_save_image (which writes under the directory's fd).
-IMAGES_BY_FD = pytest.mark.xfail(
-    strict=True, reason="interpose/module.c does not yet call mi_save_image"
-)
-
-
-@pytest.mark.parametrize("side", [".blobs", pytest.param(".images", marks=IMAGES_BY_FD)])
+@pytest.mark.parametrize("side", [".blobs", ".images"])
 def test_an_existing_side_file_or_link_is_never_written_through(cprog, run, tmp_path, side):
     prog = cprog("recorded", src_dir=PROGRAMS)
     victim = tmp_path / "victim"
