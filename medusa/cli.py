@@ -634,9 +634,11 @@ def verify(artifact: str, trust: str | None) -> None:
     --trust, the signature), file names and types, every file's size and sha256, and the plan's
     decoding within the sizes the manifest records."""
     from medusa.artifact import ArtifactError, load_artifact
+    from medusa.restore.validate import validate_plan
 
     try:
         art = load_artifact(Path(artifact), trust=trust)
+        validate_plan(art.plan, artifact)
     except ArtifactError as e:
         raise click.ClickException(str(e)) from None
     checked = " (trusted)" if trust else " (not checked: pass --trust PUBKEY)"

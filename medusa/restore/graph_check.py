@@ -1,0 +1,196 @@
+"""The graph half of plan validation (medusa.restore.validate): every template's and graph's node
+rows, relocations, edges and attributes, checked with numpy over all of them at once.
+
+A graph is its template's rows with some rows replaced (`idx`, `rows`); its parameter bytes and
+relocations are the template's followed by its own. Template rows are checked against the
+template's tables, replacement rows against the graph's combined ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from medusa.artifact.errors import ArtifactError
+from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
+from medusa.trace import NodeType
+
+if TYPE_CHECKING:
+    from medusa.restore.validate import PlanTables
+
+KERNEL, MEMCPY, MEMSET, EMPTY = (int(NodeType[t]) for t in ("KERNEL", "MEMCPY", "MEMSET", "EMPTY"))
+MAX_PARAM_BYTES = 32764  # CUDA's limit on a kernel's parameters (csrc/restore/restore.h)
+MEMORY_TYPES = (1, 2, 4)  # CUmemorytype host, device, unified
+TEMPLATE = {"nodes": bytes, "params": bytes, "relocs": bytes, "edges": bytes, "num_nodes": int}
+GRAPH = {"template": int, "idx": bytes, "rows": bytes, "params": bytes, "relocs": bytes,
+         "attrs": bytes}  # fmt: skip
+
+
+def _records(blobs: list[bytes], dtype: np.dtype, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The blobs' records, concatenated, and how many each blob holds."""
+    sizes = np.array([len(b) for b in blobs], np.int64)
+    bad = np.flatnonzero(sizes % dtype.itemsize)
+    if bad.size:
+        raise ArtifactError(f"{where.format(bad[0])}: not a whole number of records")
+    return np.frombuffer(b"".join(blobs), dtype), sizes // dtype.itemsize
+
+
+def _fields(value: Any, fields: dict[str, type], where: str) -> None:
+    for i, v in enumerate(value):
+        if type(v) is not dict or v.keys() != fields.keys():
+            raise ArtifactError(f"{where} {i}: expected an object with fields {list(fields)}")
+        for k, t in fields.items():
+            if type(v[k]) is not t:
+                raise ArtifactError(f"{where} {i}: {k}: expected {t.__name__}")
+
+
+def _one_of(a: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
+    out = np.zeros(a.shape, bool)  # NOTE: not np.isin: its first call imports numpy.ma (13 ms)
+    for v in values:
+        out |= a == v
+    return out
+
+
+def _raise_first(bad: np.ndarray, name: Callable[[int], str], what: str) -> None:
+    hit = np.flatnonzero(bad)
+    if hit.size:
+        raise ArtifactError(f"{name(int(hit[0]))}: {what}")
+
+
+def check_graphs(plan: dict[str, Any], tables: PlanTables) -> None:
+    templates, graphs = plan["templates"], plan["graphs"]
+    _fields(templates, TEMPLATE, "template")
+    _fields(graphs, GRAPH, "graph")
+    tn_rows, tn = _records([t["nodes"] for t in templates], NODE, "template {}: nodes")
+    t_rel, tr = _records([t["relocs"] for t in templates], RELOC, "template {}: relocs")
+    edges, te = _records([t["edges"] for t in templates], EDGE, "template {}: edges")
+    tp = np.array([len(t["params"]) for t in templates], np.int64)
+    gt = np.array([g["template"] for g in graphs], np.int64)
+    _raise_first((gt < 0) | (gt >= len(templates)), lambda g: f"graph {g}", "no such template")
+    over, gk = _records([g["rows"] for g in graphs], NODE, "graph {}: rows")
+    idx, gi = _records([g["idx"] for g in graphs], np.dtype("<u4"), "graph {}: idx")
+    _raise_first(gk != gi, lambda g: f"graph {g}", "idx and rows differ in length")
+    g_rel, gr = _records([g["relocs"] for g in graphs], RELOC, "graph {}: relocs")
+    attrs, ga = _records([g["attrs"] for g in graphs], ATTR, "graph {}: attrs")
+    gp = np.array([len(g["params"]) for g in graphs], np.int64)
+    _raise_first(
+        np.array([t["num_nodes"] for t in templates]) != tn, lambda t: f"template {t}", "num_nodes"
+    )
+    t_start = np.concatenate([[0], np.cumsum(tn)[:-1]]).astype(np.int64)
+    # replacement rows: at a node the template has, of the type the template gives it
+    og = np.repeat(np.arange(len(graphs)), gk)
+    ot = gt[og]
+    _raise_first(idx >= tn[ot], lambda r: f"graph {og[r]}, idx {idx[r]}", "no such node")
+    o_at = t_start[ot] + idx.astype(np.int64)
+    _raise_first(
+        tn_rows["type"][o_at] != over["type"],
+        lambda r: f"graph {og[r]}, node {idx[r]}",
+        "a replaced node changes its type",
+    )
+    # every row, with the tables it indexes: params, relocations (template's, then graph's)
+    rows = np.concatenate([tn_rows, over])
+    own_t = np.concatenate([np.repeat(np.arange(len(templates)), tn), ot])
+    n_t = len(tn_rows)
+    p_len = tp[own_t] + np.concatenate([np.zeros(n_t, np.int64), gp[og]])
+    r_split = tr[own_t]
+    r_len = r_split + np.concatenate([np.zeros(n_t, np.int64), gr[og]])
+    r_tbase = np.concatenate([[0], np.cumsum(tr)[:-1]]).astype(np.int64)[own_t]
+    g_base = len(t_rel) + np.concatenate([[0], np.cumsum(gr)[:-1]]).astype(np.int64)
+    r_gbase = np.concatenate([np.zeros(n_t, np.int64), g_base[og]])
+    node_no = np.concatenate([np.arange(n_t) - t_start[own_t[:n_t]], idx.astype(np.int64)])
+
+    def name(r: int) -> str:
+        if r < n_t:
+            return f"template {own_t[r]}, node {node_no[r]}"
+        return f"graph {og[r - n_t]}, node {node_no[r]}"
+
+    _check_rows(rows, p_len, r_len, tables.num_funcs, name)
+    owner = np.concatenate([own_t[:n_t], len(templates) + og])
+    used = np.bincount(owner, rows["reloc_len"].astype(np.float64), len(templates) + len(graphs))
+    _raise_first(
+        used > np.concatenate([tr, gr]) + np.concatenate([np.zeros(len(tr)), tr[gt]]),
+        lambda o: f"template {o}" if o < len(templates) else f"graph {o - len(templates)}",
+        "its nodes claim more relocations than it has",
+    )
+    all_rel = np.concatenate([t_rel, g_rel])
+    _check_relocs(rows, all_rel, (r_split, r_tbase, r_gbase), tables, name)
+    _check_edges(edges, te, tn)
+    _check_attrs(attrs, ga, tn[gt], tn_rows["type"], t_start[gt])
+
+
+def _check_rows(
+    rows: np.ndarray, p_len: np.ndarray, r_len: np.ndarray, num_funcs: int, name: Callable
+) -> None:
+    t = rows["type"]
+    known = _one_of(t, (KERNEL, MEMCPY, MEMSET, EMPTY))
+    _raise_first(~known, name, "type is not one restore builds")
+    r_end = rows["reloc_off"].astype(np.int64) + rows["reloc_len"]
+    _raise_first(r_end > r_len, name, "reloc_off/reloc_len lie outside the relocations")
+    k = t == KERNEL
+    _raise_first(k & (rows["func"] >= num_funcs), name, "func is not in the kernel table")
+    p_end = rows["param_off"].astype(np.int64) + rows["param_len"]
+    _raise_first(k & (rows["param_len"] > MAX_PARAM_BYTES), name, "param_len is too large")
+    _raise_first(k & (p_end > p_len), name, "param_off/param_len lie outside the parameters")
+    want = np.select([t == MEMCPY, t == MEMSET, t == EMPTY], [2, 1, 0], -1)
+    _raise_first(~k & (rows["reloc_len"] != want), name, "a copy or fill without its addresses")
+    e = rows["elem"]
+    _raise_first((t == MEMSET) & ~_one_of(e, (1, 2, 4)), name, "memset element size not 1, 2, 4")
+    bad_types = ~_one_of(e & 0xFF, MEMORY_TYPES) | ~_one_of(e >> 8, MEMORY_TYPES)
+    _raise_first((t == MEMCPY) & bad_types, name, "memcpy memory types are not host/device")
+
+
+def _check_relocs(
+    rows: np.ndarray, all_rel: np.ndarray, split: tuple, tables: PlanTables, name: Callable
+) -> None:
+    """Each node's relocations: inside its parameters (kernels) or its two address words, and
+    pointing into what they name with room for every byte a copy or fill touches."""
+    r_split, r_tbase, r_gbase = split
+    n = rows["reloc_len"].astype(np.int64)
+    row = np.repeat(np.arange(len(rows)), n)
+    local = np.arange(len(row)) - (np.cumsum(n) - n)[row] + rows["reloc_off"][row]
+    at = np.where(local < r_split[row], r_tbase[row] + local, r_gbase[row] + local - r_split[row])
+    rel = all_rel[at]
+    t, off = rows["type"][row], rel["offset"].astype(np.int64)
+    k = t == KERNEL
+    bad = k & ((off % 8 != 0) | (off + 8 > rows["param_len"][row]))
+    bad |= (t == MEMSET) & (off != 0)
+    bad |= (t == MEMCPY) & ~_one_of(off, (0, 8))
+    _raise_first(bad, lambda i: name(row[i]), "a relocated word lies outside the node")
+    copy_offs = np.bincount(row, np.where(t == MEMCPY, off, 0), len(rows))
+    _raise_first((rows["type"] == MEMCPY) & (copy_offs != 8), name, "memcpy needs dst and src")
+    room = tables.targets.room(rel["kind"], rel["target"], rel["addend"])
+    _raise_first(room < 0, lambda i: name(row[i]), "a relocation points outside its allocation")
+    width, rows_n = rows["width"][row], np.maximum(rows["height"][row], 1)
+    elem = np.where(t == MEMSET, rows["elem"][row], 1).astype(np.uint64)
+    room_u = room.astype(np.uint64)
+    fits = width <= room_u // np.maximum(elem, 1)
+    fits &= rows_n <= room_u // np.maximum(width * elem * fits, 1)
+    _raise_first(~k & ~fits, lambda i: name(row[i]), "a copy or fill runs past its allocation")
+
+
+def _check_edges(edges: np.ndarray, te: np.ndarray, tn: np.ndarray) -> None:
+    own = np.repeat(np.arange(len(te)), te)
+    first = np.concatenate([[0], np.cumsum(te)[:-1]]).astype(np.int64)
+
+    def name(i: int) -> str:
+        return f"template {own[i]}, edge {i - first[own[i]]}"
+
+    nodes = tn[own]
+    _raise_first((edges["from"] >= nodes) | (edges["to"] >= nodes), name, "no such node")
+    bad = (edges["type"] > 1) | (edges["to_port"] != 0) | (edges["from_port"] > 2)
+    _raise_first(bad, name, "edge type or port is not one CUDA defines")
+
+
+def _check_attrs(
+    attrs: np.ndarray, ga: np.ndarray, g_nodes: np.ndarray, types: np.ndarray, g_start: np.ndarray
+) -> None:
+    own = np.repeat(np.arange(len(ga)), ga)
+
+    def name(i: int) -> str:
+        return f"graph {own[i]}, attribute of node {attrs['node'][i]}"
+
+    _raise_first(attrs["node"] >= g_nodes[own], name, "no such node")
+    kernel = types[g_start[own] + attrs["node"].astype(np.int64)] == KERNEL
+    _raise_first(~kernel, name, "not a kernel node")
+    _raise_first((attrs["attr"] < 1) | (attrs["attr"] >= 64), name, "not a CUDA attribute id")

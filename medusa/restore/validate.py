@@ -1,0 +1,233 @@
+"""Checks a restore plan whole, once, before any C call reads it (`medusa verify` runs it too).
+
+A plan comes from a file. Every index in it is checked against the table it indexes and every
+offset against the size it lies in, with numpy over all nodes at once (no Python per node: this
+runs on every restore). Beyond bounds, what a plan may make the restorer do is limited: it replays
+allocations only of the phases the plan skips, saved contents go only into those replayed
+allocations, and a relocation points only into an allocation (module global, VMM mapping) of the
+kind it names, within that allocation's recorded size. The graph arrays are checked in
+medusa.restore.graph_check."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from medusa.artifact.errors import ArtifactError
+from medusa.materialize.analysis import DEVICE, HOST
+from medusa.restore.graph_check import check_graphs
+
+U63 = 1 << 63
+MAX_TABLE = 1 << 24  # entries in any one table of a plan
+KEYS = {
+    "allocs": list,
+    "skipped_phases": list,
+    "replay": list,
+    "funcs": list,
+    "globals": list,
+    "vmm": list,
+    "templates": list,
+    "graphs": list,
+    "contents": dict,
+    "num_nodes": int,
+    "relocations": dict,
+}
+FUNC = {"name": str, "sha256": str, "symbol": str, "layout": list, "attrs": list}
+GLOBAL_ENTRY = {"sha256": str, "name": str, "size": int, "index": int}
+VMM_ENTRY = {"index": int, "phase": str, "ordinal": int, "size": int}
+
+
+def _entries(value: Any, where: str, fields: Mapping[str, type]) -> list[dict[str, Any]]:
+    """A list of objects with exactly these fields, of these types."""
+    if type(value) is not list or len(value) > MAX_TABLE:
+        raise ArtifactError(f"{where}: expected a list")
+    for i, v in enumerate(value):
+        if type(v) is not dict or v.keys() != fields.keys():
+            raise ArtifactError(f"{where}[{i}]: expected an object with fields {list(fields)}")
+        for k, t in fields.items():
+            if type(v[k]) is not t:
+                raise ArtifactError(f"{where}[{i}].{k}: expected {t.__name__}")
+    return value  # type: ignore[no-any-return]
+
+
+def _columns(value: Any, where: str, width: int) -> list[tuple[Any, ...]]:
+    """The columns of a list of `width`-item lists."""
+    if type(value) is not list or len(value) > MAX_TABLE:
+        raise ArtifactError(f"{where}: expected a list")
+    if any(type(r) is not list or len(r) != width for r in value):
+        raise ArtifactError(f"{where}: expected a list of {width}-item lists")
+    return list(zip(*value, strict=True)) if value else [()] * width
+
+
+def ints(col: Any, where: str, lo: int = 0, hi: int = U63) -> np.ndarray:
+    """Integers (not booleans) in [lo, hi), as int64 (or uint64 when hi is above 2**63)."""
+    if any(type(x) is not int for x in col) or (len(col) and (min(col) < lo or max(col) >= hi)):
+        raise ArtifactError(f"{where}: expected integers in [{lo}, {hi})")
+    return np.array(col, np.uint64 if hi > U63 else np.int64)
+
+
+def _strs(col: Any, where: str) -> None:
+    if any(type(x) is not str or len(x) > 4096 for x in col):
+        raise ArtifactError(f"{where}: expected strings of at most 4096 characters")
+
+
+def _sized_table(entries: list[dict[str, Any]], where: str) -> np.ndarray:
+    """Recorded size by table index (-1 where the plan declares none), for globals and VMM."""
+    index = ints([e["index"] for e in entries], f"{where} index", hi=MAX_TABLE)
+    size = ints([e["size"] for e in entries], f"{where} size")
+    if len(index) and np.bincount(index).max() > 1:
+        raise ArtifactError(f"{where}: an index is listed twice")
+    out = np.full(int(index.max()) + 1 if len(index) else 0, -1, np.int64)
+    out[index] = size
+    return out
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What a relocation of each kind may point into: a recorded size per index, -1 for none."""
+
+    sizes: np.ndarray  # the four kinds' tables, one after the other
+    start: np.ndarray  # where each kind's table begins in sizes
+    count: np.ndarray  # its length
+
+    @classmethod
+    def of(cls, kind: np.ndarray, size: np.ndarray, globs: np.ndarray, vmm: np.ndarray) -> Targets:
+        tables = [np.where(kind == DEVICE, size, -1), np.where(kind == HOST, size, -1), globs, vmm]
+        count = np.array([len(t) for t in tables], np.int64)
+        start = np.concatenate([[0], np.cumsum(count)[:-1]])
+        return cls(np.concatenate(tables).astype(np.int64), start, count)
+
+    def room(self, kind: np.ndarray, target: np.ndarray, addend: np.ndarray) -> np.ndarray:
+        """Bytes from each relocated pointer to the end of what it points into; -1 where the
+        relocation names no allocation of its kind or points outside it."""
+        kind = kind.astype(np.int64)
+        ok = (kind >= 0) & (kind < len(self.count))
+        k = np.where(ok, kind, 0)
+        ok &= target.astype(np.uint64) < self.count[k].astype(np.uint64)
+        pos = np.where(ok, self.start[k] + np.where(ok, target, 0).astype(np.int64), 0)
+        size = self.sizes[pos] if len(self.sizes) else np.full(len(kind), -1, np.int64)
+        addend = addend.astype(np.int64)
+        ok &= (size >= 0) & (addend >= 0) & (addend <= size)
+        return np.where(ok, size - addend, -1)
+
+    def check(self, relocs: np.ndarray, where: str) -> np.ndarray:
+        """room() for relocation records, raising for the first that points at nothing."""
+        room = self.room(relocs["kind"], relocs["target"], relocs["addend"])
+        bad = np.flatnonzero(room < 0)
+        if bad.size:
+            r = relocs[bad[0]]
+            raise ArtifactError(
+                f"{where}, relocation {bad[0]}: kind {r['kind']} #{r['target']} + {r['addend']} "
+                "is not inside an allocation of that kind the plan declares"
+            )
+        return room
+
+
+@dataclass(frozen=True)
+class PlanTables:
+    """The plan's tables, checked: what graphs and contents may index."""
+
+    targets: Targets
+    num_funcs: int
+    live_replayed: np.ndarray  # per allocation: the restorer allocates it and it stays allocated
+    alloc_size: np.ndarray
+
+
+def check_tables(plan: Any) -> PlanTables:
+    """The plan's top level, allocations, replay, kernels, globals and VMM mappings."""
+    if type(plan) is not dict or plan.keys() != KEYS.keys():
+        raise ArtifactError(f"expected an object with fields {list(KEYS)}")
+    for k, t in KEYS.items():
+        if type(plan[k]) is not t:
+            raise ArtifactError(f"{k}: expected {t.__name__}")
+    phase, ordinal, kind, size, freed = _columns(plan["allocs"], "allocs", 5)
+    _strs(phase, "allocs phase")
+    ints(ordinal, "allocs ordinal")
+    kinds = ints(kind, "allocs kind (device 0 or host-mapped 1)", hi=2)
+    sizes = ints(size, "allocs size")
+    if any(type(f) is not bool for f in freed):
+        raise ArtifactError("allocs freed: expected booleans")
+    _strs(plan["skipped_phases"], "skipped_phases")
+    skip = set(plan["skipped_phases"])
+    skipped = np.array([p in skip for p in phase], bool)
+    funcs = _entries(plan["funcs"], "funcs", FUNC)
+    for i, f in enumerate(funcs):
+        _strs((f["name"], f["sha256"], f["symbol"]), f"funcs[{i}]")
+        a, v = _columns(f["attrs"], f"funcs[{i}].attrs", 2)
+        ints(a, f"funcs[{i}].attrs id", hi=64)
+        ints(v, f"funcs[{i}].attrs value", -(1 << 31), 1 << 31)
+        _columns(f["layout"], f"funcs[{i}].layout", 2)
+    globs = _entries(plan["globals"], "globals", GLOBAL_ENTRY)
+    vmm = _entries(plan["vmm"], "vmm", VMM_ENTRY)
+    _strs([g["sha256"] for g in globs] + [g["name"] for g in globs], "globals")
+    _strs([v["phase"] for v in vmm], "vmm phase")
+    ints([v["ordinal"] for v in vmm], "vmm ordinal")
+    targets = Targets.of(kinds, sizes, _sized_table(globs, "globals"), _sized_table(vmm, "vmm"))
+    live = _check_replay(plan["replay"], skipped)
+    tables = PlanTables(targets, len(funcs), live, sizes)
+    _check_contents(plan["contents"], tables)
+    return tables
+
+
+def _check_replay(replay: Any, skipped: np.ndarray) -> np.ndarray:
+    """Each allocation of a skipped phase allocated at most once, freed at most once, after its
+    allocation; never one of a phase the engine runs (its own memory). Returns which stay."""
+    op, idx = _columns(replay, "replay", 2)
+    if any(o not in ("a", "f") for o in op):
+        raise ArtifactError("replay: expected operations 'a' (allocate) or 'f' (free)")
+    n = len(skipped)
+    idx_a = ints(idx, "replay allocation", hi=n)
+    is_a = np.array([o == "a" for o in op], bool)
+    if len(idx_a) and not skipped[idx_a].all():
+        i = int(idx_a[~skipped[idx_a]][0])
+        raise ArtifactError(f"replay: allocation #{i} belongs to a phase the engine runs itself")
+    pos = np.arange(len(idx_a))
+    first_a, first_f = np.full(n, -1), np.full(n, -1)
+    first_a[idx_a[is_a][::-1]] = pos[is_a][::-1]
+    first_f[idx_a[~is_a][::-1]] = pos[~is_a][::-1]
+    twice = np.bincount(idx_a[is_a], minlength=n) > 1
+    twice |= np.bincount(idx_a[~is_a], minlength=n) > 1
+    early = (first_f >= 0) & ((first_a < 0) | (first_f < first_a))
+    bad = np.flatnonzero(twice | early)
+    if bad.size:
+        raise ArtifactError(
+            f"replay: allocation #{bad[0]} is allocated or freed twice, or freed before allocated"
+        )
+    return (first_a >= 0) & (first_f < 0)  # type: ignore[no-any-return]
+
+
+def _check_contents(contents: dict[Any, Any], t: PlanTables) -> None:
+    for idx, c in contents.items():
+        where = f"contents of allocation #{str(idx)[:20]}"
+        if type(idx) is not int or not 0 <= idx < len(t.live_replayed) or not t.live_replayed[idx]:
+            raise ArtifactError(
+                f"{where}: saved contents may only fill an allocation the restorer replays and "
+                "keeps; this one is the engine's own, freed, or not in the plan"
+            )
+        if type(c) is not dict or c.keys() != {"data", "relocs"} or type(c["data"]) is not bytes:
+            raise ArtifactError(f"{where}: expected an object with bytes 'data' and 'relocs'")
+        if len(c["data"]) > t.alloc_size[idx]:
+            raise ArtifactError(
+                f"{where}: {len(c['data'])} bytes saved for an allocation of {t.alloc_size[idx]}"
+            )
+        offset, kind, target, addend = _columns(c["relocs"], f"{where}, relocs", 4)
+        off = ints(offset, f"{where}, relocation offsets", hi=1 << 32)
+        if ((off % 8 != 0) | (off + 8 > len(c["data"]))).any():
+            raise ArtifactError(f"{where}: a relocated word lies outside the saved bytes")
+        relocs = np.zeros(len(off), [("kind", "<u4"), ("target", "<u8"), ("addend", "<i8")])
+        relocs["kind"] = ints(kind, f"{where}, relocation kinds", hi=1 << 32)
+        relocs["target"] = ints(target, f"{where}, relocation targets", hi=1 << 64)
+        relocs["addend"] = ints(addend, f"{where}, relocation addends", -U63, U63)
+        t.targets.check(relocs, where)
+
+
+def validate_plan(plan: Any, source: str) -> None:
+    """Raises ArtifactError naming `source` and the table, graph, node and field at fault, unless
+    the restorer and the C graph builder can use the plan as it is."""
+    try:
+        check_graphs(plan, check_tables(plan))
+    except ArtifactError as e:
+        raise ArtifactError(f"{source}: restore plan: {e}; materialize again") from None
