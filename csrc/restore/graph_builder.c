@@ -68,22 +68,43 @@ EXPORT int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32
                        const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS]) {
     for (uint32_t i = 0; i < n; i++) {
         uint64_t v;
-        if (relocs[i].offset + 8 > len || resolve(&relocs[i], bases, num_bases, &v))
-            return -1 - (int)i;
+        if ((uint64_t)relocs[i].offset + 8 > len || resolve(&relocs[i], bases, num_bases, &v))
+            return i < INT32_MAX ? -1 - (int)i : INT32_MIN;
         memcpy(data + relocs[i].offset, &v, 8);
     }
     return 0;
 }
 
+/* Why a node cannot be built from the tables it indexes (64-bit sums: no wrap-around), or NULL. */
+static const char *check_node(const mr_graph *g, const mr_node *n, uint32_t num_funcs) {
+    if ((uint64_t)n->reloc_off + n->reloc_len > g->num_relocs)
+        return "its relocations lie outside the relocation table";
+    switch (n->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL:
+        if (n->func >= num_funcs)
+            return "its kernel is not in the kernel table";
+        if (n->param_len > MR_MAX_PARAM_BYTES ||
+            (uint64_t)n->param_off + n->param_len > g->params_len)
+            return "its parameters lie outside the parameter bytes";
+        return NULL;
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+    case CU_GRAPH_NODE_TYPE_MEMSET:
+    case CU_GRAPH_NODE_TYPE_EMPTY: return NULL;
+    default: return "its type is not one restore builds";
+    }
+}
+
 static CUresult add_node(const mr_graph *g, uint32_t i, CUgraph graph, const CUfunction *funcs,
                          const uint64_t *const bases[MR_KINDS], const uint64_t nb[MR_KINDS],
-                         CUcontext ctx, CUgraphNode *out, uint8_t *scratch) {
+                         CUcontext ctx, CUgraphNode *out, uint8_t *scratch, const char **why) {
     const mr_node *n = &g->nodes[i];
     const mr_reloc *rel = g->relocs + n->reloc_off;
+    *why = " (a relocation has no target or lies outside the node)";
     if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
         memcpy(scratch, g->params + n->param_off, n->param_len);
         if (mr_relocate(scratch, n->param_len, rel, n->reloc_len, bases, nb))
             return CUDA_ERROR_INVALID_VALUE;
+        *why = "";
         size_t len = n->param_len;
         void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, scratch, CU_LAUNCH_PARAM_BUFFER_SIZE, &len,
                          CU_LAUNCH_PARAM_END};
@@ -95,9 +116,12 @@ static CUresult add_node(const mr_graph *g, uint32_t i, CUgraph graph, const CUf
         return D.kernel(out, graph, NULL, 0, &p);
     }
     uint64_t words[2] = {0, 0};
+    uint32_t last = n->type == CU_GRAPH_NODE_TYPE_MEMCPY ? 8 : 0; /* memcpy: dst, src; memset: dst */
     for (uint32_t r = 0; r < n->reloc_len; r++)
-        if (rel[r].offset > 8 || resolve(&rel[r], bases, nb, &words[rel[r].offset / 8]))
+        if (rel[r].offset % 8 || rel[r].offset > last ||
+            resolve(&rel[r], bases, nb, &words[rel[r].offset / 8]))
             return CUDA_ERROR_INVALID_VALUE;
+    *why = "";
     if (n->type == CU_GRAPH_NODE_TYPE_MEMSET) {
         CUDA_MEMSET_NODE_PARAMS m = {.dst = words[0], .pitch = 0, .value = (unsigned)n->value,
                                      .elementSize = (unsigned)n->elem, .width = n->width,
@@ -127,7 +151,7 @@ static CUresult add_node(const mr_graph *g, uint32_t i, CUgraph graph, const CUf
     return D.empty(out, graph, NULL, 0);
 }
 
-EXPORT int mr_build_graph(const mr_graph *g, const CUfunction *funcs,
+EXPORT int mr_build_graph(const mr_graph *g, const CUfunction *funcs, uint32_t num_funcs,
                           const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
                           CUstream stream, CUgraph *graph_out, CUgraphExec *exec_out, char *err,
                           size_t errlen) {
@@ -142,15 +166,25 @@ EXPORT int mr_build_graph(const mr_graph *g, const CUfunction *funcs,
     CUresult e = D.create(&graph, 0);
     if (e)
         return e;
+    for (uint32_t i = 0; !e && i < g->num_nodes; i++) {
+        const char *why = check_node(g, &g->nodes[i], num_funcs);
+        if (why) {
+            e = CUDA_ERROR_INVALID_VALUE;
+            snprintf(err, errlen, "node %u (type %u): %s", i, g->nodes[i].type, why);
+        }
+    }
     CUgraphNode *nodes = calloc(g->num_nodes ? g->num_nodes : 1, sizeof *nodes);
-    uint32_t max_param = 0;
-    for (uint32_t i = 0; i < g->num_nodes; i++)
-        max_param = g->nodes[i].param_len > max_param ? g->nodes[i].param_len : max_param;
-    uint8_t *scratch = malloc(max_param + 8);
-    for (uint32_t i = 0; nodes && scratch && !e && i < g->num_nodes; i++)
-        if ((e = add_node(g, i, graph, funcs, bases, num_bases, ctx, &nodes[i], scratch)))
+    uint8_t *scratch = malloc(MR_MAX_PARAM_BYTES + 8);
+    if (!e && (!nodes || !scratch)) {
+        e = CUDA_ERROR_OUT_OF_MEMORY;
+        snprintf(err, errlen, "out of host memory for %u nodes", g->num_nodes);
+    }
+    for (uint32_t i = 0; !e && i < g->num_nodes; i++) {
+        const char *why = "";
+        if ((e = add_node(g, i, graph, funcs, bases, num_bases, ctx, &nodes[i], scratch, &why)))
             snprintf(err, errlen, "node %u (type %u): CUDA error %d%s", i, g->nodes[i].type, (int)e,
-                     e == CUDA_ERROR_INVALID_VALUE ? " (a relocation has no target)" : "");
+                     e == CUDA_ERROR_INVALID_VALUE ? why : "");
+    }
     for (uint32_t i = 0; !e && i < g->num_edges; i++) {
         const mr_edge *x = &g->edges[i];
         CUgraphEdgeData ed = {.from_port = x->from_port, .to_port = x->to_port, .type = x->type};
@@ -163,8 +197,13 @@ EXPORT int mr_build_graph(const mr_graph *g, const CUfunction *funcs,
     }
     for (uint32_t i = 0; !e && i < g->num_attrs; i++) {
         CUkernelNodeAttrValue v;
+        memset(&v, 0, sizeof v);
         memcpy(&v, g->attrs[i].value, sizeof v < 64 ? sizeof v : 64);
-        e = D.attr(nodes[g->attrs[i].node], (CUkernelNodeAttrID)g->attrs[i].attr, &v);
+        if (g->attrs[i].node >= g->num_nodes ||
+            g->nodes[g->attrs[i].node].type != CU_GRAPH_NODE_TYPE_KERNEL)
+            e = CUDA_ERROR_INVALID_VALUE;
+        else
+            e = D.attr(nodes[g->attrs[i].node], (CUkernelNodeAttrID)g->attrs[i].attr, &v);
         if (e)
             snprintf(err, errlen, "attribute %u of node %u: CUDA error %d", g->attrs[i].attr,
                      g->attrs[i].node, (int)e);

@@ -36,11 +36,15 @@ typedef struct {
     uint8_t value[64];
 } mr_attr;
 
+/* Every index in a graph is checked against the length of the table it indexes: a plan comes
+ * from a file, and a bad one must fail with an error, never read or write out of bounds. */
 typedef struct {
     const mr_node *nodes;
     uint32_t num_nodes;
     const uint8_t *params;
+    uint64_t params_len;
     const mr_reloc *relocs;
+    uint32_t num_relocs;
     const mr_edge *edges;
     uint32_t num_edges;
     const mr_attr *attrs;
@@ -48,11 +52,14 @@ typedef struct {
 } mr_graph;
 
 #define MR_KINDS 4
+#define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
 /* Builds, instantiates and uploads one graph. Returns a CUresult; on failure err says which node. */
-int mr_build_graph(const mr_graph *g, const CUfunction *funcs, const uint64_t *const bases[MR_KINDS],
-                   const uint64_t num_bases[MR_KINDS], CUstream stream, CUgraph *graph_out,
-                   CUgraphExec *exec_out, char *err, size_t errlen);
-/* Patches pointer words into a buffer (a permanent buffer's saved contents). */
+int mr_build_graph(const mr_graph *g, const CUfunction *funcs, uint32_t num_funcs,
+                   const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
+                   CUstream stream, CUgraph *graph_out, CUgraphExec *exec_out, char *err,
+                   size_t errlen);
+/* Patches pointer words into a buffer (a permanent buffer's saved contents). Returns 0, or -1 - i
+ * for the first relocation i that lies outside the buffer or has no target. */
 int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32_t n,
                 const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS]);
 

@@ -16,33 +16,20 @@ import numpy as np
 
 from medusa import env
 from medusa.artifact import Artifact
-from medusa.cuda import paths
 from medusa.cuda.backend import Backend
 from medusa.materialize.analysis import DEVICE, GLOBAL, HOST, VMM, RunView
+from medusa.restore.builder import KINDS, GraphBuilder
 from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
+from medusa.restore.validate import validate_plan
 from medusa.trace import Ev, read_trace
 from medusa.trace import control as trace
 from medusa.trace import records as R
 
 log = logging.getLogger("medusa.restore")
-KINDS = 4
 
 
 class RestoreError(RuntimeError):
     """The artifact cannot be used in this process; the message says exactly why."""
-
-
-class _Graph(ctypes.Structure):
-    _fields_ = [
-        ("nodes", c_void_p),
-        ("num_nodes", c_uint),
-        ("params", c_void_p),
-        ("relocs", c_void_p),
-        ("edges", c_void_p),
-        ("num_edges", c_uint),
-        ("attrs", c_void_p),
-        ("num_attrs", c_uint),
-    ]
 
 
 @dataclass
@@ -54,23 +41,11 @@ class RestoreResult:
 
 class Restorer:
     def __init__(self, artifact: Artifact, backend: Backend) -> None:
+        # NOTE: the plan is checked whole before any C call reads it (validate.py).
+        validate_plan(artifact.plan, str(artifact.path))
         self.art, self.plan, self.b = artifact, artifact.plan, backend
-        self.lib = ctypes.CDLL(str(paths.library("medusa_restore")))
-        self.lib.mr_build_graph.restype = c_int
-        self.lib.mr_build_graph.argtypes = [
-            POINTER(_Graph),
-            c_void_p,
-            c_void_p,
-            c_void_p,
-            c_void_p,
-            POINTER(c_void_p),
-            POINTER(c_void_p),
-            c_char_p,
-            c_size_t,
-        ]
-        self.lib.mr_relocate.restype = c_int
-        self.lib.mr_relocate.argtypes = [c_void_p, c_size_t, c_void_p, c_uint, c_void_p, c_void_p]
         self.bases: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in range(KINDS)]
+        self.builder = GraphBuilder(self.bases)
         self._execs: list[int] = []
         self.last_timings: dict[str, float] = {}
         self._own: RunView | None = None
@@ -228,21 +203,22 @@ class Restorer:
                 look = lib_kernel if is_lib else mod_func
                 if look(ctypes.byref(f), c_void_p(handle), name.encode()) == 0:
                     method = "loaded image"
-            if not method:
-                image = self.art.image(sha)
+            why = "no image of it was saved"
+            if not method and (image := self.art.image(sha)):
                 lib = c_void_p()
-                if (
-                    image
-                    and load_data(ctypes.byref(lib), image, None, None, 0, None, None, 0) == 0
-                    and lib_kernel(ctypes.byref(f), lib, name.encode()) == 0
-                ):
+                code = load_data(ctypes.byref(lib), image, None, None, 0, None, None, 0)
+                if code:
+                    why = f"its saved image does not load ({self.b.error_name(code)}: "
+                    why += f"{self.b.last_message()})"
+                elif lib_kernel(ctypes.byref(f), lib, name.encode()) == 0:
                     libs[sha] = (int(lib.value or 0), True)
                     method = "saved image"
+                else:
+                    why = "its saved image does not hold it"
             if not method:
                 raise RestoreError(
                     f"kernel {name} (image {sha[:12]}) cannot be found: no exported "
-                    "symbol names it, no loaded image holds it, and its saved image "
-                    "does not load"
+                    f"symbol names it, no loaded image holds it, and {why}"
                 )
             for attr, value in fn["attrs"]:
                 if set_attr(f, attr, value):
@@ -298,25 +274,15 @@ class Restorer:
         self.bases[VMM] = base
 
     # ---- contents and graphs ----
-    def _tables(self) -> tuple[Any, Any]:
-        ptrs = (c_void_p * KINDS)(*[b.ctypes.data if b.size else None for b in self.bases])
-        sizes = (c_uint64 * KINDS)(*[b.size for b in self.bases])
-        return ptrs, sizes
-
     def write_contents(self) -> None:
-        ptrs, sizes = self._tables()
         for idx, c in self.plan["contents"].items():
             data = bytearray(c["data"])
             relocs = np.array([tuple(r) for r in c["relocs"]], RELOC)
-            buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
-            if len(relocs) and self.lib.mr_relocate(
-                buf, c_size_t(len(data)), relocs.ctypes.data, c_uint(len(relocs)), ptrs, sizes
-            ):
+            if not self.builder.relocate(data, relocs):
                 raise RestoreError(f"allocation #{idx}'s saved contents point at nothing restored")
             self.b.memcpy_htod(int(self.bases[DEVICE][int(idx)]), bytes(data))
 
     def build_graphs(self, funcs: np.ndarray, stream: int) -> list[int]:
-        ptrs, sizes = self._tables()
         execs = []
         templates = self.plan["templates"]
         for gi, g in enumerate(self.plan["graphs"]):
@@ -328,35 +294,13 @@ class Restorer:
             relocs = np.frombuffer(t["relocs"] + g["relocs"], RELOC)
             edges = np.frombuffer(t["edges"], EDGE)
             attrs = np.frombuffer(g["attrs"], ATTR)
-            keep = (nodes, params, relocs, edges, attrs)
-            spec = _Graph(
-                nodes.ctypes.data,
-                len(nodes),
-                params.ctypes.data,
-                relocs.ctypes.data if len(relocs) else None,
-                edges.ctypes.data if len(edges) else None,
-                len(edges),
-                attrs.ctypes.data if len(attrs) else None,
-                len(attrs),
+            code, err, exec_ = self.builder.build(
+                nodes, params, relocs, edges, attrs, funcs, stream
             )
-            graph, exec_ = c_void_p(), c_void_p()
-            err = ctypes.create_string_buffer(512)
-            code = self.lib.mr_build_graph(
-                ctypes.byref(spec),
-                funcs.ctypes.data,
-                ptrs,
-                sizes,
-                c_void_p(stream),
-                ctypes.byref(graph),
-                ctypes.byref(exec_),
-                err,
-                512,
-            )
-            del keep
             if code:
-                raise RestoreError(f"graph {gi}: {err.value.decode()} ({self.b.error_name(code)})")
-            execs.append(int(exec_.value or 0))
-            self._execs.append(execs[-1])
+                raise RestoreError(f"graph {gi}: {err} ({self.b.error_name(code)})")
+            execs.append(exec_)
+            self._execs.append(exec_)
         return execs
 
     def restore(self, stream: int) -> RestoreResult:

@@ -1,0 +1,108 @@
+"""The ctypes binding of libmedusa_restore (csrc/restore/): builds one graph from its packed arrays
+(medusa.restore.layout) and relocates saved buffer contents."""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from typing import Any
+
+import numpy as np
+
+from medusa.cuda import paths
+from medusa.restore.layout import RELOC
+
+KINDS = 4
+
+
+class _Graph(ctypes.Structure):
+    _fields_ = [
+        ("nodes", c_void_p),
+        ("num_nodes", c_uint),
+        ("params", c_void_p),
+        ("params_len", c_uint64),
+        ("relocs", c_void_p),
+        ("num_relocs", c_uint),
+        ("edges", c_void_p),
+        ("num_edges", c_uint),
+        ("attrs", c_void_p),
+        ("num_attrs", c_uint),
+    ]
+
+
+class GraphBuilder:
+    """One graph at a time: returns the CUresult and the C side's message, never raises."""
+
+    def __init__(self, bases: list[np.ndarray]) -> None:
+        self.lib = ctypes.CDLL(str(paths.library("medusa_restore")))
+        self.lib.mr_build_graph.restype = c_int
+        self.lib.mr_build_graph.argtypes = [
+            POINTER(_Graph),
+            c_void_p,
+            c_uint,
+            c_void_p,
+            c_void_p,
+            c_void_p,
+            POINTER(c_void_p),
+            POINTER(c_void_p),
+            c_char_p,
+            c_size_t,
+        ]
+        self.lib.mr_relocate.restype = c_int
+        self.lib.mr_relocate.argtypes = [c_void_p, c_size_t, c_void_p, c_uint, c_void_p, c_void_p]
+        self.bases = bases
+
+    def _tables(self) -> tuple[Any, Any]:
+        ptrs = (c_void_p * KINDS)(*[b.ctypes.data if b.size else None for b in self.bases])
+        sizes = (c_uint64 * KINDS)(*[b.size for b in self.bases])
+        return ptrs, sizes
+
+    def build(
+        self,
+        nodes: np.ndarray,
+        params: np.ndarray,
+        relocs: np.ndarray,
+        edges: np.ndarray,
+        attrs: np.ndarray,
+        funcs: np.ndarray,
+        stream: int,
+    ) -> tuple[int, str, int]:
+        """(CUresult, message, graph exec) for one graph; arrays in the layout's dtypes."""
+        ptrs, sizes = self._tables()
+        spec = _Graph(
+            nodes.ctypes.data,
+            len(nodes),
+            params.ctypes.data,
+            len(params),
+            relocs.ctypes.data if len(relocs) else None,
+            len(relocs),
+            edges.ctypes.data if len(edges) else None,
+            len(edges),
+            attrs.ctypes.data if len(attrs) else None,
+            len(attrs),
+        )
+        graph, exec_ = c_void_p(), c_void_p()
+        err = ctypes.create_string_buffer(512)
+        code = self.lib.mr_build_graph(
+            ctypes.byref(spec),
+            funcs.ctypes.data if len(funcs) else None,
+            len(funcs),
+            ptrs,
+            sizes,
+            c_void_p(stream),
+            ctypes.byref(graph),
+            ctypes.byref(exec_),
+            err,
+            512,
+        )
+        return code, err.value.decode(errors="replace"), int(exec_.value or 0)
+
+    def relocate(self, data: bytearray, relocs: np.ndarray) -> bool:
+        """Patches the pointer words of a saved buffer; False if one points at nothing."""
+        if not len(relocs):
+            return True
+        relocs = np.ascontiguousarray(relocs, RELOC)
+        ptrs, sizes = self._tables()
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        n = self.lib.mr_relocate(buf, len(data), relocs.ctypes.data, len(relocs), ptrs, sizes)
+        return n == 0
