@@ -29,7 +29,9 @@ CONFIG = {
 
 
 def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+    """The environment without MEDUSA_* settings, except where the C libraries come from."""
+    keep = ("MEDUSA_LIB_DIR",)
+    return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
 
 
 @pytest.fixture(scope="session")
