@@ -18,7 +18,7 @@ from medusa.cuda.backend import Backend, Dim3
 KERNELS = {
     "embed_tokens": "p p p i i",
     "rms_norm_kernel": "p p p i i f",
-    "rotary_embedding": "p p p i i i i i f i",
+    "rotary_embedding": "p p p i i i i i p i f i",
     "reshape_and_cache_kernel": "p p p p p i i i i",
     "paged_attention_kernel": "p p p p p p p i i i i i i i f",
     "silu_and_mul_kernel": "p p i i",

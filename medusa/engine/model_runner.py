@@ -48,6 +48,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, spec: ModelSpec, device: Device) -> None:
         self.config, self.spec, self.dev = config, spec, device
         self.weights: dict[str, Buffer] = {}
+        self.rope_table: Buffer | None = None  # float32 [rot_dim / 2]: RoPE's frequencies
         self.ws: dict[str, Buffer] = {}
         self.kv: Buffer | None = None
         self.num_blocks = 0
@@ -64,12 +65,15 @@ class ModelRunner:
             nbytes = int(np.prod(shape)) * F32
             on_host = host and len(shape) == 2
             self.weights[name] = self.dev.host_alloc(nbytes) if on_host else self.dev.alloc(nbytes)
+        self.rope_table = self.dev.alloc(self.spec.rope.rot_dim // 2 * F32)
         # Per-layer HybridGEMM split (the alpha controller may change them between steps).
         self.alphas = [self.config.alpha] * (self.spec.num_layers + 1)
 
     def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> None:
         for name, arr in weights:
             self.dev.upload(self.weights[name], arr.astype(np.float32, copy=False))
+        if self.rope_table is not None:
+            self.dev.upload(self.rope_table, self.spec.rope.inv_freq())
 
     def allocate_workspace(self) -> None:
         c, s = self.config, self.spec
@@ -201,10 +205,12 @@ class ModelRunner:
             *([self.kv] if self.kv else []),
             *self.ws.values(),
             *self.weights.values(),
+            *([self.rope_table] if self.rope_table else []),
         ]
         for buf in bufs:
             self.dev.free(buf)
         self.graphs, self.graph_out, self.ws, self.weights, self.kv = {}, {}, {}, {}, None
+        self.rope_table = None
         self._own_graph_out = []
 
     # ---- steps ----
@@ -365,6 +371,8 @@ class ModelRunner:
         d, s, c, w, a = self.dev, self.spec, self.config, self.weights, self.ws
         if kv is None:
             raise RuntimeError("the KV cache is not allocated yet")
+        if self.rope_table is None:
+            raise RuntimeError("the weights are not allocated yet")
         dim, qkv, eps = s.hidden_size, s.qkv_size, s.rms_eps
         layer_bytes = kv.nbytes // (2 * s.num_layers)  # [layer][k|v][block][slot][kv head][dim]
         q, k, v = (
@@ -398,7 +406,9 @@ class ModelRunner:
                 s.num_kv_heads,
                 s.head_dim,
                 qkv,
-                s.rope_theta,
+                self.rope_table.ptr,
+                s.rope.rot_dim,
+                s.rope.mscale,
                 int(s.rope_neox),
             )
             d.launch(

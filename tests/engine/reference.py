@@ -20,16 +20,19 @@ class Reference:
         return (x * r.astype(np.float32)) * w
 
     def _rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        d = self.s.head_dim
-        inv = self.s.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-        ang = pos[:, None].astype(np.float64) * inv[None, :]
-        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        """Rotates the first rot_dim dims of each head; the rest pass through."""
+        rope = self.s.rope
+        r = rope.rot_dim
+        ang = pos[:, None].astype(np.float64) * rope.inv_freq().astype(np.float64)[None, :]
+        cos = (np.cos(ang) * rope.mscale)[:, None, :]
+        sin = (np.sin(ang) * rope.mscale)[:, None, :]
+        out = x.copy()
         if self.s.rope_neox:
-            a, b = x[..., : d // 2], x[..., d // 2 :]
-            return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1).astype(np.float32)
-        a, b = x[..., 0::2], x[..., 1::2]
-        out = np.empty_like(x)
-        out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
+            a, b = x[..., : r // 2], x[..., r // 2 : r]
+            out[..., : r // 2], out[..., r // 2 : r] = a * cos - b * sin, a * sin + b * cos
+        else:
+            a, b = x[..., 0:r:2], x[..., 1:r:2]
+            out[..., 0:r:2], out[..., 1:r:2] = a * cos - b * sin, a * sin + b * cos
         return out
 
     def forward(self, ids: list[int]) -> np.ndarray:

@@ -76,7 +76,7 @@ def hf_dir(tmp_path_factory):
         "num_attention_heads": s.num_heads,
         "num_key_value_heads": s.num_kv_heads,
         "vocab_size": s.vocab_size,
-        "rope_theta": s.rope_theta,
+        "rope_theta": s.rope.theta,
         "rms_norm_eps": s.rms_eps,
         "max_position_embeddings": 2048,
         "tie_word_embeddings": True,

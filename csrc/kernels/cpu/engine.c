@@ -36,15 +36,18 @@ static void rms_norm(const simcuda_kctx *ctx, const void *p) {
     }
 }
 
-/* neox = 0: pairs (2i, 2i+1), the layout GGUF files store Q/K in; neox = 1: pairs (i, i + d/2),
- * the Hugging Face layout. */
+/* Rotates the first rot_dim dims of each head: pair i turns by position * inv_freq[i] (the model's
+ * frequency table, scaling included), and cos and sin are scaled by mscale. neox = 0: pairs
+ * (2i, 2i+1), the layout GGUF files store Q/K in; neox = 1: pairs (i, i + rot_dim/2), the Hugging
+ * Face layout. */
 struct rope_args {
     float *q, *k; const int *positions;
-    int num_tokens, num_heads, num_kv_heads, head_dim, stride; float theta; int neox;
+    int num_tokens, num_heads, num_kv_heads, head_dim, stride;
+    const float *inv_freq; int rot_dim; float mscale; int neox;
 };
-static void rotate(float *v, int d, const float *cosv, const float *sinv, int neox) {
-    for (int i = 0; i < d / 2; i++) {
-        int a = neox ? i : 2 * i, b = neox ? i + d / 2 : 2 * i + 1;
+static void rotate(float *v, int r, const float *cosv, const float *sinv, int neox) {
+    for (int i = 0; i < r / 2; i++) {
+        int a = neox ? i : 2 * i, b = neox ? i + r / 2 : 2 * i + 1;
         float x = v[a], y = v[b];
         v[a] = x * cosv[i] - y * sinv[i];
         v[b] = x * sinv[i] + y * cosv[i];
@@ -53,20 +56,20 @@ static void rotate(float *v, int d, const float *cosv, const float *sinv, int ne
 static void rope(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct rope_args *a = p;
-    int d = a->head_dim;
+    int d = a->head_dim, r = a->rot_dim;
     float cosv[512], sinv[512];
-    if (d > 1024)
+    if (r > 1024 || r > d)
         return;
     for (int t = 0; t < a->num_tokens; t++) {
         float pos = (float)a->positions[t];
-        for (int i = 0; i < d / 2; i++) {
-            float ang = pos * powf(a->theta, -2.0f * (float)i / (float)d);
-            cosv[i] = cosf(ang), sinv[i] = sinf(ang);
+        for (int i = 0; i < r / 2; i++) {
+            float ang = pos * a->inv_freq[i];
+            cosv[i] = cosf(ang) * a->mscale, sinv[i] = sinf(ang) * a->mscale;
         }
         for (int h = 0; h < a->num_heads; h++)
-            rotate(a->q + (size_t)t * a->stride + (size_t)h * d, d, cosv, sinv, a->neox);
+            rotate(a->q + (size_t)t * a->stride + (size_t)h * d, r, cosv, sinv, a->neox);
         for (int h = 0; h < a->num_kv_heads; h++)
-            rotate(a->k + (size_t)t * a->stride + (size_t)h * d, d, cosv, sinv, a->neox);
+            rotate(a->k + (size_t)t * a->stride + (size_t)h * d, r, cosv, sinv, a->neox);
     }
 }
 
@@ -259,7 +262,7 @@ SIMCUDA_STUB(sample_tokens_kernel)
 static const simcuda_kernel_desc kernels[] = {
     {"embed_tokens", "p p p i i", embed, embed_tokens},
     {"rms_norm_kernel", "p p p i i f", rms_norm, rms_norm_kernel},
-    {"rotary_embedding", "p p p i i i i i f i", rope, rotary_embedding},
+    {"rotary_embedding", "p p p i i i i i p i f i", rope, rotary_embedding},
     {"reshape_and_cache_kernel", "p p p p p i i i i", reshape_and_cache, reshape_and_cache_kernel},
     {"paged_attention_kernel", "p p p p p p p i i i i i i i f", paged_attention,
      paged_attention_kernel},

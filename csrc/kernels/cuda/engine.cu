@@ -39,17 +39,21 @@ KERNEL void rms_norm_kernel(float *out, const float *x, const float *w,
     }
 }
 
+// Rotates the first rot_dim dims of each head by position * inv_freq[i], cos and sin scaled by
+// mscale; neox = 0: pairs (2i, 2i+1) (GGUF), neox = 1: pairs (i, i + rot_dim/2) (Hugging Face).
 KERNEL void rotary_embedding(float *q, float *k, const int *positions,
                                             int num_tokens, int num_heads, int num_kv_heads,
-                                            int head_dim, int stride, float theta, int neox) {
-    int half = head_dim / 2;
+                                            int head_dim, int stride, const float *inv_freq,
+                                            int rot_dim, float mscale, int neox) {
+    int half = rot_dim / 2;
     GRID_STRIDE(t, num_tokens) {
         BLOCK_STRIDE(j, (num_heads + num_kv_heads) * half) {
             int h = j / half, i = j % half;
             float *v = h < num_heads ? q + (size_t)t * stride + (size_t)h * head_dim
                                      : k + (size_t)t * stride + (size_t)(h - num_heads) * head_dim;
-            float ang = positions[t] * powf(theta, -2.0f * i / head_dim), c, s;
+            float ang = positions[t] * inv_freq[i], c, s;
             sincosf(ang, &s, &c);
+            c *= mscale, s *= mscale;
             int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
             float x = v[a], y = v[b];
             v[a] = x * c - y * s;

@@ -11,6 +11,7 @@ import numpy as np
 
 from medusa.engine.loader.errors import ModelError
 from medusa.engine.loader.gguf_file import GGUFFile
+from medusa.engine.loader.rope import rope_from_gguf
 from medusa.engine.spec import ModelSpec
 from medusa.engine.tokenizer import Tokenizer
 
@@ -27,34 +28,42 @@ class GGUFModel:
                 f"{path}: architecture {arch!r} is not supported; this engine runs "
                 f"{', '.join(SUPPORTED)} (Llama-style) models"
             )
+        self.spec = self._spec(arch)
 
+    def _spec(self, arch: str) -> ModelSpec:
         def g(key: str, default: object = None) -> Any:
             v = self.file.get(f"{arch}.{key}", default)
             if v is None:
                 raise ModelError(
-                    f"{path}: metadata {arch}.{key} is missing; the file is incomplete"
+                    f"{self.path}: metadata {arch}.{key} is missing; the file is incomplete"
                 )
             return v
 
         d, heads = int(g("embedding_length")), int(g("attention.head_count"))
+        head_dim = int(g("attention.key_length", d // heads))
         vocab = self.file.get(f"{arch}.vocab_size") or len(
             self.file.get("tokenizer.ggml.tokens", [])
         )
-        self.spec = ModelSpec(
-            name=str(self.file.get("general.name", path.stem)),
-            vocab_size=int(vocab),
-            hidden_size=d,
-            intermediate_size=int(g("feed_forward_length")),
-            num_layers=int(g("block_count")),
-            num_heads=heads,
-            num_kv_heads=int(g("attention.head_count_kv", heads)),
-            head_dim=int(g("attention.key_length", d // heads)),
-            rope_theta=float(g("rope.freq_base", 10000.0)),
-            rms_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
-            max_position=int(g("context_length", 2048)),
-            tie_embeddings="output.weight" not in self.file.tensors,
-            rope_neox=False,
-        )
+        try:
+            return ModelSpec(
+                name=str(self.file.get("general.name", self.path.stem)),
+                vocab_size=int(vocab),
+                hidden_size=d,
+                intermediate_size=int(g("feed_forward_length")),
+                num_layers=int(g("block_count")),
+                num_heads=heads,
+                num_kv_heads=int(g("attention.head_count_kv", heads)),
+                head_dim=head_dim,
+                rope=rope_from_gguf(self.file, arch, head_dim),
+                rms_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+                max_position=int(g("context_length", 2048)),
+                tie_embeddings="output.weight" not in self.file.tensors,
+                rope_neox=False,
+            )
+        except ModelError:
+            raise
+        except ValueError as e:  # a metadata value of the wrong kind, or inconsistent ones
+            raise ModelError(f"{self.path}: {e}") from None
 
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_gguf(self.file.metadata, self.path)
@@ -63,14 +72,16 @@ class GGUFModel:
         h = hashlib.sha256()
         h.update(self.path.name.encode())
         h.update(str(self.path.stat().st_size).encode())
-        first = min(t.offset for t in self.file.tensors.values())
-        h.update(bytes(self.file.data[:first]))
+        h.update(bytes(self.file.data[: self.file.data_start]))
         return f"gguf:{h.hexdigest()}"
 
     def _tensor(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         w = self.file.load(name)
         if w.shape != shape:
-            raise ModelError(f"{self.path}: tensor {name} has shape {w.shape}, expected {shape}")
+            raise ModelError(
+                f"{self.path}: tensor {name} has shape {w.shape}, its metadata makes it {shape}; "
+                "the file contradicts itself: convert the model again"
+            )
         return w
 
     def weights(self) -> Iterator[tuple[str, np.ndarray]]:

@@ -1,45 +1,61 @@
-"""A Hugging Face-layout checkpoint: config.json, *.safetensors (F32, F16 or BF16) and
-tokenizer.json, for Llama- and Qwen2-style models."""
+"""A Hugging Face-layout checkpoint: config.json, *.safetensors and tokenizer.json, for Llama-
+and Qwen2-style models. Weights are read with the safetensors package."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from medusa.engine.loader.errors import ModelError
+from medusa.engine.loader.rope import rope_from_config
 from medusa.engine.spec import ModelSpec
 from medusa.engine.tokenizer import Tokenizer
 
 ARCHITECTURES = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}  # -> has q/k/v biases
-_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+FLOATS = ("F32", "F16", "BF16", "F64")
 
 
 class SafetensorsFile:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.data = np.memmap(path, dtype=np.uint8, mode="r")
-        (n,) = struct.unpack_from("<Q", self.data[:8].tobytes())
         try:
-            header = json.loads(self.data[8 : 8 + n].tobytes())
-        except ValueError as e:
-            raise ModelError(f"{path}: not a safetensors file ({e})") from None
-        header.pop("__metadata__", None)
-        self.start = 8 + n
-        self.entries: dict[str, dict] = header
+            self.handle = safe_open(str(path), framework="numpy")
+        except SafetensorError as e:
+            raise ModelError(
+                f"{path}: not a safetensors file, or a damaged one ({e}); download it again"
+            ) from None
+        self.names: list[str] = list(self.handle.keys())
+        with path.open("rb") as f:
+            size = f.read(8)
+            self.header = size + f.read(int.from_bytes(size, "little"))  # as safe_open checked it
+        self._entries: dict[str, dict] | None = None
 
     def load(self, name: str) -> np.ndarray:
-        e = self.entries[name]
-        if e["dtype"] not in _DTYPES:
-            raise ModelError(f"{self.path}: {name} is {e['dtype']}; F32, F16 and BF16 are read")
-        a, b = e["data_offsets"]
-        raw = self.data[self.start + a : self.start + b].view(_DTYPES[e["dtype"]])
-        out = (raw.astype(np.uint32) << 16).view(np.float32) if e["dtype"] == "BF16" else raw
-        return np.asarray(out, dtype=np.float32).reshape(e["shape"])
+        dtype = self.handle.get_slice(name).get_dtype()
+        if dtype not in FLOATS:
+            raise ModelError(
+                f"{self.path}: {name} is {dtype}; {', '.join(FLOATS)} are read (use an "
+                "unquantized checkpoint, or a GGUF file for quantized weights)"
+            )
+        if dtype == "BF16":
+            return self._bf16(name)
+        return np.asarray(self.handle.get_tensor(name), dtype=np.float32)
+
+    def _bf16(self, name: str) -> np.ndarray:
+        # NOTE: numpy has no bfloat16, so safetensors' numpy reader refuses BF16 (TypeError);
+        # its bits are the top half of a float32's, read here from the offsets in the header.
+        if self._entries is None:
+            self._entries = json.loads(self.header[8:])
+        entry = self._entries[name]
+        a, b = entry["data_offsets"]
+        start = len(self.header) + a
+        raw = np.memmap(self.path, dtype="<u2", mode="r", offset=start, shape=(b - a) // 2)
+        return (raw.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
 
 
 class HFModel:
@@ -57,20 +73,32 @@ class HFModel:
         self.files = [SafetensorsFile(p) for p in sorted(path.glob("*.safetensors"))]
         if not self.files:
             raise ModelError(f"{path}: no *.safetensors weights")
-        self.index = {n: f for f in self.files for n in f.entries}
-        heads = int(cfg["num_attention_heads"])
-        d = int(cfg["hidden_size"])
+        self.index = {n: f for f in self.files for n in f.names}
         self.qkv_bias = ARCHITECTURES[arch]
-        self.spec = ModelSpec(
-            name=path.name,
+        try:
+            self.spec = self._spec(cfg, cfg_path)
+        except ModelError:
+            raise
+        except KeyError as e:
+            raise ModelError(
+                f"{cfg_path}: {e.args[0]} is missing; the config is incomplete"
+            ) from None
+        except ValueError as e:  # a value of the wrong kind, or values that contradict
+            raise ModelError(f"{cfg_path}: {e}") from None
+
+    def _spec(self, cfg: dict, cfg_path: Path) -> ModelSpec:
+        heads, d = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        head_dim = int(cfg.get("head_dim") or d // heads)
+        return ModelSpec(
+            name=self.path.name,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=d,
             intermediate_size=int(cfg["intermediate_size"]),
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads", heads)),
-            head_dim=int(cfg.get("head_dim") or d // heads),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            head_dim=head_dim,
+            rope=rope_from_config(cfg, head_dim, cfg_path),
             rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position=int(cfg.get("max_position_embeddings", 2048)),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False))
@@ -86,16 +114,22 @@ class HFModel:
         h = hashlib.sha256((self.path / "config.json").read_bytes())
         for f in self.files:
             h.update(f.path.name.encode())
-            h.update(f.data[: f.start].tobytes())
+            h.update(f.header)
         return f"hf:{h.hexdigest()}"
 
     def _get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         f = self.index.get(name)
         if f is None:
-            raise ModelError(f"{self.path}: weight {name} is missing")
+            raise ModelError(
+                f"{self.path}: weight {name} is missing; the checkpoint is incomplete (are all "
+                "its *.safetensors shards there?)"
+            )
         w = f.load(name)
         if w.shape != shape:
-            raise ModelError(f"{self.path}: {name} has shape {w.shape}, expected {shape}")
+            raise ModelError(
+                f"{self.path}: {name} has shape {w.shape}, config.json makes it {shape}; the "
+                "weights do not belong to this config.json"
+            )
         return w
 
     def weights(self) -> Iterator[tuple[str, np.ndarray]]:
