@@ -56,6 +56,8 @@ static void load(void) {
     D.ok = ok;
 }
 
+EXPORT int mr_abi_version(void) { return MR_ABI_VERSION; }
+
 static int resolve(const mr_reloc *r, const uint64_t *const bases[MR_KINDS],
                    const uint64_t num_bases[MR_KINDS], uint64_t *out) {
     if (r->kind >= MR_KINDS || r->target >= num_bases[r->kind] || !bases[r->kind][r->target])

@@ -52,6 +52,8 @@ typedef struct {
 } mr_graph;
 
 #define MR_KINDS 4
+#define MR_ABI_VERSION 2 /* 2: graphs carry their table lengths, mr_build_graph num_funcs */
+int mr_abi_version(void);
 #define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
 /* Builds, instantiates and uploads one graph. Returns a CUresult; on failure err says which node. */
 int mr_build_graph(const mr_graph *g, const CUfunction *funcs, uint32_t num_funcs,

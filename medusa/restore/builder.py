@@ -13,6 +13,7 @@ from medusa.cuda import paths
 from medusa.restore.layout import RELOC
 
 KINDS = 4
+ABI_VERSION = 2  # MR_ABI_VERSION in csrc/restore/restore.h
 
 
 class _Graph(ctypes.Structure):
@@ -34,7 +35,15 @@ class GraphBuilder:
     """One graph at a time: returns the CUresult and the C side's message, never raises."""
 
     def __init__(self, bases: list[np.ndarray]) -> None:
-        self.lib = ctypes.CDLL(str(paths.library("medusa_restore")))
+        path = paths.library("medusa_restore")
+        self.lib = ctypes.CDLL(str(path))
+        if getattr(self.lib, "mr_abi_version", lambda: 1)() != ABI_VERSION:
+            from medusa.restore.restorer import RestoreError  # restorer.py imports this module
+
+            raise RestoreError(
+                f"{path} was built for another version of medusa (its graph layout differs); "
+                "reinstall the package (`pip install .`) or point MEDUSA_LIB_DIR at a fresh build"
+            )
         self.lib.mr_build_graph.restype = c_int
         self.lib.mr_build_graph.argtypes = [
             POINTER(_Graph),
