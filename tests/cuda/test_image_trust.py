@@ -63,9 +63,7 @@ def test_an_image_naming_a_library_elsewhere_is_refused_and_never_runs_it(cprog,
     assert not marker.exists()
 
 
-def test_a_copy_of_a_kernel_library_elsewhere_is_refused_a_link_to_it_is_not(
-    cprog, run, tmp_path
-):
+def test_a_copy_of_a_kernel_library_elsewhere_is_refused_a_link_to_it_is_not(cprog, run, tmp_path):
     blas = _saved_blas_image(cprog, run, tmp_path)
     installed = Path(blas[40 : 40 + struct.unpack_from("<I", blas, 36)[0]].decode())
     assert installed.name == "libsimcuda_testkernels.so"  # where testblas's code lives
