@@ -8,13 +8,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
+from medusa.child import medusa_cli
 from medusa.serve.gateway.config import ConfigError, load_config
 from medusa.serve.gateway.placement import check_placement
 from medusa.serve.gateway.slices import simulated_slices
@@ -43,7 +43,7 @@ def _config(tmp_path, artifact, extra: str = "") -> str:
     )
     (tmp_path / "models.yaml").write_text(f"""
 models:
-  a: {{artifact: {artifact}, keep_alive: 5, max_queue: 3, engine: {ENGINE}}}
+  a: {{artifact: {artifact}, keep_alive: 5, max_queue: 3, target: 1, engine: {ENGINE}}}
   b: {{artifact: {artifact}, keep_alive: 5, engine: {ENGINE}}}
 slices: slices.yaml
 {extra}""")
@@ -53,30 +53,7 @@ slices: slices.yaml
 @pytest.fixture(scope="module")
 def gateway(engine_artifact, tmp_path_factory):  # noqa: F811
     tmp = tmp_path_factory.mktemp("gw")
-    port = _port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "medusa.cli",
-            "gateway",
-            "--config",
-            _config(tmp, engine_artifact),
-            "--port",
-            str(port),
-        ],
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.1)
+    proc, base = _start_gateway(_config(tmp, engine_artifact))
     yield base
     proc.send_signal(signal.SIGTERM)  # graceful drain: workers are stopped too
     out, _ = proc.communicate(timeout=60)
@@ -85,6 +62,53 @@ def gateway(engine_artifact, tmp_path_factory):  # noqa: F811
 
 def _state(base: str) -> dict[str, str]:
     return {m["id"]: m["state"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
+
+
+def _start_gateway(config: str) -> tuple[subprocess.Popen[str], str]:
+    port = _port()
+    proc = subprocess.Popen(
+        medusa_cli("gateway", "--config", config, "--port", str(port)),
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"the gateway did not start:\n{proc.communicate()[0]}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, or a pid that is gone, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def _worker_pid(base: str, model: str, key: str = "", timeout: float = 30) -> int:
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        insts = httpx.get(f"{base}/admin/instances", headers=auth).json()[model]
+        if insts:
+            return int(insts[0]["pid"])
+        time.sleep(0.1)
+    raise AssertionError(f"no worker started for {model}")
 
 
 def _wait_cold(base: str, timeout: float = 20) -> None:
@@ -96,11 +120,16 @@ def _wait_cold(base: str, timeout: float = 20) -> None:
 
 def test_scale_from_zero_a_second_model_and_back_to_zero(gateway):
     assert _state(gateway) == {"a": "cold", "b": "cold"}
-    r = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "a", **CHAT}, timeout=120)
-    assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
-    assert _state(gateway)["a"] == "warm"
-    r = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "b", **CHAT}, timeout=120)
-    assert r.status_code == 200
+
+    def ask(model: str) -> httpx.Response:
+        body = {"model": model, **CHAT}
+        return httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=120)
+
+    # both at once: both are warm afterwards (a keep_alive of 5 s outlasts no cold start here)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(ask, ("a", "b"))
+    assert a.status_code == 200 and "Paris" in a.json()["choices"][0]["message"]["content"]
+    assert b.status_code == 200 and _state(gateway) == {"a": "warm", "b": "warm"}
     slices = {m: i[0]["slice"] for m, i in httpx.get(f"{gateway}/admin/instances").json().items()}
     assert slices["a"] != slices["b"]  # one worker per slice
     metrics = httpx.get(f"{gateway}/metrics").text
@@ -152,6 +181,106 @@ def test_the_openai_client_works_through_the_gateway(gateway):
         client.chat.completions.create(model="zzz", **CHAT)
 
 
+def test_a_stream_cut_by_a_dying_worker_raises_in_the_openai_client(gateway):
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
+    long = [{"role": "user", "content": "Tell me a long story."}]
+    stream = client.chat.completions.create(
+        model="b", messages=long, temperature=0, max_tokens=200, stream=True
+    )
+    with pytest.raises(openai.APIError, match="the worker stopped in the middle"):
+        for i, _ in enumerate(stream):
+            if i == 2:
+                os.kill(_worker_pid(gateway, "b"), signal.SIGKILL)
+
+
+def test_workers_answer_only_the_gateway_and_a_warm_queue_is_bounded(gateway):
+    ok = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "a", **CHAT}, timeout=120)
+    assert ok.status_code == 200
+    (inst,) = httpx.get(f"{gateway}/admin/instances").json()["a"]
+    direct = httpx.get(f"http://127.0.0.1:{inst['port']}/v1/models")
+    assert direct.status_code == 401 and direct.json()["error"]["code"] == "invalid_worker_token"
+
+    # a: target 1, max_queue 3: one request in the worker's batch and three beyond it
+    long = {**CHAT, "model": "a", "max_tokens": 40, "messages": [
+        {"role": "user", "content": "Tell me a long story."}]}  # fmt: skip
+
+    def ask(_: int) -> httpx.Response:
+        return httpx.post(f"{gateway}/v1/chat/completions", json=long, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(ask, range(6)))
+    codes = [r.status_code for r in answers]
+    assert set(codes) <= {200, 429} and codes.count(200) >= 4 and codes.count(429) >= 1, codes
+    refused = next(r for r in answers if r.status_code == 429)
+    assert refused.headers["retry-after"] and refused.json()["error"]["code"] == "queue_full"
+
+
+def test_a_worker_that_cannot_start_is_tried_a_few_times_then_refused_with_its_reason(
+    tmp_path,
+    engine_artifact,  # noqa: F811
+):
+    (tmp_path / "slices.yaml").write_text(
+        "slices:\n  - {name: s0, memory_gb: 8}\n  - {name: s1, memory_gb: 8}\n"
+    )
+    (tmp_path / "models.yaml").write_text(f"""
+models:
+  broken: {{engine: {{max_num_seqs: 0}}, start_attempts: 2, failure_cooldown: 4}}
+  ok: {{artifact: {engine_artifact}, engine: {ENGINE}}}
+slices: slices.yaml
+""")
+    proc, base = _start_gateway(str(tmp_path / "models.yaml"))
+    try:
+        t0 = time.time()
+        r = httpx.post(f"{base}/v1/chat/completions", json={"model": "broken", **CHAT}, timeout=60)
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        err = r.json()["error"]
+        assert err["code"] == "model_start_failed"
+        assert "failed to start 2 times" in err["message"]
+        assert "max_num_seqs=0: must be at least 1" in err["message"]  # the worker's stderr
+        (entry,) = [m for m in httpx.get(f"{base}/v1/models").json()["data"] if m["id"] == "broken"]
+        assert entry["state"] == "failed" and "max_num_seqs=0" in entry["error"]
+        again = httpx.post(f"{base}/v1/chat/completions", json={"model": "broken", **CHAT})
+        assert again.status_code == 503 and time.time() - t0 < 30
+        time.sleep(4)  # the cool-down: the next request may try again
+        assert _state(base)["broken"] == "cold"
+
+        # SIGTERM while a worker starts and a request waits for it: all of it ends
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(
+                httpx.post, f"{base}/v1/chat/completions", json={"model": "ok", **CHAT}, timeout=60
+            )
+            pid = _worker_pid(base, "ok")
+            proc.send_signal(signal.SIGTERM)
+            waited = queued.result()
+        assert waited.status_code == 503 and waited.json()["error"]["code"] == "shutting_down"
+        out, _ = proc.communicate(timeout=30)
+        assert not _alive(pid)
+    finally:
+        proc.kill()
+    assert out.count("starting broken") == 2, out
+
+
+def test_workers_die_with_a_killed_gateway(tmp_path, engine_artifact):  # noqa: F811
+    proc, base = _start_gateway(_config(tmp_path, engine_artifact, "api_keys: [k]"))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(
+                httpx.post,
+                f"{base}/v1/chat/completions",
+                json={"model": "a", **CHAT},
+                headers={"Authorization": "Bearer k"},
+                timeout=60,
+            )
+            pid = _worker_pid(base, "a", key="k")
+            proc.kill()
+        assert _wait_gone(pid, 30), f"worker {pid} outlived its gateway"
+    finally:
+        proc.kill()
+        proc.wait()
+        if "pid" in locals() and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_config_errors_name_the_field(tmp_path, engine_artifact):  # noqa: F811
     bad = tmp_path / "bad.yaml"
     bad.write_text("models:\n  a: {max_instances: 0}\n")
@@ -178,11 +307,28 @@ def test_api_keys_guard_the_public_routes(tmp_path, engine_artifact):  # noqa: F
     from medusa.serve.gateway.app import create_gateway
 
     cfg = load_config(_config(tmp_path, engine_artifact, "api_keys: [sekrit]"))
-    with TestClient(create_gateway(cfg, simulated_slices(tmp_path / "slices.yaml"))) as c:
-        assert c.get("/v1/models").status_code == 401
-        ok = c.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
-        assert ok.status_code == 200 and len(ok.json()["data"]) == 2
-        assert c.get("/health").status_code == 200
+    slices = simulated_slices(tmp_path / "slices.yaml")
+    with TestClient(create_gateway(cfg, slices, max_body_bytes=1000)) as c:
+        key = {"Authorization": "Bearer sekrit"}
+        for route in ("/v1/models", "/admin/instances"):
+            assert c.get(route).status_code == 401
+            assert c.get(route, headers=key).status_code == 200
+        assert len(c.get("/v1/models", headers=key).json()["data"]) == 2
+        assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+        assert c.post("/v1/completions", json={"model": "a"}).status_code == 401
+
+        # errors are OpenAI-shaped, with the codes the worker uses
+        unknown = c.post("/v1/completions", json={"model": "zzz", "prompt": "x"}, headers=key)
+        assert unknown.status_code == 404
+        assert unknown.json()["error"] | {"message": ""} == {
+            "message": "", "type": "invalid_request_error", "param": "model",
+            "code": "model_not_found",
+        }  # fmt: skip
+        bad = c.post("/v1/completions", content=b'{"model": "a",', headers=key)
+        msg = bad.json()["error"]["message"]
+        assert bad.status_code == 400 and msg.startswith("the request body is not valid JSON: ")
+        big = c.post("/v1/completions", json={"model": "a", "prompt": "x" * 2000}, headers=key)
+        assert big.status_code == 413 and "larger than 1000 bytes" in big.json()["error"]["message"]
 
 
 def test_the_runtime_examples_are_valid(tmp_path):

@@ -7,79 +7,79 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import generate_latest
+from starlette.exceptions import HTTPException
 
 from medusa.serve.gateway.config import GatewayConfig
-from medusa.serve.gateway.instances import Instance, InstanceManager, NoCapacity, QueueFull
+from medusa.serve.gateway.instances import Instance, InstanceManager, QueueFull, Unavailable
+from medusa.serve.gateway.metrics import GatewayMetrics
 from medusa.serve.gateway.slices import Slice
+from medusa.serve.protocol import MAX_BODY_BYTES, APIError, error_body, loads, read_body
 
 log = logging.getLogger("medusa.gateway")
-JSON = {"content-type": "application/json"}
 
 
 def _error(
-    status: int, message: str, kind: str, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    kind: str,
+    headers: dict[str, str] | None = None,
+    *,
+    param: str | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": None, "code": None}},
-        status_code=status,
-        headers=headers,
-    )
+    return APIError(status, message, kind=kind, headers=headers, param=param, code=code).response()
 
 
-class GatewayMetrics:
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.cold_starts = Counter(
-            "medusa_gateway_cold_starts", "workers started", ["model"], registry=r
-        )
-        self.cold_seconds = Histogram(
-            "medusa_gateway_cold_start_seconds",
-            "process start to ready",
-            ["model"],
-            registry=r,
-            buckets=(0.5, 1, 2, 4, 8, 16, 32, 64),
-        )
-        self.stage_seconds = Gauge(
-            "medusa_gateway_cold_start_stage_seconds",
-            "the last cold start's seconds by stage",
-            ["model", "stage"],
-            registry=r,
-        )
-        self.queue = Gauge(
-            "medusa_gateway_queue_length", "requests waiting for an instance", ["model"], registry=r
-        )
-        self.instances = Gauge(
-            "medusa_gateway_instances", "instances by state", ["model", "state"], registry=r
-        )
-        self.ttft = Histogram(
-            "medusa_gateway_ttft_seconds",
-            "time to first byte from the worker",
-            ["model"],
-            registry=r,
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
-        )
-        self.tpot = Histogram(
-            "medusa_gateway_tpot_seconds",
-            "time between streamed chunks",
-            ["model"],
-            registry=r,
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
-        )
-        self.requests = Counter(
-            "medusa_gateway_requests", "requests by outcome", ["model", "status"], registry=r
-        )
+def _sse_error(message: str) -> bytes:
+    """An OpenAI-shaped error event: the openai client raises it instead of ending normally."""
+    body = error_body(message, "server_error", code="worker_died")
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+@contextlib.contextmanager
+def _on_terminate(begin: Callable[[], None]) -> Iterator[None]:
+    """Runs `begin` (on the loop) at SIGTERM/SIGINT, before the server's own handler: uvicorn
+    waits for open requests before shutting the app down, and queued ones would wait forever."""
+    loop = asyncio.get_running_loop()
+    if threading.current_thread() is not threading.main_thread():
+        yield  # not run by a server that handles signals (a test client)
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handle(sig: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(begin)
+        prev = previous[signal.Signals(sig)]
+        if callable(prev):
+            prev(sig, frame)
+
+    for sig in previous:
+        if callable(previous[sig]):  # NOTE: only chain a handler the server installed
+            signal.signal(sig, handle)
+    try:
+        yield
+    finally:
+        for sig, prev in previous.items():
+            if callable(prev):
+                signal.signal(sig, prev)
 
 
 def create_gateway(
-    config: GatewayConfig, slices: list[Slice], *, wait_timeout: float = 300.0
+    config: GatewayConfig,
+    slices: list[Slice],
+    *,
+    wait_timeout: float = 300.0,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     metrics = GatewayMetrics()
     client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
@@ -88,7 +88,8 @@ def create_gateway(
         metrics.cold_starts.labels(inst.model).inc()
         metrics.cold_seconds.labels(inst.model).observe(inst.ready_seconds)
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            text = (await client.get(f"{inst.url}/metrics", timeout=5)).text
+            r = await client.get(f"{inst.url}/metrics", headers=inst.headers, timeout=5)
+            text = r.text
             for line in text.splitlines():
                 if line.startswith('medusa_startup_seconds{stage="'):
                     stage = line.split('"')[1]
@@ -99,7 +100,8 @@ def create_gateway(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.get_running_loop().create_task(manager.autoscale())
-        yield
+        with _on_terminate(manager.begin_shutdown):
+            yield
         task.cancel()
         log.info("draining: waiting for in-flight requests, then stopping workers")
         await manager.shutdown()
@@ -114,6 +116,22 @@ def create_gateway(
         auth = request.headers.get("authorization", "")
         return auth.startswith("Bearer ") and auth[7:] in config.api_keys
 
+    def unauthorized() -> JSONResponse:
+        return _error(
+            401,
+            "a valid API key is required (Authorization: Bearer ...)",
+            "auth_error",
+            code="invalid_api_key",
+        )
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        return _error(e.status_code, str(e.detail), "invalid_request_error", dict(e.headers or {}))
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "models": {m: manager.state(m) for m in config.models}}
@@ -121,21 +139,22 @@ def create_gateway(
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         if not authorized(request):
-            return _error(
-                401, "a valid API key is required (Authorization: Bearer ...)", "auth_error"
-            )
-        data = [
-            {
-                "id": m,
-                "object": "model",
-                "created": 0,
-                "owned_by": "medusa",
-                "state": manager.state(m),
-                "instances": len([i for i in manager.instances[m] if i.state.value != "dead"]),
-            }
-            for m in config.models
-        ]
-        return JSONResponse({"object": "list", "data": data})
+            return unauthorized()
+        return JSONResponse({"object": "list", "data": [entry(m) for m in config.models]})
+
+    def entry(m: str) -> dict[str, Any]:
+        out = {
+            "id": m,
+            "object": "model",
+            "created": 0,
+            "owned_by": "medusa",
+            "state": manager.state(m),
+            "instances": len([i for i in manager.instances[m] if i.state.value != "dead"]),
+        }
+        failure = manager.policy.failure(m)
+        if failure is not None:
+            out.update(error=failure.reason, retry_after=failure.retry_after)
+        return out
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -147,37 +166,40 @@ def create_gateway(
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/admin/instances")
-    async def instances() -> dict[str, Any]:
-        return {
-            m: [
-                {
-                    "pid": i.proc.pid,
-                    "port": i.port,
-                    "slice": i.slice.id,
-                    "state": i.state.value,
-                    "inflight": i.inflight,
-                }
-                for i in insts
-            ]
-            for m, insts in manager.instances.items()
-        }
+    async def instances(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        return JSONResponse(
+            {
+                m: [
+                    {
+                        "pid": i.proc.pid,
+                        "port": i.port,
+                        "slice": i.slice.id,
+                        "state": i.state.value,
+                        "inflight": i.inflight,
+                    }
+                    for i in insts
+                ]
+                for m, insts in manager.instances.items()
+            }
+        )
 
     async def forward(request: Request, route: str) -> Response:
         if not authorized(request):
-            return _error(
-                401, "a valid API key is required (Authorization: Bearer ...)", "auth_error"
-            )
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return _error(400, "the request body is not valid JSON", "invalid_request_error")
-        model = body.get("model") if isinstance(body, dict) else None
+            return unauthorized()
+        raw = await read_body(request, max_body_bytes)
+        body = loads(raw)
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        model = body.get("model")
         if model not in config.models:
             return _error(
                 404,
                 f"model {model!r} is not in the catalog; available: {sorted(config.models)}",
                 "invalid_request_error",
+                param="model",
+                code="model_not_found",
             )
         stream = bool(body.get("stream"))
         for attempt in (0, 1):
@@ -191,13 +213,17 @@ def create_gateway(
                     "waiting); retry later",
                     "rate_limit_error",
                     {"Retry-After": "2"},
+                    code="queue_full",
                 )
-            except NoCapacity as e:
+            except Unavailable as e:
                 metrics.requests.labels(model, "503").inc()
-                return _error(503, str(e), "unavailable", {"Retry-After": "5"})
+                headers = {"Retry-After": str(e.retry_after)}
+                return _error(503, str(e), "unavailable", headers, code=e.code)
             t0 = time.perf_counter()
             try:
-                req = client.build_request("POST", f"{inst.url}{route}", content=raw, headers=JSON)
+                req = client.build_request(
+                    "POST", f"{inst.url}{route}", content=raw, headers=inst.headers
+                )
                 resp = await client.send(req, stream=stream)
             except httpx.TransportError:
                 manager.release(inst)
@@ -225,14 +251,14 @@ def create_gateway(
             return StreamingResponse(
                 relay(resp, inst, model, t0),
                 status_code=resp.status_code,
-                media_type="text/event-stream",
+                media_type=resp.headers.get("content-type", "text/event-stream"),
             )
         return _error(503, f"{model}: unavailable", "unavailable")
 
     async def relay(
         resp: httpx.Response, inst: Instance, model: str, t0: float
     ) -> AsyncIterator[bytes]:
-        last = None
+        last, pending = None, b""
         try:
             async for chunk in resp.aiter_raw():
                 now = time.perf_counter()
@@ -241,10 +267,19 @@ def create_gateway(
                 else:
                     metrics.tpot.labels(model).observe(now - last)
                 last = now
-                yield chunk
+                # Whole events only: an event cut by a dying worker must not reach the client.
+                pending += chunk
+                end = pending.rfind(b"\n\n") + 2
+                if end > 1:
+                    yield pending[:end]
+                    pending = pending[end:]
+            if pending:
+                yield pending
             metrics.requests.labels(model, str(resp.status_code)).inc()
         except httpx.TransportError:
             manager.mark_dead(inst)
+            metrics.requests.labels(model, "502").inc()
+            yield _sse_error(f"{model}: the worker stopped in the middle of the answer; retry")
         finally:
             await resp.aclose()
             manager.release(inst)

@@ -37,7 +37,9 @@ class ModelConfig:
     max_instances: int = 1
     target: int = 4  # concurrent requests per instance before scaling up
     keep_alive: float = 60.0  # seconds idle before an instance is stopped
-    max_queue: int = 64  # requests waiting for an instance, at most
+    max_queue: int = 64  # requests waiting for an instance (or beyond `target` each), at most
+    start_attempts: int = 3  # failed starts in a row before requests are refused with the reason
+    failure_cooldown: float = 60.0  # seconds a failed model refuses requests before trying again
     tpot_target: float = 0.1  # seconds; with engine.weights: host, what C2C admission plans for
     ttft_target: float = (
         2.0  # seconds; with engine.weights: host, what prefill chunks are sized for
@@ -71,6 +73,13 @@ def _int(where: str, raw: dict[str, Any], key: str, default: int, minimum: int) 
     return v
 
 
+def _seconds(where: str, raw: dict[str, Any], key: str, default: float) -> float:
+    v = raw.get(key, default)
+    if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v < float("inf"):
+        raise ConfigError(f"{where}.{key}: expected seconds >= 0, got {v!r}")
+    return float(v)
+
+
 def load_config(path: str | Path) -> GatewayConfig:
     path = Path(path)
     try:
@@ -100,6 +109,8 @@ def load_config(path: str | Path) -> GatewayConfig:
             "target",
             "keep_alive",
             "max_queue",
+            "start_attempts",
+            "failure_cooldown",
             "engine",
         }
         if bad:
@@ -129,9 +140,7 @@ def load_config(path: str | Path) -> GatewayConfig:
         hi = _int(where, m, "max_instances", max(1, lo), 1)
         if hi < lo:
             raise ConfigError(f"{where}.max_instances: {hi} is below min_instances {lo}")
-        keep = m.get("keep_alive", 60)
-        if not isinstance(keep, int | float) or keep < 0:
-            raise ConfigError(f"{where}.keep_alive: expected seconds >= 0, got {keep!r}")
+        keep = _seconds(where, m, "keep_alive", 60.0)
         models[str(name)] = ModelConfig(
             name=str(name),
             artifact=artifact,
@@ -139,8 +148,10 @@ def load_config(path: str | Path) -> GatewayConfig:
             min_instances=lo,
             max_instances=hi,
             target=_int(where, m, "target", 4, 1),
-            keep_alive=float(keep),
+            keep_alive=keep,
             max_queue=_int(where, m, "max_queue", 64, 0),
+            start_attempts=_int(where, m, "start_attempts", 3, 1),
+            failure_cooldown=_seconds(where, m, "failure_cooldown", 60.0),
             tpot_target=float(m.get("tpot_target", 0.1)),
             ttft_target=float(m.get("ttft_target", 2.0)),
             engine=engine,

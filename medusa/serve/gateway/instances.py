@@ -6,17 +6,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
-import subprocess
-import sys
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 import httpx
 
+from medusa import env as medusa_env
+from medusa.child import medusa_cli
 from medusa.serve.gateway.config import ModelConfig
 from medusa.serve.gateway.slices import Slice
+from medusa.serve.gateway.start_policy import Failure, StartPolicy
+from medusa.serve.gateway.worker_process import WorkerProcess
+from medusa.serve.protocol import WORKER_TOKEN_HEADER
 
 log = logging.getLogger("medusa.gateway")
 
@@ -33,7 +39,8 @@ class Instance:
     model: str
     slice: Slice
     port: int
-    proc: subprocess.Popen[bytes]
+    proc: WorkerProcess
+    token: str
     state: State = State.STARTING
     inflight: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -44,6 +51,11 @@ class Instance:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @cached_property
+    def headers(self) -> dict[str, str]:
+        """What every request to the worker carries: without the token it answers 401."""
+        return {"content-type": "application/json", WORKER_TOKEN_HEADER: self.token}
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -51,7 +63,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class NoCapacity(Exception):
+class Unavailable(Exception):
+    """No instance can take the request now; `retry_after` seconds is when to ask again."""
+
+    def __init__(self, message: str, retry_after: int, code: str) -> None:
+        super().__init__(message)
+        self.retry_after, self.code = retry_after, code
+
+
+class NoCapacity(Unavailable):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 5, "no_capacity")
+
+
+class StartFailed(Unavailable):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message, failure.retry_after, "model_start_failed")
+
+
+class ShuttingDown(Unavailable):
+    def __init__(self) -> None:
+        super().__init__("the gateway is shutting down; retry on another", 5, "shutting_down")
+
+
+class QueueFull(Exception):
     pass
 
 
@@ -61,30 +96,45 @@ class InstanceManager:
         models: dict[str, ModelConfig],
         slices: list[Slice],
         *,
-        on_cold_start=None,
+        on_cold_start: Callable[[Instance], Awaitable[None]] | None = None,
         startup_timeout: float = 300.0,
-    ) -> None:  # type: ignore[no-untyped-def]
+        drain_timeout: float = 30.0,
+    ) -> None:
         self.models, self.slices = models, slices
         self.instances: dict[str, list[Instance]] = {m: [] for m in models}
         self.waiting: dict[str, int] = {m: 0 for m in models}
+        self.policy = StartPolicy(models)
+        self.closing = False
         self._changed = asyncio.Condition()
         self._on_cold_start = on_cold_start
-        self.startup_timeout = startup_timeout
+        self.startup_timeout, self.drain_timeout = startup_timeout, drain_timeout
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unreaped: set[WorkerProcess] = set()
 
     # ---- state ----
     def state(self, model: str) -> str:
         insts = [i for i in self.instances[model] if i.state != State.DEAD]
         if any(i.state == State.WARM for i in insts):
             return "warm"
-        if any(i.state == State.STARTING for i in insts):
+        if any(i.state == State.STARTING for i in insts) or self.policy.backing_off(model):
             return "starting"
+        if self.policy.failure(model):
+            return "failed"
         if insts:
             return "draining"
         return "cold"
 
     def free_slice(self) -> Slice | None:
         return next((s for s in self.slices if not s.busy), None)
+
+    def _spawn(self, task: Coroutine[object, object, None]) -> None:
+        t = asyncio.get_running_loop().create_task(task)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
 
     # ---- starting and stopping ----
     def start(self, model: str) -> Instance:
@@ -93,84 +143,90 @@ class InstanceManager:
         if slc is None:
             raise NoCapacity(f"no free slice for {model}")
         slc.busy = True
-        port = _free_port()
+        port, token = _free_port(), secrets.token_urlsafe(32)
         env = {
             k: v
             for k, v in os.environ.items()
             if not k.startswith(("MEDUSA_SIM_", "MEDUSA_TRACE", "MEDUSA_MODE"))
         }
         env.update(slc.env)
-        cmd = [
-            sys.executable,
-            "-m",
-            "medusa.cli",
-            "run",
-            *cfg.worker_args(),
-            "--port",
-            str(port),
-            "--served-model-name",
-            model,
-        ]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        inst = Instance(model, slc, port, proc)
+        env[medusa_env.WORKER_TOKEN.name] = token
+        argv = medusa_cli(
+            "run", *cfg.worker_args(), "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", model,
+        )  # fmt: skip
+        inst = Instance(model, slc, port, WorkerProcess(argv, env), token)
+        self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
-        log.info("starting %s on slice %s (pid %d, port %d)", model, slc.id, proc.pid, port)
-        task = asyncio.get_running_loop().create_task(self._wait_ready(inst))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        log.info("starting %s on slice %s (pid %d, port %d)", model, slc.id, inst.proc.pid, port)
+        self._spawn(self._wait_ready(inst))
         return inst
 
     async def _wait_ready(self, inst: Instance) -> None:
         deadline = time.monotonic() + self.startup_timeout
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while time.monotonic() < deadline and inst.proc.poll() is None:
+        health = None
+        async with httpx.AsyncClient(timeout=2.0, headers=inst.headers) as client:
+            while inst.proc.poll() is None and inst.state == State.STARTING and health is None:
+                if time.monotonic() > deadline:
+                    break
                 try:
                     r = await client.get(f"{inst.url}/health")
-                    if r.status_code == 200:
-                        break
-                    if r.status_code == 500:
-                        log.error("%s failed to start: %s", inst.model, r.text)
-                        break
+                    health = r if r.status_code in (200, 500) else None
                 except httpx.TransportError:
                     pass
                 await asyncio.sleep(0.1)
-            else:
-                r = None
-        ok = inst.proc.poll() is None and r is not None and r.status_code == 200
-        if ok:
-            inst.state = State.WARM
-            inst.ready_seconds = time.monotonic() - inst.started
-            inst.last_used = time.monotonic()
-            log.info("%s ready on %s in %.2f s", inst.model, inst.slice.id, inst.ready_seconds)
-            if self._on_cold_start:
-                await self._on_cold_start(inst)
+        if inst.state != State.STARTING:  # stopped while it started (the gateway shuts down)
+            return
+        if health is not None and health.status_code == 200 and inst.proc.poll() is None:
+            await self._ready(inst)
         else:
-            self._retire(inst)
-        async with self._changed:
-            self._changed.notify_all()
+            await self._start_failed(inst, health)
+        await self._notify()
+
+    async def _start_failed(self, inst: Instance, health: httpx.Response | None) -> None:
+        if health is None and inst.proc.poll() is None:
+            why = f"it did not answer /health within {self.startup_timeout:.0f} s"
+        else:
+            # NOTE: a worker whose engine failed exits with the reason as its last stderr line.
+            await inst.proc.exited(5.0)
+            why = inst.proc.last_error()
+        self._retire(inst)
+        failure = self.policy.start_failed(inst.model, why)
+        if failure is not None:
+            log.error("%s", failure.message)
+        else:
+            log.warning("%s: its worker failed to start (%s); trying again", inst.model, why)
+
+    async def _ready(self, inst: Instance) -> None:
+        inst.state = State.WARM
+        inst.ready_seconds = time.monotonic() - inst.started
+        inst.last_used = time.monotonic()
+        self.policy.started(inst.model)
+        log.info("%s ready on %s in %.2f s", inst.model, inst.slice.id, inst.ready_seconds)
+        if self._on_cold_start:
+            await self._on_cold_start(inst)
 
     def _retire(self, inst: Instance) -> None:
+        """Stops routing to `inst` and frees its slice; its process is reaped in the background."""
         if inst.state == State.DEAD:
             return
         inst.state = State.DEAD
-        if inst.proc.poll() is None:
-            inst.proc.terminate()
         inst.slice.busy = False
         if inst in self.instances[inst.model]:
             self.instances[inst.model].remove(inst)
+        self._spawn(self._reap(inst.proc))
 
-    async def stop(self, inst: Instance, *, drain_timeout: float = 30.0) -> None:
+    async def _reap(self, proc: WorkerProcess) -> None:
+        await proc.reap()
+        self._unreaped.discard(proc)
+
+    async def stop(self, inst: Instance) -> None:
         inst.state = State.DRAINING
-        deadline = time.monotonic() + drain_timeout
+        deadline = time.monotonic() + self.drain_timeout
         while inst.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self._retire(inst)
-        try:
-            inst.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            inst.proc.kill()
-        async with self._changed:
-            self._changed.notify_all()
+        await self._notify()
 
     def mark_dead(self, inst: Instance) -> None:
         log.warning(
@@ -193,14 +249,24 @@ class InstanceManager:
         active = [i for i in self.instances[model] if i.state in (State.WARM, State.STARTING)]
         load = sum(i.inflight for i in active) + self.waiting[model]
         if len(active) < cfg.max_instances and (not active or load > cfg.target * len(active)):
-            if self.free_slice() is not None:
+            if self.free_slice() is not None and self.policy.can_start(model) and not self.closing:
                 self.start(model)
+
+    def _check_admission(self, model: str) -> None:
+        if self.closing:
+            raise ShuttingDown()
+        failure = self.policy.failure(model)
+        if failure is not None:
+            raise StartFailed(failure)
+        cfg, warm = self.models[model], self._warm(model)
+        # Requests beyond `target` per warm instance wait in the worker: they count as queued.
+        queued = self.waiting[model] + sum(i.inflight for i in warm) - cfg.target * len(warm)
+        if queued >= cfg.max_queue:
+            raise QueueFull(model)
 
     async def acquire(self, model: str, timeout: float) -> Instance:
         """The least-loaded warm instance, starting one if needed; waits while it starts."""
-        cfg = self.models[model]
-        if self.waiting[model] >= cfg.max_queue and not self._warm(model):
-            raise QueueFull(model)
+        self._check_admission(model)
         self.waiting[model] += 1
         try:
             self._maybe_scale_up(model)
@@ -212,10 +278,7 @@ class InstanceManager:
                     inst.inflight += 1
                     inst.last_used = time.monotonic()
                     return inst
-                if not [i for i in self.instances[model] if i.state == State.STARTING]:
-                    self._maybe_scale_up(model)
-                    if not self.instances[model]:
-                        raise NoCapacity(f"no free slice to start {model} on")
+                self._refuse_if_hopeless(model)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise NoCapacity(f"{model} did not become ready in {timeout:.0f} s")
@@ -227,13 +290,25 @@ class InstanceManager:
         finally:
             self.waiting[model] -= 1
 
+    def _refuse_if_hopeless(self, model: str) -> None:
+        """While a request waits: refuse it once no instance can come for it."""
+        if self.closing:
+            raise ShuttingDown()
+        failure = self.policy.failure(model)
+        if failure is not None:
+            raise StartFailed(failure)
+        if not [i for i in self.instances[model] if i.state == State.STARTING]:
+            self._maybe_scale_up(model)
+            if not self.instances[model] and not self.policy.backing_off(model):
+                raise NoCapacity(f"no free slice to start {model} on")
+
     def release(self, inst: Instance) -> None:
         inst.inflight -= 1
         inst.last_used = time.monotonic()
 
     # ---- the autoscaler ----
     async def autoscale(self, period: float = 0.25) -> None:
-        while True:
+        while not self.closing:
             now = time.monotonic()
             for model, cfg in self.models.items():
                 warm = self._warm(model)
@@ -247,15 +322,37 @@ class InstanceManager:
                 starting_or_warm = [
                     i for i in self.instances[model] if i.state in (State.WARM, State.STARTING)
                 ]
-                while len(starting_or_warm) < cfg.min_instances and self.free_slice():
+                while (
+                    len(starting_or_warm) < cfg.min_instances
+                    and self.free_slice()
+                    and self.policy.can_start(model)
+                    and not self.closing
+                ):
                     starting_or_warm.append(self.start(model))
             await asyncio.sleep(period)
 
-    async def shutdown(self) -> None:
+    # ---- shutting down ----
+    def begin_shutdown(self) -> None:
+        """On SIGTERM: refuse new and queued requests, stop starting workers, and give in-flight
+        requests `drain_timeout` seconds before their workers are stopped too."""
+        if self.closing:
+            return
+        self.closing = True
+        for insts in self.instances.values():
+            for inst in [i for i in insts if i.state == State.STARTING]:
+                self._retire(inst)
+        self._spawn(self._stop_all())
+
+    async def _stop_all(self) -> None:
+        await self._notify()
         await asyncio.gather(
             *(self.stop(i) for insts in self.instances.values() for i in list(insts))
         )
 
-
-class QueueFull(Exception):
-    pass
+    async def shutdown(self) -> None:
+        """Every worker stopped and reaped (SIGKILL for one that ignores SIGTERM)."""
+        self.begin_shutdown()
+        await self._stop_all()
+        await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
+        for task in list(self._tasks):
+            task.cancel()

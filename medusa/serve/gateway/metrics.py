@@ -1,0 +1,49 @@
+"""The gateway's Prometheus metrics: cold starts, queue, instances, latency, outcomes."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.cold_starts = Counter(
+            "medusa_gateway_cold_starts", "workers started", ["model"], registry=r
+        )
+        self.cold_seconds = Histogram(
+            "medusa_gateway_cold_start_seconds",
+            "process start to ready",
+            ["model"],
+            registry=r,
+            buckets=(0.5, 1, 2, 4, 8, 16, 32, 64),
+        )
+        self.stage_seconds = Gauge(
+            "medusa_gateway_cold_start_stage_seconds",
+            "the last cold start's seconds by stage",
+            ["model", "stage"],
+            registry=r,
+        )
+        self.queue = Gauge(
+            "medusa_gateway_queue_length", "requests waiting for an instance", ["model"], registry=r
+        )
+        self.instances = Gauge(
+            "medusa_gateway_instances", "instances by state", ["model", "state"], registry=r
+        )
+        self.ttft = Histogram(
+            "medusa_gateway_ttft_seconds",
+            "time to first byte from the worker",
+            ["model"],
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
+        )
+        self.tpot = Histogram(
+            "medusa_gateway_tpot_seconds",
+            "time between streamed chunks",
+            ["model"],
+            registry=r,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+        )
+        self.requests = Counter(
+            "medusa_gateway_requests", "requests by outcome", ["model", "status"], registry=r
+        )

@@ -1,0 +1,101 @@
+"""One `medusa run` child of the gateway: it dies with the gateway, and the last lines it wrote to
+stderr are kept (bounded) to say why it failed."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
+
+log = logging.getLogger("medusa.gateway")
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """preexec_fn: the kernel sends the child SIGTERM when the gateway dies, even by SIGKILL."""
+    if _LIBC is None:
+        return None
+    prctl = _LIBC.prctl
+
+    def tie() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the gateway died before prctl took effect
+            os._exit(1)
+
+    return tie
+
+
+class WorkerProcess:
+    """A worker started with `argv`; its stderr is drained into the last `keep` lines."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], *, keep: int = 20) -> None:
+        # NOTE: the parent-death signal fires when the *thread* that forked exits: start workers
+        # from the event loop's thread, never from a worker thread.
+        self.popen = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with(os.getpid()),
+        )
+        self.stderr: collections.deque[str] = collections.deque(maxlen=keep)
+        assert self.popen.stderr is not None
+        self._reader = threading.Thread(
+            target=self._drain, args=(self.popen.stderr,), name="medusa-worker-stderr", daemon=True
+        )
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def _drain(self, pipe: IO[bytes]) -> None:
+        with pipe:
+            for line in pipe:
+                text = line.decode("utf-8", "replace").rstrip()
+                if text:
+                    self.stderr.append(text[:500])
+
+    def last_error(self) -> str:
+        """The worker's last stderr line, or how it ended."""
+        if self.stderr:
+            return self.stderr[-1]
+        code = self.popen.poll()
+        return "it is still running" if code is None else f"it exited with status {code}"
+
+    async def exited(self, timeout: float) -> bool:
+        """Waits up to `timeout` seconds for the process to end (and its stderr to be read)."""
+        deadline = time.monotonic() + timeout
+        while self.popen.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.popen.poll() is None:
+            return False
+        await asyncio.to_thread(self._reader.join, 1.0)  # the lines written before the exit
+        return True
+
+    def terminate(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+
+    async def reap(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; returns once the process is gone."""
+        self.terminate()
+        if not await self.exited(timeout):
+            log.warning("worker pid %d ignored SIGTERM for %.0f s: killing it", self.pid, timeout)
+            self.popen.kill()
+            await asyncio.to_thread(self.popen.wait)
