@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from medusa import __version__
+from medusa.serve import MAX_BODY_BYTES
 
 if TYPE_CHECKING:
     from medusa.engine.config import EngineConfig
@@ -167,6 +168,12 @@ def trust_option(f):  # type: ignore[no-untyped-def]
 @click.option(
     "-v", "--verbose", is_flag=True, help="Log start-up stages and failures' tracebacks to stderr."
 )
+@click.option(
+    "--max-request-bytes",
+    default=MAX_BODY_BYTES,
+    type=click.IntRange(min=1024),
+    help="Larger request bodies get 413.",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -181,6 +188,7 @@ def run(
     trust: str | None,
     validate: bool,
     verbose: bool,
+    max_request_bytes: int,
     **engine: object,
 ) -> None:
     """Serve MODEL (default: SmolLM2-135M-Instruct) with an OpenAI-compatible API.
@@ -221,7 +229,7 @@ def run(
         os.execve(cmd[0], cmd, env)
     _serve(
         config, model, host, port, served_model_name, demo, artifact, require_artifact, validate,
-        trust=trust,
+        trust=trust, max_request_bytes=max_request_bytes,
     )  # fmt: skip
 
 
@@ -287,7 +295,8 @@ def _serve(
     require_artifact: bool,
     validate: bool,
     *,
-    trust: str | None = None,
+    trust: str | None,
+    max_request_bytes: int,
 ) -> None:
     import threading
 
@@ -312,7 +321,7 @@ def _serve(
     async_engine = AsyncEngine(config, factory)
     async_engine.start()
     name = served_model_name or model or "smollm2"
-    app = create_app(async_engine, name)
+    app = create_app(async_engine, name, max_body_bytes=max_request_bytes)
     try:
         if require_artifact:
             async_engine.ready.wait()
@@ -497,7 +506,13 @@ def materialize(
 )
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", default=9000, type=int, help="Port to listen on.")
-def gateway(config_path: str, host: str, port: int) -> None:
+@click.option(
+    "--max-request-bytes",
+    default=MAX_BODY_BYTES,
+    type=click.IntRange(min=1024),
+    help="Larger request bodies get 413.",
+)
+def gateway(config_path: str, host: str, port: int, max_request_bytes: int) -> None:
     """Serve a catalog of models, each scaled from zero onto device slices, behind one
     OpenAI-compatible endpoint."""
     import logging
@@ -525,7 +540,11 @@ def gateway(config_path: str, host: str, port: int) -> None:
     )
     # NOTE: no access log: a line per proxied request is a measurable share of its overhead.
     uvicorn.run(
-        create_gateway(config, slices), host=host, port=port, log_level="info", access_log=False
+        create_gateway(config, slices, max_body_bytes=max_request_bytes),
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=False,
     )
 
 

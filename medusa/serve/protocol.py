@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-MAX_BODY_BYTES = 4 << 20
+from medusa.serve import MAX_BODY_BYTES
+
 WORKER_TOKEN_HEADER = "x-medusa-worker-token"
 
 M = TypeVar("M", bound=BaseModel)
