@@ -11,8 +11,11 @@ environment variables turn on the rest (`medusa materialize --engine vllm` and `
   and GPUModelRunner.capture_model builds the recorded graphs instead of capturing; anything that
   does not fit falls back to a normal capture with the reason logged.
 
-Loading is idempotent: vLLM may call `register` more than once per process. Supported: vLLM
-0.32.x with the V2 model runner (its default); other versions are refused at the patch points.
+Loading is idempotent: vLLM may call `register` more than once per process. Supported: vLLM 0.32
+and 0.33 with the V2 model runner (its default). Before patching anything the plugin checks every
+patch point (points.py); a vLLM whose points differ is left alone, with the reason logged.
+Nothing the plugin does may end vLLM's start-up: a failure is logged and vLLM starts as usual,
+unless MEDUSA_REQUIRE_ARTIFACT=1 makes it an error.
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ import os
 
 log = logging.getLogger("medusa.vllm")
 _registered = False
-SUPPORTED = "0.32."  # the vLLM minor series the patch points were checked against
+
+
+class UnsupportedVllm(RuntimeError):
+    """The installed vLLM's patch points are not those the plugin was written against."""
+
+
+def required() -> bool:
+    """MEDUSA_REQUIRE_ARTIFACT=1: a restore that cannot be used is an error, not a fallback."""
+    return os.environ.get("MEDUSA_REQUIRE_ARTIFACT") == "1"
 
 
 def register() -> None:
@@ -30,8 +41,17 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from medusa.integrations.vllm.phases import install_phase_marks
+    try:
+        _install()
+    # NOTE: vLLM calls general plugins unguarded (load_general_plugins): anything raised here
+    # would end its start-up, in every process.
+    except Exception as e:
+        if required():
+            raise
+        log.warning("medusa plugin not installed, vLLM starts as usual: %s", e)
 
+
+def _install() -> None:
     try:
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner
         from vllm.v1.worker.gpu_worker import Worker
@@ -40,12 +60,21 @@ def register() -> None:
         return
     import vllm
 
-    if not vllm.__version__.startswith(SUPPORTED):
+    from medusa.integrations.vllm.phases import install_phase_marks
+    from medusa.integrations.vllm.points import TESTED, check_patch_points
+
+    problems = check_patch_points()
+    if problems:
+        raise UnsupportedVllm(
+            f"vLLM {vllm.__version__} differs from the versions the plugin supports "
+            f"({', '.join(v + 'x' for v in TESTED)}) at: {'; '.join(problems)}"
+        )
+    if not vllm.__version__.startswith(TESTED):
         log.warning(
-            "medusa plugin: vLLM %s is outside the supported %sx series; a restore that does "
-            "not fit falls back to a normal start",
+            "medusa plugin: vLLM %s has the patch points of %s but was not tested; a restore "
+            "that does not fit falls back to a normal start",
             vllm.__version__,
-            SUPPORTED,
+            ", ".join(v + "x" for v in TESTED),
         )
     recording = bool(os.environ.get("MEDUSA_VLLM_SIDECAR"))
     artifact = os.environ.get("MEDUSA_ARTIFACT")

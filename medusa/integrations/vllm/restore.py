@@ -8,26 +8,32 @@
   the CudaGraphManager as objects whose replay() launches the restored executable on the current
   stream; PIECEWISE graphs become entries of the numbered static graph wrappers, their outputs
   tensors over the restored memory.
-- Anything that does not fit (another vLLM, config, device, compile cache, a start-up that
-  allocated differently) raises RestoreError inside capture_model, which then undoes what it did,
-  logs the reason and captures the normal way.
+- Before building, capture_model's own preparation runs (PREPARATION: the collector frozen, torch's
+  cached blocks released), so the replayed allocations do not compete with warm-up memory.
+- Anything that goes wrong (another vLLM, config, device, compile cache, a start-up that allocated
+  differently, but also a CUDA error, a missing driver entry point or library) makes capture_model
+  undo what it did, log the reason and capture the normal way; MEDUSA_REQUIRE_ARTIFACT=1 makes it
+  an error instead.
 
 NOTE: this runs only on a GPU; scripts/gpu/vllm_coldstart.sh exercises it end to end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from medusa.artifact import Artifact, ArtifactError, load_artifact
 from medusa.cuda.backend import load_backend
 from medusa.integrations.vllm import capture as cap
+from medusa.integrations.vllm import required
 from medusa.integrations.vllm.descriptors import descriptor_from_key
+from medusa.integrations.vllm.restored import RestoredGraph, build_output
 from medusa.integrations.vllm.schema import (
     check_section,
     compile_cache_ref,
@@ -50,21 +56,16 @@ def open_artifact(path: str) -> Artifact:
     return art
 
 
-def kv_bytes_from(artifact: str | Path, free_bytes: int) -> int | None:
-    """The artifact's KV-cache bytes, or None (with the reason logged) when it cannot be used."""
+def kv_bytes_from(artifact: str | Path, free_bytes: int) -> int:
+    """The artifact's KV-cache bytes; RestoreError when they cannot be used here."""
     try:
-        section = open_artifact(str(artifact)).manifest["vllm"]
+        need = int(open_artifact(str(artifact)).manifest["vllm"]["kv_cache_memory_bytes"])
     except (ArtifactError, OSError) as e:
-        log.warning("medusa: artifact not used, vLLM profiles as usual: %s", e)
-        return None
-    need = int(section["kv_cache_memory_bytes"])
+        raise RestoreError(str(e)) from e
     if need > free_bytes:
-        log.warning(
-            "medusa: the artifact's KV cache needs %d MiB, %d MiB are free; vLLM profiles as usual",
-            need >> 20,
-            free_bytes >> 20,
+        raise RestoreError(
+            f"the artifact's KV cache needs {need >> 20} MiB, {free_bytes >> 20} MiB are free"
         )
-        return None
     return need
 
 
@@ -80,66 +81,23 @@ def install_kv_size(worker_cls: Any, artifact: str) -> None:
         import torch
 
         if self.cache_config.kv_cache_memory_bytes is None:
-            free, _ = torch.cuda.mem_get_info()
-            kv = kv_bytes_from(artifact, free)
-            if kv is not None:
-                self.cache_config.kv_cache_memory_bytes = kv
+            try:
+                free, _ = torch.cuda.mem_get_info()
+                self.cache_config.kv_cache_memory_bytes = kv_bytes_from(artifact, free)
+            # NOTE: any failure (as in capture_model below): vLLM profiles as usual, and the
+            # graph restore then refuses the KV size that differs.
+            except Exception as e:
+                if required():
+                    raise
+                log.warning("medusa: artifact not used, vLLM profiles as usual: %s", _reason(e))
         return fn(self)
 
     determine_available_memory._medusa_kv = True  # type: ignore[attr-defined]
     worker_cls.determine_available_memory = determine_available_memory
 
 
-class RestoredGraph:
-    """Stands in for a captured torch.cuda.CUDAGraph: replay() launches the restored graph
-    executable on the current stream, as CUDAGraph.replay() does."""
-
-    def __init__(self, exec_handle: int, backend: Any) -> None:
-        self.exec_handle, self.backend = exec_handle, backend
-
-    def replay(self) -> None:
-        import torch
-
-        self.backend.graph_launch(self.exec_handle, torch.cuda.current_stream().cuda_stream)
-
-    def reset(self) -> None:  # the Restorer owns the executable
-        pass
-
-
-class _DeviceBytes:
-    """A span of device memory as __cuda_array_interface__ (bytes), for torch.as_tensor."""
-
-    def __init__(self, addr: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (addr, False),
-            "version": 3,
-        }
-
-
-def build_output(spec: dict[str, Any], base: Any, device: Any) -> Any:
-    """The output a restored graph writes, as tensors aliasing the restored memory."""
-    import torch
-
-    t = spec["t"]
-    if t == "none":
-        return None
-    if t in ("list", "tuple"):
-        items = [build_output(s, base, device) for s in spec["items"]]
-        return items if t == "list" else tuple(items)
-    if t == "intermediate":
-        from vllm.sequence import IntermediateTensors
-
-        return IntermediateTensors(
-            {k: build_output(v, base, device) for k, v in spec["items"].items()}
-        )
-    dtype = getattr(torch, spec["dtype"])
-    if not spec["bytes"]:
-        return torch.empty(spec["shape"], dtype=dtype, device=device)
-    addr = int(base[spec["alloc"]]) + int(spec["offset"])
-    raw = torch.as_tensor(_DeviceBytes(addr, spec["bytes"]), device=device)
-    return raw.view(dtype).as_strided(spec["shape"], spec["stride"])
+def _reason(e: Exception) -> str:
+    return str(e) if isinstance(e, RestoreError) else f"{type(e).__name__}: {e}"
 
 
 def _check_runner(runner: Any) -> None:
@@ -169,9 +127,6 @@ def restore_into(runner: Any, artifact: str) -> int:
     restored graphs hold, as capture_model does."""
     import torch
     import vllm
-    from vllm.config.compilation import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
-    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
     t0 = time.perf_counter()
     try:
@@ -214,16 +169,33 @@ def restore_into(runner: Any, artifact: str) -> int:
             f"{len(section['wrappers'])} (or in another order): the compiled model differs"
         )
 
-    mgr = runner.cudagraph_manager
-    restorer = Restorer(art, load_backend("cuda"))
+    kv = runner.vllm_config.cache_config.kv_cache_memory_bytes
+    if kv != section["kv_cache_memory_bytes"]:
+        raise RestoreError(
+            f"this start-up sized the KV cache at {kv} bytes, the recorded one at "
+            f"{section['kv_cache_memory_bytes']}: its allocations cannot match the recorded ones"
+        )
+    return _build(runner, art, wrappers, t0)
+
+
+def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
+    """Restores the graphs into runner; on any failure undoes what it did before it re-raises."""
+    import torch
+    from vllm.compilation.cuda_graph import CUDAGraphEntry
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+    from vllm.v1.worker.workspace import lock_workspace
+
+    section, mgr = art.manifest["vllm"], runner.cudagraph_manager
+    restorer: Restorer | None = None
+    done = False
     try:
-        stream = torch.cuda.current_stream()
-        result = restorer.restore(stream.cuda_stream)
+        restorer = Restorer(art, load_backend("cuda"))
+        result = restorer.restore(torch.cuda.current_stream().cuda_stream)
         base = restorer.bases[0]
         device = torch.device("cuda", torch.cuda.current_device())
         enums = {"CUDAGraphMode": CUDAGraphMode}
-        from vllm.compilation.cuda_graph import CUDAGraphEntry
-
         for g in section["graphs"]:
             graph = RestoredGraph(result.execs[g["graph"]], restorer.b)
             if g["kind"] == "full":
@@ -240,17 +212,13 @@ def restore_into(runner: Any, artifact: str) -> int:
         mgr.aux_hidden_states = build_output(outs["aux_hidden_states"], base, device) or []
         mgr.intermediate_tensors = build_output(outs["intermediate_tensors"], base, device)
         mgr._graphs_captured = True
-    except Exception:
-        mgr.graphs.clear()
-        for w in wrappers:
-            w.concrete_cudagraph_entries.clear()
-        mgr.hidden_states, mgr.aux_hidden_states, mgr.intermediate_tensors = None, [], None
-        restorer.release()
-        raise
-    from vllm.v1.worker.workspace import lock_workspace
-
-    lock_workspace()  # as capture_model does: a resize would free what the graphs point at
-    held = sum(a[3] for a in art.plan["allocs"] if a[0] in art.plan["skipped_phases"] and not a[4])
+        lock_workspace()  # as capture_model does: a resize would free what the graphs point at
+        plan = art.plan
+        held = sum(a[3] for a in plan["allocs"] if a[0] in plan["skipped_phases"] and not a[4])
+        done = True
+    finally:
+        if not done:  # whatever stopped the restore, vLLM must find the runner as it was
+            _undo(mgr, wrappers, restorer)
     log.info(
         "medusa: restored %d vLLM graphs (%d nodes) in %.3f s, %.2f GiB; kernels: %s",
         len(section["graphs"]),
@@ -260,6 +228,29 @@ def restore_into(runner: Any, artifact: str) -> int:
         dict(result.methods),
     )
     return held
+
+
+def _undo(mgr: Any, wrappers: list[Any], restorer: Restorer | None) -> None:
+    mgr.graphs.clear()
+    mgr._graphs_captured = False
+    for w in wrappers:
+        w.concrete_cudagraph_entries.clear()
+    mgr.hidden_states, mgr.aux_hidden_states, mgr.intermediate_tensors = None, [], None
+    if restorer is not None:
+        restorer.release()
+
+
+@contextlib.contextmanager
+def capture_preparation() -> Iterator[None]:
+    """What GPUModelRunner.capture_model does before it captures (points.PREPARATION, checked
+    against vLLM's own): inference mode, the collector frozen, then torch's cached blocks
+    released, so that the replayed allocations do not compete with the warm-up's cached memory."""
+    import torch
+    from vllm.utils.gc_utils import freeze_gc_for_cudagraph_capture
+
+    with torch.inference_mode(), freeze_gc_for_cudagraph_capture():
+        torch.accelerator.empty_cache()
+        yield
 
 
 def install_restore(runner_cls: Any, artifact: str) -> None:
@@ -276,12 +267,18 @@ def install_restore(runner_cls: Any, artifact: str) -> None:
             return int(fn(self, profile_only=profile_only))
         tried.append(True)
         try:
-            return restore_into(self, artifact)
-        except (RestoreError, ValueError, KeyError) as e:
-            log.warning("medusa: restore failed, capturing CUDA graphs the normal way: %s", e)
-            if os.environ.get("MEDUSA_REQUIRE_ARTIFACT") == "1":
+            with capture_preparation():
+                return restore_into(self, artifact)
+        # NOTE: every exception, not only RestoreError: a CUDA error (RuntimeError), a driver
+        # without an entry point (AttributeError) or a missing library (OSError) must not end
+        # vLLM's start-up when the normal capture would do. Interrupts still propagate.
+        except Exception as e:
+            if required():
                 raise
-            return int(fn(self, profile_only=profile_only))
+            log.warning(
+                "medusa: restore failed, capturing CUDA graphs the normal way: %s", _reason(e)
+            )
+        return int(fn(self, profile_only=False))
 
     capture_model._medusa_restore = True  # type: ignore[attr-defined]
     runner_cls.capture_model = capture_model
