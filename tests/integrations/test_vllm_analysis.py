@@ -61,7 +61,21 @@ def test_outputs_are_relocated_and_a_restored_process_finds_them(recorded, tmp_p
         outputs=joined["outputs"], wrappers=joined["wrappers"],
     )  # fmt: skip
     out = tmp_path / "art"
-    write_artifact(out, {"kind": "vllm", "vllm": section}, plan, {}, {}, lambda _m: None)
+    manifest = {
+        "kind": "vllm",
+        "model": {"identity": "vllm:test", "name": "vllm-like"},
+        "engine": {"name": "vllm", "argv": ["vllm-like"]},
+        "device": {},
+        "vllm": section,
+        "graphs": {
+            "count": len(plan["graphs"]),
+            "keys": [],
+            "nodes": plan["num_nodes"],
+            "templates": len(plan["templates"]),
+        },
+        "relocations": plan["relocations"],
+    }  # fmt: skip  (what materialize_vllm writes, with this program's values)
+    write_artifact(out, manifest, plan, {}, {}, lambda _m: None)
     env = recorder_env(tmp_path / "r-%p.mtr", mode="restore", base=clean_env())
     env["MEDUSA_SIM_MEMCHECK"] = "1"
     res = subprocess.run(

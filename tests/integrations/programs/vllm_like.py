@@ -5,11 +5,19 @@ the plugin's sidecar (graphs under descriptor keys, output tensors at raw addres
   python vllm_like.py record SIDECAR   capture, write the sidecar, replay; print the outputs
   python vllm_like.py restore DIR      restore from artifact DIR; find the outputs the way the
                                        plugin's restore does (allocation + offset); same output
+  python vllm_like.py record SIDECAR helper-first
+                                       first run a helper process that touches the device (as
+                                       vLLM's helpers may) before this one does
 """
 
 import json
 import struct
+import subprocess
 import sys
+
+if sys.argv[3:] == ["helper-first"]:
+    helper = "from medusa.cuda import load_backend; load_backend('sim').malloc(4096)"
+    subprocess.run([sys.executable, "-c", helper], check=True)
 
 from medusa import trace
 from medusa.cuda import load_backend
