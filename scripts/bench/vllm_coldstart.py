@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from medusa.integrations.vllm.materialize import startup_command
+from medusa.integrations.vllm.materialize import startup_command, strip_kv_size
 from medusa.trace import recorder_env
 
 INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
@@ -77,6 +77,9 @@ def main() -> int:
     )  # fmt: skip
     materialize_s = time.perf_counter() - t0
     manifest = json.loads((art / "manifest.json").read_text())
+    # Every way starts with the recorded arguments (vllm serve's defaults pinned, as a restore
+    # runs), so the three are configured alike; the KV size stays each way's own.
+    vargs = strip_kv_size(manifest["engine"]["argv"])
 
     results = {"default": start("default", vargs, clean_env(), work)}
     plan_env = {**clean_env(), "VLLM_ENABLE_STARTUP_PLAN": "1"}

@@ -23,13 +23,20 @@ def medusa(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_kv_size_replaces_one_the_user_gave():
+    kv = "--kv-cache-memory-bytes"  # vLLM's flag (EngineArgs.kv_cache_memory_bytes)
     assert with_kv_size(["m", "--max-model-len", "2048"], 5) == [
-        "m", "--max-model-len", "2048", "--kv-cache-memory", "5"
+        "m", "--max-model-len", "2048", kv, "5"
     ]  # fmt: skip
+    assert with_kv_size(["m", kv, "9", "--seed", "1"], 5) == ["m", "--seed", "1", kv, "5"]
     assert with_kv_size(["m", "--kv-cache-memory", "9", "--seed", "1"], 5) == [
-        "m", "--seed", "1", "--kv-cache-memory", "5"
-    ]  # fmt: skip
-    assert with_kv_size(["m", "--kv-cache-memory=9"], 5)[-2:] == ["--kv-cache-memory", "5"]
+        "m",
+        "--seed",
+        "1",
+        kv,
+        "5",
+    ]  # fmt: skip  (the abbreviation vLLM's messages suggest)
+    assert with_kv_size(["m", "--kv-cache-memory=9"], 5) == ["m", kv, "5"]
+    assert with_kv_size(["m", f"{kv}=9"], 5) == ["m", kv, "5"]
 
 
 def test_materializing_vllm_without_a_gpu_says_it_needs_one():
@@ -41,7 +48,7 @@ def test_materializing_vllm_without_a_gpu_says_it_needs_one():
 def _artifact(tmp_path, kind="vllm"):
     art = tmp_path / "art"
     art.mkdir(parents=True)
-    argv = ["/models/qwen", "--max-model-len", "2048", "--kv-cache-memory", "123"]
+    argv = ["/models/qwen", "--max-model-len", "2048", "--kv-cache-memory-bytes", "123"]
     (art / "manifest.json").write_text(json.dumps({"kind": kind, "engine": {"argv": argv}}))
     return art
 

@@ -15,6 +15,8 @@ import pytest
 
 gpu_worker = pytest.importorskip("vllm.v1.worker.gpu_worker")
 
+from medusa.integrations.vllm.materialize import KV_FLAG  # noqa: E402
+
 
 def test_the_plugin_is_a_vllm_general_plugin_and_registers_once():
     (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "medusa"]
@@ -79,28 +81,6 @@ def test_patch_points_exist_with_the_expected_shapes():
     )
 
 
-def test_restore_failure_falls_back_to_capturing(caplog):
-    from medusa.integrations.vllm.restore import install_restore
-
-    class Runner:
-        calls: list[bool] = []
-
-        def capture_model(self, *, profile_only: bool = False) -> int:
-            self.calls.append(profile_only)
-            return 7
-
-    install_restore(Runner, "/nonexistent/artifact")
-    install_restore(Runner, "/nonexistent/artifact")  # once only
-    with caplog.at_level("WARNING", logger="medusa.vllm"):
-        assert Runner().capture_model() == 7
-    assert Runner.calls == [False]
-    assert "restore failed, capturing CUDA graphs the normal way" in caplog.text
-    assert "/nonexistent/artifact: no manifest.json" in caplog.text
-    caplog.clear()
-    assert Runner().capture_model() == 7  # a later re-capture is vLLM's own, not a restore
-    assert Runner.calls == [False, False] and "restore failed" not in caplog.text
-
-
 def test_the_wrapper_subclass_is_vllms_and_numbers_instances():
     from vllm.compilation.cuda_graph import CUDAGraphWrapper
     from vllm.platforms.interface import Platform
@@ -156,7 +136,7 @@ def test_engine_arguments_are_read_by_vllms_own_parser():
         "print(json.dumps(kw))"
     )
     args = ["/m", "--max-model-len", "2048", "-cc.cudagraph_mode=FULL_DECODE_ONLY",
-            "--kv-cache-memory", "1000"]  # fmt: skip
+            KV_FLAG, "1000"]  # fmt: skip
     res = subprocess.run(
         [sys.executable, "-c", script, *args],
         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},

@@ -3,9 +3,13 @@ start-up twice with that size fixed (the second time shifted), and write a vLLM 
 
 Three start-ups, one after another, each in its own process:
 1. a plain one (not recorded): vLLM profiles memory and settles on the KV-cache size; it also
-   fills the torch.compile cache, so the recorded runs and every restore load the same kernels;
-2. and 3. recorded with `--kv-cache-memory` set to that size, which is how a restore starts too,
-   so the phases a restore runs allocate exactly as recorded.
+   fills the torch.compile cache, so the recorded runs and every restore load the same kernels.
+   It first resolves, as `vllm serve` would on this machine, the settings whose defaults differ
+   between vllm.LLM and `vllm serve` (startup.SERVE_DEFAULTS), and starts with them pinned;
+2. and 3. recorded with those settings and `--kv-cache-memory-bytes` set to that size, which is
+   how a restore (`vllm serve` with the recorded arguments) starts too, so the phases a restore
+   runs allocate exactly as recorded. Each process records into its own trace; the engine core's
+   is picked by content (traces.py).
 """
 
 from __future__ import annotations
@@ -23,14 +27,18 @@ from medusa.child import python_module
 from medusa.integrations.vllm.analysis import graph_section
 from medusa.integrations.vllm.phases import SKIPPED
 from medusa.integrations.vllm.schema import vllm_section
+from medusa.integrations.vllm.traces import engine_core_trace, process_traces, trace_pattern
 from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.driver import SHIFT_BYTES, Echo, analyze_runs, saved_images, write_artifact
 from medusa.trace import recorder_env
 
 
-def startup_command(result: Path, argv: list[str], *, bench: bool = False) -> list[str]:
+def startup_command(
+    result: Path, argv: list[str], *, bench: bool = False, resolve: bool = False
+) -> list[str]:
     cmd = python_module("medusa.integrations.vllm.startup", "--out", str(result))
-    return cmd + (["--bench"] if bench else []) + ["--", *argv]
+    flags = (["--bench"] if bench else []) + (["--resolve"] if resolve else [])
+    return cmd + flags + ["--", *argv]
 
 
 def _run(cmd: list[str], env: dict[str, str], what: str, echo: Echo) -> float:
@@ -43,11 +51,14 @@ def _run(cmd: list[str], env: dict[str, str], what: str, echo: Echo) -> float:
     return dt
 
 
-KV_FLAGS = ("--kv-cache-memory", "--kv-cache-memory-bytes")
+# vLLM's flag for the KV size (EngineArgs.kv_cache_memory_bytes). `--kv-cache-memory`, which
+# vLLM's own messages suggest, parses only as an abbreviation of it; both are stripped.
+KV_FLAG = "--kv-cache-memory-bytes"
+KV_FLAGS = (KV_FLAG, "--kv-cache-memory")
 
 
 def strip_kv_size(argv: list[str]) -> list[str]:
-    """argv without a --kv-cache-memory setting."""
+    """argv without a KV-size setting."""
     out, skip = [], False
     for a in argv:
         if skip:
@@ -60,8 +71,8 @@ def strip_kv_size(argv: list[str]) -> list[str]:
 
 
 def with_kv_size(argv: list[str], kv_bytes: int) -> list[str]:
-    """argv with --kv-cache-memory set to kv_bytes (replacing one the user gave)."""
-    return [*strip_kv_size(argv), "--kv-cache-memory", str(kv_bytes)]
+    """argv with the KV size set to kv_bytes (replacing one the user gave)."""
+    return [*strip_kv_size(argv), KV_FLAG, str(kv_bytes)]
 
 
 def materialize_vllm(argv: list[str], out: Path, kind: str, echo: Echo) -> dict[str, Any]:
@@ -79,16 +90,19 @@ def materialize_vllm(argv: list[str], out: Path, kind: str, echo: Echo) -> dict[
         echo("[1/5] starting vLLM once to learn its KV-cache size (and fill its compile cache)")
         probe_env = {**base, "MEDUSA_VLLM_SIDECAR": str(work / "probe.side.json")}
         timings["probe"] = _run(
-            startup_command(work / "probe.json", argv), probe_env, "the plain start-up", echo
+            startup_command(work / "probe.json", argv, resolve=True),
+            probe_env,
+            "the plain start-up",
+            echo,
         )
         probe_side = json.loads((work / "probe.side.json").read_text())
         probe = json.loads((work / "probe.json").read_text())
         kv = int(probe_side["kv_cache_memory_bytes"])
         echo(f"  KV cache: {kv / 2**30:.2f} GiB; vLLM start-up {probe['startup_seconds']:.1f} s")
-        recorded = with_kv_size(argv, kv)
+        recorded = with_kv_size(probe["argv"], kv)  # with vllm serve's defaults pinned
         sides = []
         for run in (0, 1):
-            env = recorder_env(work / f"{run}.mtr", base=base)
+            env = recorder_env(trace_pattern(work, str(run)), base=base)
             env["MEDUSA_VLLM_SIDECAR"] = str(work / f"{run}.side.json")
             if run == 1:
                 env["MEDUSA_TRACE_SHIFT"] = str(SHIFT_BYTES)
@@ -106,9 +120,8 @@ def materialize_vllm(argv: list[str], out: Path, kind: str, echo: Echo) -> dict[
                 "cudagraph_mode NONE, or VLLM_USE_V2_MODEL_RUNNER=0?): nothing to materialize"
             )
         echo("[4/5] analyzing")
-        a, b, plan, timings["analyze"] = analyze_runs(
-            work / "0.mtr", work / "1.mtr", set(SKIPPED), echo
-        )
+        ta, tb = (engine_core_trace(process_traces(work, str(run))) for run in (0, 1))
+        a, b, plan, timings["analyze"] = analyze_runs(ta, tb, set(SKIPPED), echo)
         joined = graph_section(a, b, sides[0], sides[1], lambda phase: phase in SKIPPED, plan)
         side = sides[0]
         section = vllm_section(

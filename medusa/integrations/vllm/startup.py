@@ -1,11 +1,14 @@
 """One vLLM start-up in this process, for materialize (recorded) and for the cold-start benchmark.
 
-    python -m medusa.integrations.vllm.startup --out RESULT.json [--bench] -- MODEL [vLLM args]
+    python -m medusa.integrations.vllm.startup --out RESULT.json [--bench] [--resolve] \
+        -- MODEL [vLLM args]
 
 Builds vllm.LLM with exactly the engine arguments given (vLLM's own parser reads them), with the
-engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that one trace holds the whole
-start-up. Writes the start-up seconds and the phases' seconds; with --bench also greedy token ids
-and the time per output token at batch 1 and 16.
+engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0). With --resolve it first pins the
+settings whose defaults differ between vllm.LLM and `vllm serve` (SERVE_DEFAULTS) to what `vllm
+serve` resolves them to on this machine, so that this start-up is configured as a restore (which
+runs `vllm serve`) will be. Writes the arguments used, the start-up seconds and the phases'
+seconds; with --bench also greedy token ids and the time per output token at batch 1 and 16.
 """
 
 from __future__ import annotations
@@ -40,6 +43,32 @@ def engine_kwargs(argv: list[str]) -> dict[str, Any]:
     model, rest = argv[0], argv[1:]
     given, default = parse(["--model", model, *rest]), parse(["--model", model])
     return _diff(given, default) | {"model": model}
+
+
+# EngineArgs fields whose defaults vLLM picks by entry point (EngineArgs.get_batch_defaults, by
+# UsageContext): on a GPU of 70 GiB or more that is not an A100, max_num_batched_tokens is 16384
+# for vllm.LLM and 8192 for `vllm serve`. Both are in the artifact's config fingerprint.
+SERVE_DEFAULTS = {
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_num_seqs": "--max-num-seqs",
+}
+
+
+def serve_defaults(argv: list[str]) -> list[str]:
+    """argv with every SERVE_DEFAULTS field it leaves to vLLM set to the value `vllm serve`
+    resolves it to here (vLLM's own config builder, under `vllm serve`'s usage context)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    left = [k for k in SERVE_DEFAULTS if k not in engine_kwargs(argv)]
+    if not left:
+        return list(argv)
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = AsyncEngineArgs.from_cli_args(parser.parse_args(["--model", argv[0], *argv[1:]]))
+    config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    pinned = [(SERVE_DEFAULTS[k], str(getattr(config.scheduler_config, k))) for k in left]
+    return [*argv, *(x for pair in pinned for x in pair)]
 
 
 def _fields(obj: Any) -> dict[str, Any]:
@@ -82,9 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m medusa.integrations.vllm.startup")
     ap.add_argument("--out", required=True)
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--resolve", action="store_true", help="pin `vllm serve`'s defaults first")
     opts = ap.parse_args(argv[:split])
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    kwargs = engine_kwargs(argv[split + 1 :])
+    vargs = argv[split + 1 :]
+    if opts.resolve:
+        vargs = serve_defaults(vargs)
+    kwargs = engine_kwargs(vargs)
     from vllm import LLM
 
     from medusa.integrations.vllm import phases
@@ -92,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     result: dict[str, Any] = {
+        "argv": vargs,
         "engine_args": kwargs,
         "startup_seconds": time.perf_counter() - t0,
         "phase_seconds": dict(phases.TIMINGS),
