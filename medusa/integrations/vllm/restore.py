@@ -212,9 +212,10 @@ def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
         mgr.aux_hidden_states = build_output(outs["aux_hidden_states"], base, device) or []
         mgr.intermediate_tensors = build_output(outs["intermediate_tensors"], base, device)
         mgr._graphs_captured = True
-        lock_workspace()  # as capture_model does: a resize would free what the graphs point at
         plan = art.plan
         held = sum(a[3] for a in plan["allocs"] if a[0] in plan["skipped_phases"] and not a[4])
+        # Last: a normal capture after an undo must still find the workspace unlocked.
+        lock_workspace()  # as capture_model does: a resize would free what the graphs point at
         done = True
     finally:
         if not done:  # whatever stopped the restore, vLLM must find the runner as it was
