@@ -47,6 +47,15 @@ SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messag
 TRACE = EnvVar(
     "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
 )
+ARTIFACT = EnvVar("MEDUSA_ARTIFACT", "", "vLLM plugin: restore from this artifact directory")
+REQUIRE_ARTIFACT = EnvVar(
+    "MEDUSA_REQUIRE_ARTIFACT",
+    False,
+    "vLLM plugin: an unusable artifact is an error, not a fallback",
+)
+VLLM_SIDECAR = EnvVar(
+    "MEDUSA_VLLM_SIDECAR", "", "vLLM plugin: record; the sidecar file to write (%p: the pid)"
+)
 LOG_LEVEL = EnvVar(
     "MEDUSA_LOG_LEVEL",
     "",

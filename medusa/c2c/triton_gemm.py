@@ -11,8 +11,7 @@ try:
     import triton.language as tl
 except ImportError as e:  # the c2c extra
     raise ImportError(
-        f"HybridGEMM in Triton needs torch and triton ({e}): "
-        "pip install 'medusa-coldstart[c2c]'"
+        f"HybridGEMM in Triton needs torch and triton ({e}): pip install 'medusa-coldstart[c2c]'"
     ) from None
 
 from medusa.c2c.model import DEFAULT_TILES, Tiles, split_columns

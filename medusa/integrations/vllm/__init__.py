@@ -21,7 +21,8 @@ unless MEDUSA_REQUIRE_ARTIFACT=1 makes it an error.
 from __future__ import annotations
 
 import logging
-import os
+
+from medusa import env
 
 log = logging.getLogger("medusa.vllm")
 _registered = False
@@ -33,7 +34,7 @@ class UnsupportedVllm(RuntimeError):
 
 def required() -> bool:
     """MEDUSA_REQUIRE_ARTIFACT=1: a restore that cannot be used is an error, not a fallback."""
-    return os.environ.get("MEDUSA_REQUIRE_ARTIFACT") == "1"
+    return env.REQUIRE_ARTIFACT.get()
 
 
 def register() -> None:
@@ -76,8 +77,8 @@ def _install() -> None:
             vllm.__version__,
             ", ".join(v + "x" for v in TESTED),
         )
-    recording = bool(os.environ.get("MEDUSA_VLLM_SIDECAR"))
-    artifact = os.environ.get("MEDUSA_ARTIFACT")
+    recording = bool(env.VLLM_SIDECAR.get())
+    artifact = env.ARTIFACT.get()
     if recording or artifact:
         from vllm.platforms import current_platform
 

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from medusa import env
 from medusa.integrations.vllm.descriptors import descriptor_key
 
 INDEX_ATTR = "_medusa_capture_index"
@@ -162,7 +163,7 @@ def collect(runner: Any, wrapper_list: list[Any]) -> dict[str, Any]:
 
 def write_sidecar(data: dict[str, Any]) -> None:
     """Merges data into the sidecar file MEDUSA_VLLM_SIDECAR names (one per start-up)."""
-    path = os.environ.get("MEDUSA_VLLM_SIDECAR")
+    path = env.VLLM_SIDECAR.get()
     if not path:
         return
     p = Path(path.replace("%p", str(os.getpid())))
