@@ -34,6 +34,24 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
 
 
+def medusa(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`medusa ARGS` in the clean environment, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "medusa.cli", *args],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def materialize_general(program: Path, out: Path) -> None:
+    """Materializes tests/materialize/programs/general.py (or a program like it) into OUT."""
+    cmd = ["materialize", "--command", "--skip-phase", "graph_capture", "--out", str(out)]
+    res = medusa(*cmd, "--", sys.executable, str(program), "record")
+    assert res.returncode == 0, res.stderr
+
+
 @pytest.fixture(scope="session")
 def engine_artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("art") / "smollm2"

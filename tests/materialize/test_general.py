@@ -9,7 +9,7 @@ from pathlib import Path
 
 from medusa.artifact import load_artifact
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env
+from tests.materialize.conftest import clean_env, materialize_general
 
 PROGRAM = Path(__file__).parent / "programs" / "general.py"
 
@@ -27,28 +27,7 @@ def test_a_general_program_is_materialized_and_restored(tmp_path):
     want = f"y {expected:.2f} out {expected:.2f} bias2 3.00 mapped {expected:.2f}"
     assert plain.stdout.split() == want.split()
     out = tmp_path / "art"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "medusa.cli",
-            "materialize",
-            "--command",
-            "--skip-phase",
-            "graph_capture",
-            "--out",
-            str(out),
-            "--",
-            sys.executable,
-            str(PROGRAM),
-            "record",
-        ],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr
+    materialize_general(PROGRAM, out)
     art = load_artifact(out)
     kinds = art.manifest["relocations"]
     assert kinds["device"] >= 6 and kinds["module global"] == 2 and kinds["vmm"] == 1

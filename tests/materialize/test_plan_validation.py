@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from medusa.artifact import ArtifactError, load_artifact
 from medusa.child import python_code
 from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
 from medusa.restore.validate import validate_plan
-from tests.materialize.conftest import clean_env
+from tests.materialize.conftest import clean_env, materialize_general
 
 PROGRAMS = Path(__file__).parent / "programs"
 RUN_BUILD = (
@@ -36,28 +35,7 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The general program's plan: kernel, memset and memcpy nodes; device, global and VMM
     relocations; saved contents with pointers in them."""
     out = tmp_path_factory.mktemp("general") / "art"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "medusa.cli",
-            "materialize",
-            "--command",
-            "--skip-phase",
-            "graph_capture",
-            "--out",
-            str(out),
-            "--",
-            sys.executable,
-            str(PROGRAMS / "general.py"),
-            "record",
-        ],  # fmt: skip
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr
+    materialize_general(PROGRAMS / "general.py", out)
     return load_artifact(out).plan
 
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from medusa.artifact import SCHEMA_VERSION, load_artifact, save_artifact
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import ENGINE_OPTS, clean_env, run_restored
+from tests.materialize.conftest import ENGINE_OPTS, medusa, run_restored
 
 FALLBACK = """
 import json, sys
@@ -130,24 +128,7 @@ def test_an_unusable_artifact_is_refused_and_the_worker_starts_normally(
 def test_require_artifact_exits_with_the_reason(engine_artifact, tmp_path):
     art = _copy(engine_artifact, tmp_path)
     CASES["device"][0](art)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "medusa.cli",
-            "run",
-            *ENGINE_OPTS,
-            "--artifact",
-            str(art),
-            "--require-artifact",
-            "--port",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_env(),
-    )
+    res = medusa("run", *ENGINE_OPTS, "--artifact", str(art), "--require-artifact", "--port", "0")
     assert res.returncode == 3
     assert "device mismatch: name is" in res.stderr and "--require-artifact" in res.stderr
 

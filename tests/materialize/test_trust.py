@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,7 @@ import numpy as np
 from medusa.artifact import load_artifact, save_artifact
 from medusa.cuda.toolchain import compile_program
 from medusa.restore.layout import NODE
-from tests.materialize.conftest import ENGINE_OPTS, clean_env, run_restored
+from tests.materialize.conftest import ENGINE_OPTS, medusa, run_restored
 
 FALLBACK = """
 import json, sys
@@ -90,24 +88,7 @@ def test_an_image_naming_host_code_elsewhere_never_runs_it(engine_artifact, tmp_
     assert "its saved image does not load (cudaErrorInvalidKernelImage" in out["error"]
     assert "refused: it is not loaded in this process" in out["error"]
     assert not marker.exists()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "medusa.cli",
-            "run",
-            *ENGINE_OPTS,
-            "--artifact",
-            str(art),
-            "--require-artifact",
-            "--port",
-            "0",
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_env(),
-    )
+    res = medusa("run", *ENGINE_OPTS, "--artifact", str(art), "--require-artifact", "--port", "0")
     assert res.returncode == 3 and "refused: it is not loaded" in res.stderr
     assert not marker.exists()
 
@@ -132,8 +113,7 @@ def test_a_plan_that_crashed_the_builder_is_refused_and_the_worker_serves(
     out = run_restored(FALLBACK, tmp_path, str(art), memcheck=False)
     assert not out["restored"] and "Paris" in out["text"]
     assert "restore plan: template 0, node 0: param_off/param_len lie outside" in out["error"]
-    res = subprocess.run([sys.executable, "-m", "medusa.cli", "verify", str(art)],
-                         capture_output=True, text=True, env=clean_env())  # fmt: skip
+    res = medusa("verify", str(art))
     assert res.returncode != 0 and "param_off/param_len lie outside" in res.stderr
 
 
@@ -142,12 +122,10 @@ def test_saved_contents_never_go_into_the_engines_weights(engine_artifact, tmp_p
     out = run_restored(FALLBACK, tmp_path, str(art), memcheck=False)
     assert not out["restored"] and "Paris" in out["text"]
     assert "saved contents may only fill an allocation the restorer replays" in out["error"]
-    res = subprocess.run([sys.executable, "-m", "medusa.cli", "verify", str(art)],
-                         capture_output=True, text=True, env=clean_env())  # fmt: skip
+    res = medusa("verify", str(art))
     assert res.returncode != 0 and "saved contents may only fill" in res.stderr
 
 
 def test_verify_accepts_the_real_artifact(engine_artifact):
-    res = subprocess.run([sys.executable, "-m", "medusa.cli", "verify", str(engine_artifact)],
-                         capture_output=True, text=True, env=clean_env())  # fmt: skip
+    res = medusa("verify", str(engine_artifact))
     assert res.returncode == 0 and ": ok (" in res.stdout
