@@ -44,6 +44,9 @@ SIM_CC = EnvVar("MEDUSA_SIM_CC", "9.0", "simcuda: compute capability the device 
 SIM_DEVICE_NAME = EnvVar("MEDUSA_SIM_DEVICE_NAME", "", "simcuda: device name it reports")
 SIM_MEMCHECK = EnvVar("MEDUSA_SIM_MEMCHECK", False, "simcuda: check kernel pointer arguments")
 SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messages to stderr")
+SIM_POISON = EnvVar(
+    "MEDUSA_SIM_POISON", True, "simcuda: fresh device memory holds per-process stale bytes; 0: zeroes"
+)
 TRACE = EnvVar(
     "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
 )
@@ -78,6 +81,7 @@ ALL: tuple[EnvVar, ...] = (
     SIM_DEVICE_NAME,
     SIM_MEMCHECK,
     SIM_VERBOSE,
+    SIM_POISON,
     TRACE,
     MODE,
     LOG_LEVEL,

@@ -14,13 +14,16 @@
 #define SIM_API __attribute__((visibility("default")))
 #define SIM_ALLOC_ALIGN 256u
 #define SIM_VMM_GRANULARITY (2u << 20)
+#define SIM_LARGE_ALLOC (1u << 20) /* from here on cudaMalloc takes whole 2 MiB pages */
 #define SIM_MAX_PARAMS 64
 #define SIM_MAX_PARAM_BYTES 32764u
 #define SIM_MAX_ATTRS 8
 #define SIM_LAUNCH_ATTRIBUTE_LAST 63 /* launch attribute ids are small; the enum has no MAX */
 
 /* ---- handle registry: every handle given out is checked before it is dereferenced ---- */
-enum sim_htype { H_STREAM = 1, H_EVENT, H_GRAPH, H_NODE, H_EXEC, H_LIBRARY, H_FUNC, H_MEMHANDLE };
+/* NOTE: CUlibrary, CUmodule, CUkernel and CUfunction are four kinds, as in the driver: a handle of
+ * one kind passed as another is CUDA_ERROR_INVALID_HANDLE (module.c converts between them). */
+enum sim_htype { H_STREAM = 1, H_EVENT, H_GRAPH, H_NODE, H_EXEC, H_LIBRARY, H_FUNC, H_MEMHANDLE, H_KERNEL };
 void sim_handle_add(const void *h, int type);
 void sim_handle_del(const void *h);
 bool sim_handle_is(const void *h, int type);
@@ -54,6 +57,8 @@ typedef struct sim_config {
     bool seeded;
     bool memcheck;
     bool eager_loading;
+    bool poison;         /* fresh device memory holds stale bytes (MEDUSA_SIM_POISON, default on) */
+    uint64_t poison_key; /* per process, never from the seed: two runs' stale bytes differ */
     unsigned char uuid[16];
 } sim_config;
 
@@ -74,6 +79,7 @@ typedef struct sim_func {
     bool loaded;
     int max_dynamic_smem;
     int attr_values[CU_FUNC_ATTRIBUTE_MAX];
+    char func_tag; /* its address is the CUfunction; the sim_func's own is the CUkernel */
 } sim_func;
 
 typedef struct sim_library {
@@ -98,6 +104,14 @@ void sim_library_free(sim_library *lib);
 CUresult sim_open_code(const char *path, void **dl);
 sim_library *sim_library_of_module(CUmodule m);
 CUresult sim_func_load(sim_func *f);
+sim_func *sim_func_of(CUfunction h);       /* a CUfunction, or NULL */
+sim_func *sim_kernel_of(CUkernel h);       /* a CUkernel, or NULL */
+sim_func *sim_launchable_of(CUfunction h); /* either: cuLaunchKernel takes a CUkernel too */
+#define SIM_FUNC_HANDLE(f) ((CUfunction) & (f)->func_tag)
+/* The CUDA version this driver claims (MEDUSA_SIM_DRIVER_VERSION, default CUDA_VERSION); entry
+ * points newer than it are hidden from cuGetProcAddress and fail when called directly. */
+int sim_driver_version(void);
+CUresult sim_since(int version, const char *name);
 
 /* ---- streams, events, capture ---- */
 typedef struct sim_node sim_node;
@@ -202,6 +216,8 @@ CUresult sim_fail(CUresult r, const char *fmt, ...) __attribute__((format(printf
 CUresult sim_dev_alloc(size_t size, int kind, uintptr_t *out);
 CUresult sim_dev_free(uintptr_t p, int kind);
 int sim_mem_class(uintptr_t p); /* SIMCUDA_TRAFFIC_* */
+void sim_poison(uintptr_t p, size_t size); /* fill with the process's stale-byte pattern */
+void sim_poison_fd(int fd, size_t size);
 
 /* ---- state ---- */
 typedef struct sim_state {
@@ -215,6 +231,7 @@ typedef struct sim_state {
     sim_rangeset allocs; /* device allocations, globals, reservations */
     sim_rangeset maps;   /* VMM mappings inside reservations */
     sim_rangeset hosts;  /* pinned / registered host memory */
+    int poison_fd;       /* a memfd holding the pattern, mapped copy-on-write over large blocks */
     sim_stream legacy;
     uint64_t next_capture_id;
     uint64_t next_stream_id;

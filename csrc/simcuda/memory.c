@@ -32,6 +32,7 @@ CUresult sim_arena_init(void) {
         }
         g_sim.va_base = want;
         g_sim.va_size = va;
+        g_sim.poison_fd = -1;
         return rs_insert(&g_sim.va_free, (sim_range){.base = want, .size = va, .kind = 0, .aux = 0}) ? CUDA_ERROR_OUT_OF_MEMORY
                                                                        : CUDA_SUCCESS;
     }
@@ -91,7 +92,7 @@ void sim_va_free(uintptr_t base, size_t size) {
         rs_remove(&g_sim.va_free, &g_sim.va_free.v[i]);
     }
     rs_insert(&g_sim.va_free, r);
-    /* Give whole pages back to the host; the next user sees zeroes, as after a real free. */
+    /* Give whole pages back to the host; the next allocation is poisoned again anyway. */
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t lo = (base + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
     uintptr_t hi = (base + size) & ~(uintptr_t)(page - 1);
@@ -99,12 +100,79 @@ void sim_va_free(uintptr_t base, size_t size) {
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+/* ---- stale bytes: on a GPU fresh memory holds whatever the last user (or another run) left ---- */
+#define POISON_CHUNK ((size_t)8 << 20)
+
+static void pattern(uint64_t *w, size_t words, uint64_t offset) {
+    const uint64_t key = g_sim.cfg.poison_key;
+    for (size_t i = 0; i < words; i++)
+        w[i] = key ^ (offset + 8 * i);
+}
+
+void sim_poison(uintptr_t p, size_t size) {
+    if (g_sim.cfg.poison)
+        pattern((uint64_t *)p, size / 8, 0);
+}
+
+/* A memfd with one chunk of the pattern, made on first use. Called with the lock held. */
+static int poison_file(void) {
+    if (g_sim.poison_fd >= 0)
+        return g_sim.poison_fd;
+    int fd = memfd_create("simcuda-stale", MFD_CLOEXEC);
+    void *m = fd >= 0 && ftruncate(fd, (off_t)POISON_CHUNK) == 0
+                  ? mmap(NULL, POISON_CHUNK, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+    if (m == MAP_FAILED) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    pattern(m, POISON_CHUNK / 8, 0);
+    munmap(m, POISON_CHUNK);
+    return g_sim.poison_fd = fd;
+}
+
+/* Large blocks (page-aligned, whole 2 MiB pages) map the pattern copy-on-write instead of writing
+ * it: a 7 GB KV cache costs no memory and no time until it is touched, as before. */
+static void poison_block(uintptr_t p, size_t size) {
+    if (!g_sim.cfg.poison)
+        return;
+    int fd = size % SIM_VMM_GRANULARITY == 0 ? poison_file() : -1;
+    for (size_t off = 0; fd >= 0 && off < size; off += POISON_CHUNK) {
+        size_t n = size - off < POISON_CHUNK ? size - off : POISON_CHUNK;
+        if (mmap((void *)(p + off), n, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd, 0) == MAP_FAILED)
+            fd = -1;
+    }
+    if (fd < 0)
+        sim_poison(p, size);
+}
+
+/* VMM physical memory, written through a temporary mapping (granular, so a few pages at most in
+ * practice; a VMM pool's pages are touched by its user soon anyway). */
+void sim_poison_fd(int fd, size_t size) {
+    if (!g_sim.cfg.poison)
+        return;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        return;
+    pattern(m, size / 8, 0);
+    munmap(m, size);
+}
+
+/* cudaMalloc's placement: small blocks share pages at 256-byte alignment; from 1 MiB on a block
+ * takes whole 2 MiB pages, which is what cudaMemGetInfo then reports as used. */
+static size_t alloc_granule(size_t size, int kind) {
+    return kind == A_DEVICE && size >= SIM_LARGE_ALLOC ? SIM_VMM_GRANULARITY : SIM_ALLOC_ALIGN;
+}
+
 CUresult sim_dev_alloc(size_t size, int kind, uintptr_t *out) {
-    size_t rounded = (size + SIM_ALLOC_ALIGN - 1) & ~(size_t)(SIM_ALLOC_ALIGN - 1);
+    size_t granule = alloc_granule(size, kind);
+    size_t rounded = (size + granule - 1) & ~(granule - 1);
     if (rounded < size || rounded > g_sim.cfg.total_mem - g_sim.mem_used)
         return sim_fail(CUDA_ERROR_OUT_OF_MEMORY, "out of memory: %zu bytes asked, %zu free", size,
                         g_sim.cfg.total_mem - g_sim.mem_used);
-    uintptr_t p = sim_va_alloc(rounded, SIM_ALLOC_ALIGN, 0);
+    uintptr_t p = sim_va_alloc(rounded, granule, 0);
     if (!p)
         return sim_fail(CUDA_ERROR_OUT_OF_MEMORY, "out of device address space");
     if (rs_insert(&g_sim.allocs, (sim_range){.base = p, .size = rounded, .kind = kind, .aux = size})) {
@@ -112,6 +180,8 @@ CUresult sim_dev_alloc(size_t size, int kind, uintptr_t *out) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     g_sim.mem_used += rounded;
+    if (kind == A_DEVICE)
+        poison_block(p, rounded);
     *out = p;
     return CUDA_SUCCESS;
 }

@@ -185,6 +185,11 @@ static void load_config(sim_config *c) {
     }
     c->memcheck = (e = getenv("MEDUSA_SIM_MEMCHECK")) && *e && strcmp(e, "0") != 0;
     c->eager_loading = (e = getenv("CUDA_MODULE_LOADING")) && strcasecmp(e, "EAGER") == 0;
+    e = getenv("MEDUSA_SIM_POISON");
+    c->poison = !(e && (!strcmp(e, "0") || !strcasecmp(e, "false") || !strcasecmp(e, "no") ||
+                        !strcasecmp(e, "off")));
+    if (getrandom(&c->poison_key, sizeof c->poison_key, 0) != sizeof c->poison_key)
+        c->poison_key = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ULL ^ (uint64_t)getpid();
     /* A device UUID stable for a given name and memory size, like a board's. */
     uint64_t h = 1469598103934665603ULL;
     for (const char *p = c->name; *p; p++)
@@ -221,6 +226,6 @@ SIM_API CUresult cuInit(unsigned int flags) {
 SIM_API CUresult cuDriverGetVersion(int *v) {
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = CUDA_VERSION;
+    *v = sim_driver_version();
     return CUDA_SUCCESS;
 }

@@ -56,6 +56,7 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const
         sim_unlock();
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    sim_poison_fd(fd, size);
     sim_phys *p = calloc(1, sizeof *p);
     p->fd = fd;
     p->size = size;

@@ -62,3 +62,22 @@ def test_traffic_counters_split_device_and_host_mapped_reads(cprog, run):
     out = lines(run(cprog("traffic")).stdout)
     assert out["device"] == "4000"
     assert out["host"] == "4000"
+
+
+def test_fresh_memory_holds_stale_bytes_that_differ_per_process(cprog, run):
+    prog = cprog("stale")
+    a, b = lines(run(prog).stdout), lines(run(prog).stdout)
+    for key in ("small word", "reused word", "big word"):
+        assert int(a[key], 16) != 0 and a[key] != b[key], (key, a[key], b[key])
+    assert a["big written"] == "1"
+
+
+def test_poison_can_be_turned_off(cprog, run):
+    out = lines(run(cprog("stale"), env={"MEDUSA_SIM_POISON": "0"}).stdout)
+    assert out["small word"] == out["reused word"] == out["big word"] == "0"
+
+
+def test_large_blocks_take_whole_2mib_pages(cprog, run):
+    out = lines(run(cprog("stale")).stdout)
+    assert out["pad costs"] == str(4 << 20)  # 2 MiB + 4 KiB occupies two pages, as on a GPU
+    assert out["pad aligned"] == "1"
