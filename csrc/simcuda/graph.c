@@ -82,15 +82,15 @@ static CUresult add_node(CUgraphNode *out, CUgraph h, const CUgraphNode *deps, c
     return e;
 }
 
-static sim_func *param_func(const CUDA_KERNEL_NODE_PARAMS *p) {
-    const void *f = p->func ? (const void *)p->func : (const void *)p->kern;
-    return sim_handle_is(f, H_FUNC) ? (sim_func *)f : NULL;
+/* func must be a CUfunction; a CUkernel goes in kern (CUDA_KERNEL_NODE_PARAMS_v3). */
+sim_func *sim_param_func(const CUDA_KERNEL_NODE_PARAMS *p) {
+    return p->func ? sim_func_of(p->func) : sim_kernel_of(p->kern);
 }
 
 static CUresult kernel_op_from(sim_kernel_op *op, const CUDA_KERNEL_NODE_PARAMS *p) {
-    sim_func *f = param_func(p);
+    sim_func *f = sim_param_func(p);
     if (!f)
-        return CUDA_ERROR_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_HANDLE;
     const unsigned g[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
     const unsigned b[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
     return sim_kernel_op_init(op, f, g, b, p->sharedMemBytes, p->kernelParams, p->extra);

@@ -223,8 +223,16 @@ static CUresult bind_kernels(sim_library *lib, const simcuda_module_desc *d, cha
     return CUDA_SUCCESS;
 }
 
+/* What the runtime registers is a wrapper (__fatBinC_Wrapper_t): {magic, version, the image, ...};
+ * the driver takes either form. NOTE: the wrapper holds a pointer, so its bytes differ per run. */
+static const void *unwrap(const void *image) {
+    const simcuda_fatbin_wrapper *w = image;
+    return image && w->magic == SIMCUDA_FATBIN_WRAPPER_MAGIC && w->version == 1 ? w->data : image;
+}
+
 /* Called with the lock held. */
 CUresult sim_library_from_image(const void *image, sim_library **out) {
+    image = unwrap(image);
     if (!image || memcmp(image, SIMCUDA_IMAGE_MAGIC, 8) != 0)
         return sim_fail(CUDA_ERROR_INVALID_IMAGE, "not a simcuda module image (bad magic)");
     reader r = {(const unsigned char *)image + 8, (const unsigned char *)image + 24, false};
@@ -257,7 +265,10 @@ CUresult sim_library_from_image(const void *image, sim_library **out) {
     }
     sim_handle_add(lib, H_LIBRARY);
     for (unsigned i = 0; i < lib->num_funcs; i++)
-        sim_handle_add(&lib->funcs[i], H_FUNC);
+    {
+        sim_handle_add(&lib->funcs[i], H_KERNEL);
+        sim_handle_add(SIM_FUNC_HANDLE(&lib->funcs[i]), H_FUNC);
+    }
     *out = lib;
     return CUDA_SUCCESS;
 }
@@ -265,6 +276,7 @@ CUresult sim_library_from_image(const void *image, sim_library **out) {
 void sim_library_free(sim_library *lib) {
     for (unsigned i = 0; i < lib->num_funcs; i++) {
         sim_handle_del(&lib->funcs[i]);
+        sim_handle_del(SIM_FUNC_HANDLE(&lib->funcs[i]));
         free((char *)lib->funcs[i].name);
         free(lib->funcs[i].ptr_words);
     }

@@ -21,7 +21,9 @@
 #define SIM_LAUNCH_ATTRIBUTE_LAST 63 /* launch attribute ids are small; the enum has no MAX */
 
 /* ---- handle registry: every handle given out is checked before it is dereferenced ---- */
-enum sim_htype { H_STREAM = 1, H_EVENT, H_GRAPH, H_NODE, H_EXEC, H_LIBRARY, H_FUNC, H_MEMHANDLE };
+/* NOTE: CUlibrary, CUmodule, CUkernel and CUfunction are four kinds, as in the driver: a handle of
+ * one kind passed as another is CUDA_ERROR_INVALID_HANDLE (module.c converts between them). */
+enum sim_htype { H_STREAM = 1, H_EVENT, H_GRAPH, H_NODE, H_EXEC, H_LIBRARY, H_FUNC, H_MEMHANDLE, H_KERNEL };
 void sim_handle_add(const void *h, int type);
 void sim_handle_del(const void *h);
 bool sim_handle_is(const void *h, int type);
@@ -77,6 +79,7 @@ typedef struct sim_func {
     bool loaded;
     int max_dynamic_smem;
     int attr_values[CU_FUNC_ATTRIBUTE_MAX];
+    char func_tag; /* its address is the CUfunction; the sim_func's own is the CUkernel */
 } sim_func;
 
 typedef struct sim_library {
@@ -101,6 +104,21 @@ void sim_library_free(sim_library *lib);
 CUresult sim_open_code(const char *path, void **dl);
 sim_library *sim_library_of_module(CUmodule m);
 CUresult sim_func_load(sim_func *f);
+sim_func *sim_func_of(CUfunction h);       /* a CUfunction, or NULL */
+sim_func *sim_kernel_of(CUkernel h);       /* a CUkernel, or NULL */
+sim_func *sim_launchable_of(CUfunction h); /* either: cuLaunchKernel takes a CUkernel too */
+sim_func *sim_param_func(const CUDA_KERNEL_NODE_PARAMS *p); /* graph.c: func or kern, checked */
+#define SIM_FUNC_HANDLE(f) ((CUfunction) & (f)->func_tag)
+/* The CUDA version this driver claims (MEDUSA_SIM_DRIVER_VERSION, default CUDA_VERSION); entry
+ * points newer than it are hidden from cuGetProcAddress and fail when called directly. */
+int sim_driver_version(void);
+CUresult sim_since(int version, const char *name);
+#define SIM_SINCE(v, name)                                                                         \
+    do {                                                                                           \
+        CUresult s_ = sim_since(v, #name);                                                         \
+        if (s_)                                                                                    \
+            return s_;                                                                             \
+    } while (0)
 
 /* ---- streams, events, capture ---- */
 typedef struct sim_node sim_node;

@@ -158,7 +158,7 @@ static CUresult launch(CUfunction h, const unsigned grid[3], const unsigned bloc
     if (e)
         return e;
     sim_lock();
-    sim_func *f = sim_handle_is(h, H_FUNC) ? (sim_func *)h : NULL;
+    sim_func *f = sim_launchable_of(h);
     sim_kernel_op op = {0};
     e = f ? sim_kernel_op_init(&op, f, grid, block, smem, params, extra) : CUDA_ERROR_INVALID_HANDLE;
     for (unsigned i = 0; !e && i < num_attrs; i++)

@@ -1,5 +1,7 @@
-/* Modules, libraries, kernels and functions (driver API). CUlibrary is a sim_library, CUmodule is
- * the address of its module_tag, CUkernel and CUfunction are the same sim_func (context-less). */
+/* Modules, libraries, kernels and functions (driver API). Four distinct handle kinds, as in the
+ * driver: CUlibrary is a sim_library (cuLibraryLoadData), CUmodule the address of its module_tag
+ * (cuModuleLoadData, cuLibraryGetModule), CUkernel a sim_func (cuLibraryGetKernel) and CUfunction
+ * the address of its func_tag (cuModuleGetFunction, cuKernelGetFunction). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +13,21 @@ sim_library *sim_library_of_module(CUmodule m) {
     return m && sim_handle_is(lib, H_LIBRARY) ? lib : NULL;
 }
 
-static sim_func *as_func(const void *f) { return sim_handle_is(f, H_FUNC) ? (sim_func *)f : NULL; }
+/* A library handle: only what cuLibraryLoadData gave (a module's library is not one). */
+static sim_library *as_library(CUlibrary l) {
+    return sim_handle_is(l, H_LIBRARY) && !((sim_library *)l)->as_module ? (sim_library *)l : NULL;
+}
+
+sim_func *sim_func_of(CUfunction h) {
+    return h && sim_handle_is(h, H_FUNC) ? (sim_func *)((char *)h - offsetof(sim_func, func_tag)) : NULL;
+}
+
+sim_func *sim_kernel_of(CUkernel h) { return sim_handle_is(h, H_KERNEL) ? (sim_func *)h : NULL; }
+
+sim_func *sim_launchable_of(CUfunction h) {
+    sim_func *f = sim_func_of(h);
+    return f ? f : sim_kernel_of((CUkernel)h);
+}
 
 CUresult sim_func_load(sim_func *f) {
     f->loaded = true;
@@ -82,7 +98,7 @@ static CUresult unload(sim_library *lib, bool as_module) {
 
 SIM_API CUresult cuLibraryUnload(CUlibrary l) {
     sim_lock();
-    CUresult e = unload(sim_handle_is(l, H_LIBRARY) ? (sim_library *)l : NULL, false);
+    CUresult e = unload(as_library(l), false);
     sim_unlock();
     return e;
 }
@@ -101,7 +117,7 @@ static sim_func *find_func(sim_library *lib, const char *name) {
     return NULL;
 }
 
-static CUresult get_func(sim_library *lib, const char *name, void **out, bool load_it) {
+static CUresult get_func(sim_library *lib, const char *name, void **out, bool as_function) {
     if (!out || !name)
         return CUDA_ERROR_INVALID_VALUE;
     if (!lib)
@@ -109,15 +125,15 @@ static CUresult get_func(sim_library *lib, const char *name, void **out, bool lo
     sim_func *f = find_func(lib, name);
     if (!f)
         return CUDA_ERROR_NOT_FOUND;
-    if (load_it)
+    if (as_function)
         sim_func_load(f);
-    *out = f;
+    *out = as_function ? (void *)SIM_FUNC_HANDLE(f) : (void *)f;
     return CUDA_SUCCESS;
 }
 
 SIM_API CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name) {
     sim_lock();
-    CUresult e = get_func(sim_handle_is(l, H_LIBRARY) ? (sim_library *)l : NULL, name, (void **)k, false);
+    CUresult e = get_func(as_library(l), name, (void **)k, false);
     sim_unlock();
     return e;
 }
@@ -138,38 +154,42 @@ static CUresult count_funcs(sim_library *lib, unsigned *count) {
     return CUDA_SUCCESS;
 }
 
-static CUresult enum_funcs(sim_library *lib, void **out, unsigned n) {
+static CUresult enum_funcs(sim_library *lib, void **out, unsigned n, bool as_function) {
     if (!out || !lib)
         return !lib ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
     if (n > lib->num_funcs)
         n = lib->num_funcs;
     for (unsigned i = 0; i < n; i++)
-        out[i] = &lib->funcs[i];
+        out[i] = as_function ? (void *)SIM_FUNC_HANDLE(&lib->funcs[i]) : (void *)&lib->funcs[i];
     return CUDA_SUCCESS;
 }
 
 SIM_API CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary l) {
-    SIM_LOCKED(count_funcs(sim_handle_is(l, H_LIBRARY) ? (sim_library *)l : NULL, count));
+    SIM_SINCE(12040, cuLibraryGetKernelCount);
+    SIM_LOCKED(count_funcs(as_library(l), count));
 }
 SIM_API CUresult cuModuleGetFunctionCount(unsigned int *count, CUmodule m) {
+    SIM_SINCE(12040, cuModuleGetFunctionCount);
     SIM_LOCKED(count_funcs(sim_library_of_module(m), count));
 }
 SIM_API CUresult cuLibraryEnumerateKernels(CUkernel *k, unsigned int n, CUlibrary l) {
-    SIM_LOCKED(enum_funcs(sim_handle_is(l, H_LIBRARY) ? (sim_library *)l : NULL, (void **)k, n));
+    SIM_SINCE(12040, cuLibraryEnumerateKernels);
+    SIM_LOCKED(enum_funcs(as_library(l), (void **)k, n, false));
 }
 SIM_API CUresult cuModuleEnumerateFunctions(CUfunction *f, unsigned int n, CUmodule m) {
-    SIM_LOCKED(enum_funcs(sim_library_of_module(m), (void **)f, n));
+    SIM_SINCE(12040, cuModuleEnumerateFunctions);
+    SIM_LOCKED(enum_funcs(sim_library_of_module(m), (void **)f, n, true));
 }
 
 SIM_API CUresult cuLibraryGetModule(CUmodule *m, CUlibrary l) {
     if (!m)
         return CUDA_ERROR_INVALID_VALUE;
     sim_lock();
-    bool ok = sim_handle_is(l, H_LIBRARY);
-    if (ok)
-        *m = (CUmodule) & ((sim_library *)l)->module_tag;
+    sim_library *lib = as_library(l);
+    if (lib)
+        *m = (CUmodule)&lib->module_tag;
     sim_unlock();
-    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    return lib ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 SIM_API CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
@@ -202,123 +222,5 @@ SIM_API CUresult cuModuleGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUmodule m,
     SIM_LOCKED(get_global(sim_library_of_module(m), name, dptr, bytes));
 }
 SIM_API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name) {
-    SIM_LOCKED(get_global(sim_handle_is(l, H_LIBRARY) ? (sim_library *)l : NULL, name, dptr, bytes));
-}
-
-/* ---- per-function queries ---- */
-#define WITH_FUNC(h, body)                                                                         \
-    do {                                                                                           \
-        sim_lock();                                                                                \
-        sim_func *f = as_func(h);                                                                  \
-        CUresult e_ = f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;                                \
-        if (f) {                                                                                   \
-            body;                                                                                  \
-        }                                                                                          \
-        sim_unlock();                                                                              \
-        return e_;                                                                                 \
-    } while (0)
-
-SIM_API CUresult cuKernelGetFunction(CUfunction *out, CUkernel k) {
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    WITH_FUNC(k, { sim_func_load(f); *out = (CUfunction)f; });
-}
-
-SIM_API CUresult cuFuncGetName(const char **name, CUfunction h) {
-    if (!name)
-        return CUDA_ERROR_INVALID_VALUE;
-    WITH_FUNC(h, *name = f->name);
-}
-
-SIM_API CUresult cuKernelGetName(const char **name, CUkernel h) {
-    return cuFuncGetName(name, (CUfunction)h);
-}
-
-SIM_API CUresult cuFuncGetModule(CUmodule *m, CUfunction h) {
-    if (!m)
-        return CUDA_ERROR_INVALID_VALUE;
-    WITH_FUNC(h, *m = (CUmodule)&f->lib->module_tag);
-}
-
-SIM_API CUresult cuKernelGetLibrary(CUlibrary *l, CUkernel h) {
-    if (!l)
-        return CUDA_ERROR_INVALID_VALUE;
-    WITH_FUNC(h, *l = (CUlibrary)f->lib);
-}
-
-SIM_API CUresult cuFuncGetParamInfo(CUfunction h, size_t index, size_t *offset, size_t *size) {
-    if (!offset && !size)
-        return CUDA_ERROR_INVALID_VALUE;
-    WITH_FUNC(h, {
-        if (index >= f->num_params) {
-            e_ = CUDA_ERROR_INVALID_VALUE;
-        } else {
-            if (offset)
-                *offset = f->params[index].offset;
-            if (size)
-                *size = f->params[index].size;
-        }
-    });
-}
-
-SIM_API CUresult cuKernelGetParamInfo(CUkernel k, size_t index, size_t *offset, size_t *size) {
-    return cuFuncGetParamInfo((CUfunction)k, index, offset, size);
-}
-
-SIM_API CUresult cuFuncIsLoaded(CUfunctionLoadingState *state, CUfunction h) {
-    if (!state)
-        return CUDA_ERROR_INVALID_VALUE;
-    WITH_FUNC(h, *state = f->loaded ? CU_FUNCTION_LOADING_STATE_LOADED : CU_FUNCTION_LOADING_STATE_UNLOADED);
-}
-
-SIM_API CUresult cuFuncLoad(CUfunction h) { WITH_FUNC(h, sim_func_load(f)); }
-
-static CUresult set_attr(sim_func *f, CUfunction_attribute a, int v) {
-    switch (a) {
-    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
-        if (v < 0 || v > 227 * 1024)
-            return CUDA_ERROR_INVALID_VALUE;
-        f->max_dynamic_smem = v;
-        break;
-    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-    case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET:
-    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
-    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
-    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
-    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
-    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-        break;
-    default: return CUDA_ERROR_INVALID_VALUE;
-    }
-    f->attr_values[a] = v;
-    return CUDA_SUCCESS;
-}
-
-SIM_API CUresult cuFuncSetAttribute(CUfunction h, CUfunction_attribute a, int v) {
-    if ((int)a < 0 || a >= CU_FUNC_ATTRIBUTE_MAX)
-        return CUDA_ERROR_INVALID_VALUE;
-    WITH_FUNC(h, e_ = set_attr(f, a, v));
-}
-
-SIM_API CUresult cuKernelSetAttribute(CUfunction_attribute a, int v, CUkernel k, CUdevice dev) {
-    return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : cuFuncSetAttribute((CUfunction)k, a, v);
-}
-
-SIM_API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute a, CUfunction h) {
-    if (!pi || (int)a < 0 || a >= CU_FUNC_ATTRIBUTE_MAX)
-        return CUDA_ERROR_INVALID_VALUE;
-    WITH_FUNC(h, {
-        switch (a) {
-        case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
-        case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *pi = f->max_dynamic_smem; break;
-        case CU_FUNC_ATTRIBUTE_NUM_REGS: *pi = 32; break;
-        case CU_FUNC_ATTRIBUTE_PTX_VERSION:
-        case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *pi = g_sim.cfg.cc_major * 10 + g_sim.cfg.cc_minor; break;
-        default: *pi = f->attr_values[a]; break;
-        }
-    });
-}
-
-SIM_API CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute a, CUkernel k, CUdevice dev) {
-    return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : cuFuncGetAttribute(pi, a, (CUfunction)k);
+    SIM_LOCKED(get_global(as_library(l), name, dptr, bytes));
 }

@@ -14,7 +14,7 @@ static CUresult kernel_get(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS *p) {
         return CUDA_ERROR_INVALID_VALUE;
     const sim_kernel_op *k = &n->k;
     memset(p, 0, sizeof *p);
-    p->func = (CUfunction)k->func;
+    p->func = SIM_FUNC_HANDLE(k->func);
     p->gridDimX = k->grid[0], p->gridDimY = k->grid[1], p->gridDimZ = k->grid[2];
     p->blockDimX = k->block[0], p->blockDimY = k->block[1], p->blockDimZ = k->block[2];
     p->sharedMemBytes = k->smem;
@@ -29,13 +29,13 @@ SIM_API CUresult cuGraphKernelNodeGetParams(CUgraphNode h, CUDA_KERNEL_NODE_PARA
 }
 
 CUresult sim_kernel_op_replace(sim_kernel_op *dst, const CUDA_KERNEL_NODE_PARAMS *p) {
-    const void *f = p->func ? (const void *)p->func : (const void *)p->kern;
-    if (!sim_handle_is(f, H_FUNC))
-        return CUDA_ERROR_INVALID_VALUE;
+    sim_func *f = sim_param_func(p);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
     const unsigned g[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
     const unsigned b[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
     sim_kernel_op op = {0};
-    CUresult e = sim_kernel_op_init(&op, (sim_func *)f, g, b, p->sharedMemBytes, p->kernelParams, p->extra);
+    CUresult e = sim_kernel_op_init(&op, f, g, b, p->sharedMemBytes, p->kernelParams, p->extra);
     if (e)
         return e;
     sim_kernel_op_free(dst);

@@ -1,4 +1,5 @@
 /* cuGetProcAddress: the driver's entry-point table, generated from procs.def. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -38,10 +39,13 @@ SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVer
         return CUDA_ERROR_INVALID_VALUE;
     int want = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? 1 : 0;
     const proc_entry *best[2] = {NULL, NULL};
+    int driver = sim_driver_version();
     bool named = false;
     for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
         const proc_entry *e = &g_procs[i];
         if (strcmp(e->name, symbol) != 0)
+            continue;
+        if (e->version > driver) /* an older driver does not know it at all */
             continue;
         named = true;
         if (e->version <= cudaVersion && (!best[e->ptsz] || e->version >= best[e->ptsz]->version))
@@ -60,4 +64,18 @@ SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVer
 /* The CUDA 11.3 form, without the query result. */
 SIM_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+int sim_driver_version(void) {
+    const char *e = getenv("MEDUSA_SIM_DRIVER_VERSION");
+    int v = e && *e ? atoi(e) : 0;
+    return v >= 11000 && v < CUDA_VERSION ? v : CUDA_VERSION;
+}
+
+CUresult sim_since(int version, const char *name) {
+    if (sim_driver_version() >= version)
+        return CUDA_SUCCESS;
+    return sim_fail(CUDA_ERROR_NOT_SUPPORTED, "%s needs a CUDA %d.%d driver; this one is %d.%d "
+                    "(MEDUSA_SIM_DRIVER_VERSION)", name, version / 1000, version % 1000 / 10,
+                    sim_driver_version() / 1000, sim_driver_version() % 1000 / 10);
 }

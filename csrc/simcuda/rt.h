@@ -25,6 +25,7 @@
     X(ctxSynchronize, cuCtxSynchronize, PFN_cuCtxSynchronize_v2000)                                \
     X(libraryLoadData, cuLibraryLoadData, PFN_cuLibraryLoadData_v12000)                            \
     X(libraryGetKernel, cuLibraryGetKernel, PFN_cuLibraryGetKernel_v12000)                         \
+    X(kernelGetFunction, cuKernelGetFunction, PFN_cuKernelGetFunction_v12000)                      \
     X(memAlloc, cuMemAlloc, PFN_cuMemAlloc_v3020)                                                  \
     X(memFree, cuMemFree, PFN_cuMemFree_v3020)                                                     \
     X(memGetInfo, cuMemGetInfo, PFN_cuMemGetInfo_v3020)                                            \
@@ -100,6 +101,7 @@ cudaError_t rt_init(void);
 /* Records err as this thread's last error and returns it. */
 cudaError_t rt_ret(CUresult err);
 cudaError_t rt_set(cudaError_t err);
+/* The CUfunction of a host stub (its CUkernel made a function on first use, as cudaGetFuncBySymbol). */
 CUfunction rt_func_of_stub(const void *stub);
 const void *rt_stub_of_func(CUfunction f);
 

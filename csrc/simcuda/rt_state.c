@@ -13,7 +13,8 @@ rt_driver rt_drv;
 
 typedef struct {
     const void *stub;
-    CUfunction func;
+    CUkernel kernel;
+    CUfunction func; /* from kernel, on first use (loading it, as lazy loading does) */
 } stub_slot;
 
 /* The runtime's one registry: modules waiting for init, and the host-stub map. */
@@ -51,7 +52,7 @@ static size_t stub_hash(const void *p) {
     return (size_t)(x >> 20);
 }
 
-static void stub_put(const void *stub, CUfunction f) {
+static void stub_put(const void *stub, CUkernel k, CUfunction f) {
     if ((rt.num_stubs + 1) * 2 > rt.stub_cap) {
         stub_slot *old = rt.stubs;
         size_t oldcap = rt.stub_cap;
@@ -60,14 +61,14 @@ static void stub_put(const void *stub, CUfunction f) {
         rt.num_stubs = 0;
         for (size_t i = 0; i < oldcap; i++)
             if (old[i].stub)
-                stub_put(old[i].stub, old[i].func);
+                stub_put(old[i].stub, old[i].kernel, old[i].func);
         free(old);
     }
     size_t i = stub_hash(stub) & (rt.stub_cap - 1);
     while (rt.stubs[i].stub && rt.stubs[i].stub != stub)
         i = (i + 1) & (rt.stub_cap - 1);
     rt.num_stubs += !rt.stubs[i].stub;
-    rt.stubs[i] = (stub_slot){stub, f};
+    rt.stubs[i] = (stub_slot){stub, k, f};
 }
 
 CUfunction rt_func_of_stub(const void *stub) {
@@ -77,7 +78,10 @@ CUfunction rt_func_of_stub(const void *stub) {
         size_t i = stub_hash(stub) & (rt.stub_cap - 1);
         while (rt.stubs[i].stub && rt.stubs[i].stub != stub)
             i = (i + 1) & (rt.stub_cap - 1);
-        f = rt.stubs[i].func;
+        stub_slot *s = &rt.stubs[i];
+        if (s->stub && !s->func && rt_drv.kernelGetFunction(&s->func, s->kernel))
+            s->func = NULL;
+        f = s->func;
     }
     pthread_mutex_unlock(&rt.lock);
     return f;
@@ -88,28 +92,40 @@ CUfunction rt_func_of_stub(const void *stub) {
 const void *rt_stub_of_func(CUfunction f) {
     const void *stub = NULL;
     pthread_mutex_lock(&rt.lock);
-    for (size_t i = 0; i < rt.stub_cap && !stub; i++)
-        if (rt.stubs[i].func == f)
-            stub = rt.stubs[i].stub;
+    for (size_t i = 0; i < rt.stub_cap && !stub; i++) {
+        stub_slot *s = &rt.stubs[i];
+        if (s->stub && !s->func && rt_drv.kernelGetFunction(&s->func, s->kernel))
+            s->func = NULL;
+        if (s->stub && s->func == f)
+            stub = s->stub;
+    }
     pthread_mutex_unlock(&rt.lock);
     Dl_info info;
     return stub && dladdr(stub, &info) && info.dli_saddr == stub ? stub : NULL;
 }
 
-/* Hands a module's image to the driver and maps its host stubs to the driver's kernels. */
+/* Hands a module's image to the driver as CUDA 13's runtime does: the registered fatbin wrapper
+ * goes to cuLibraryLoadData; host stubs map to the library's kernels. */
 static cudaError_t load_module(const simcuda_module_desc *d) {
     size_t size;
     unsigned char *image = sim_image_build(d, &size);
     if (!image)
         return cudaErrorInvalidKernelImage;
+    simcuda_fatbin_wrapper *w = malloc(sizeof *w);
+    if (!w) {
+        free(image);
+        return cudaErrorMemoryAllocation;
+    }
+    *w = (simcuda_fatbin_wrapper){SIMCUDA_FATBIN_WRAPPER_MAGIC, 1, image, NULL};
     CUlibrary lib;
-    CUresult e = rt_drv.libraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
+    CUresult e = rt_drv.libraryLoadData(&lib, w, NULL, NULL, 0, NULL, NULL, 0);
+    free(w);
     free(image);
     for (unsigned i = 0; !e && i < d->num_kernels; i++) {
         CUkernel k;
         e = rt_drv.libraryGetKernel(&k, lib, d->kernels[i].name);
         if (!e && d->kernels[i].host_stub)
-            stub_put(d->kernels[i].host_stub, (CUfunction)k);
+            stub_put(d->kernels[i].host_stub, k, NULL);
     }
     return (cudaError_t)e;
 }
@@ -237,6 +253,11 @@ RT_API cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **f
                                                     unsigned long long flags,
                                                     enum cudaDriverEntryPointQueryResult *status) {
     RT_INIT();
+    /* NOTE: a runtime is as old as the driver it simulates; this entry point came with 12.5. */
+    int driver = 0;
+    rt_drv.driverGetVersion(&driver);
+    if (driver < 12050)
+        return rt_set(cudaErrorNotSupported);
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
     CUresult e = rt_drv.getProcAddress(symbol, fn, (int)version, flags, &st);
     if (status)
@@ -246,5 +267,10 @@ RT_API cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **f
 
 RT_API cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn, unsigned long long flags,
                                            enum cudaDriverEntryPointQueryResult *status) {
-    return cudaGetDriverEntryPointByVersion(symbol, fn, CUDART_VERSION, flags, status);
+    RT_INIT();
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+    CUresult e = rt_drv.getProcAddress(symbol, fn, CUDART_VERSION, flags, &st);
+    if (status)
+        *status = (enum cudaDriverEntryPointQueryResult)st;
+    return rt_ret(e);
 }

@@ -226,6 +226,6 @@ SIM_API CUresult cuInit(unsigned int flags) {
 SIM_API CUresult cuDriverGetVersion(int *v) {
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = CUDA_VERSION;
+    *v = sim_driver_version();
     return CUDA_SUCCESS;
 }

@@ -33,6 +33,16 @@ extern "C" {
 #define SIMCUDA_IMAGE_MAGIC "SIMCUBIN"
 #define SIMCUDA_IMAGE_VERSION 1u
 
+/* How a runtime registers and loads an image, as CUDA's __fatBinC_Wrapper_t: the driver's load
+ * calls (cuLibraryLoadData, cuModuleLoadData) take this wrapper or the image it points to. */
+#define SIMCUDA_FATBIN_WRAPPER_MAGIC 0x466243b1u
+typedef struct simcuda_fatbin_wrapper {
+    uint32_t magic;   /* SIMCUDA_FATBIN_WRAPPER_MAGIC */
+    uint32_t version; /* 1 */
+    const void *data; /* the image */
+    const void *filename_or_fatbins;
+} simcuda_fatbin_wrapper;
+
 typedef struct simcuda_kctx {
     unsigned grid[3];
     unsigned block[3];

@@ -28,13 +28,18 @@ static CUresult libload(CUlibrary *l, const void *code, CUjit_option *a, void **
                         CUlibraryOption *d, void **e, unsigned f) {
     fprintf(stderr, "shim: cuLibraryLoadData #%d\n", n_libs);
     const char *dir = getenv("SHIM_SAVE_DIR");
+    const void *image = code;
+    uint32_t magic;
+    memcpy(&magic, code, 4);
+    if (magic == 0x466243b1u) /* the runtime's fatbin wrapper: {magic, version, image, ...} */
+        memcpy(&image, (const char *)code + 8, sizeof image);
     if (dir) {
         char path[512];
         uint64_t size;
-        memcpy(&size, (const char *)code + 16, 8);
+        memcpy(&size, (const char *)image + 16, 8);
         snprintf(path, sizeof path, "%s/image_%d.bin", dir, n_libs);
         FILE *fp = fopen(path, "wb");
-        fwrite(code, 1, size, fp);
+        fwrite(image, 1, size, fp);
         fclose(fp);
     }
     n_libs++;
