@@ -3,7 +3,10 @@
 The manifest records the plan's uncompressed size. Decoding refuses a frame that declares or
 yields any other size, and, before msgpack builds anything, walks the msgpack headers: a container
 is refused when it claims more items than bytes remain to hold them (msgpack preallocates what a
-header claims, so nested headers would otherwise turn kilobytes into gigabytes)."""
+header claims, so nested headers would otherwise turn kilobytes into gigabytes), and when the
+Python objects it would make cost more than a few times its size (a byte of msgpack can be an empty
+list: 56 bytes of Python). The uncompressed size itself is bounded by the compressed file's size,
+so memory is bounded by what the artifact actually holds."""
 
 from __future__ import annotations
 
@@ -16,7 +19,14 @@ import zstandard
 from medusa.artifact.errors import ArtifactError
 
 # NOTE: the largest plan this medusa decodes; a plan is tens of KiB to tens of MiB.
-MAX_RAW_SIZE = 1 << 30
+MAX_RAW_SIZE = 256 << 20
+# A real plan compresses about 30x (saved contents that are all zeros, far more); beyond this ratio
+# the manifest's uncompressed size is a claim the file cannot back.
+MAX_RATIO = 4096
+# Decoded Python objects may cost this many times the plan's bytes (plus a floor): a real plan
+# costs about 1.2x (its arrays are bin blobs); a stream of empty containers costs 72x.
+MAX_COST_RATIO, COST_FLOOR = 16, 1 << 20
+_CONTAINER_COST, _ITEM_COST, _INT_COST = 64, 8, 32
 _LEN = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}  # bin / str: bytes of length
 _FIXED = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xCA: 4, 0xCB: 8}
 _COUNT = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # array / map: bytes, per item
@@ -34,6 +44,12 @@ def decode_plan(data: bytes, raw_size: int, where: str) -> Any:
         raise ArtifactError(
             f"{where}: the manifest says it holds {raw_size} bytes uncompressed, more than the "
             f"{MAX_RAW_SIZE} this medusa decodes; materialize again"
+        )
+    if raw_size > MAX_RATIO * len(data) + (1 << 20):
+        raise ArtifactError(
+            f"{where}: the manifest says {len(data)} compressed bytes hold {raw_size} bytes, "
+            f"more than {MAX_RATIO} times as many as any plan; refusing to decompress it "
+            "(materialize again)"
         )
     raw = _decompress(data, raw_size, where)
     check_headers(raw, where)
@@ -81,20 +97,25 @@ def check_headers(raw: bytes, where: str) -> None:
     """Walks the msgpack stream's headers: one object, no extension types, and at every point the
     items still owed by open containers (each at least a byte) fit in the bytes left."""
     n, pos, owed = len(raw), 0, 1
+    cost, budget = n, MAX_COST_RATIO * n + COST_FLOOR
     while pos < n and owed:
         b = raw[pos]
         pos += 1
         owed -= 1
+        cost += _ITEM_COST
         if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
             continue
         if b <= 0x8F:
             owed += 2 * (b & 0x0F)
+            cost += _CONTAINER_COST
         elif b <= 0x9F:
             owed += b & 0x0F
+            cost += _CONTAINER_COST
         elif b <= 0xBF:
             pos += b & 0x1F
         elif b in _FIXED:
             pos += _FIXED[b]
+            cost += _INT_COST
         elif b in _LEN or b in _COUNT:
             width, per = (_LEN[b], 0) if b in _LEN else _COUNT[b]
             if pos + width > n:
@@ -103,12 +124,19 @@ def check_headers(raw: bytes, where: str) -> None:
             pos += width
             if per:
                 owed += per * count
+                cost += _CONTAINER_COST
             else:
                 pos += count
         else:
             raise ArtifactError(f"{where}: holds a msgpack type a plan never has (0x{b:02x})")
         if pos + owed > n:
             raise _overclaims(where)
+        if cost > budget:
+            raise ArtifactError(
+                f"{where}: decoding it would build Python objects of more than {budget} bytes, "
+                f"{MAX_COST_RATIO} times its size (a stream of tiny containers); refusing it "
+                "(materialize again)"
+            )
     if owed or pos != n:
         raise _overclaims(where)
 

@@ -160,7 +160,9 @@ class Obj(Spec):
                 raise ArtifactError(f"{where or 'the manifest'}: missing key {name!r}")
 
 
-FILE = Obj({"sha256": Str(HEX64), "size": Int(), "raw_size?": Int()})
+# NOTE: a file's stated size bounds what the loader reads and hashes (a sparse file costs no disk).
+MAX_FILE_BYTES = 1 << 30
+FILE = Obj({"sha256": Str(HEX64), "size": Int(hi=MAX_FILE_BYTES + 1), "raw_size?": Int()})
 COMMON = {
     "schema": Int(),
     "medusa_version": Str(),

@@ -20,7 +20,7 @@ from typing import Any
 from medusa import __version__
 from medusa.artifact.errors import ArtifactError
 from medusa.artifact.files import MANIFEST, SEAL, ArtifactDir
-from medusa.artifact.payload import decode_plan, encode_plan
+from medusa.artifact.payload import MAX_RAW_SIZE, decode_plan, encode_plan
 from medusa.artifact.schema import HEX64, check_manifest
 from medusa.artifact.seal import Seal, key_id
 
@@ -28,6 +28,7 @@ SCHEMA_VERSION = 2
 PLAN = "plan.msgpack.zst"
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SEAL_BYTES = 4096
+MAX_ARTIFACT_BYTES = 4 << 30  # all files together: every one is read and hashed at load
 
 __all__ = ["MANIFEST", "PLAN", "SCHEMA_VERSION", "Artifact", "ArtifactError"]
 
@@ -157,7 +158,18 @@ def load_artifact(path: Path, trust: str | Path | None = None) -> Artifact:
         raise ArtifactError(
             f"{d.path / MANIFEST}: lists no {PLAN} with its size; materialize again"
         )
-    data = d.read(PLAN, files[PLAN]["size"])
+    size, raw_size = files[PLAN]["size"], files[PLAN]["raw_size"]
+    if size > min(raw_size, MAX_RAW_SIZE) + (raw_size >> 7) + 1024:  # more than zstd ever makes
+        raise ArtifactError(
+            f"{d.path / PLAN}: {size} bytes cannot be a zstd frame of the {raw_size} bytes the "
+            "manifest records; materialize again"
+        )
+    if sum(f["size"] for f in files.values()) > MAX_ARTIFACT_BYTES:
+        raise ArtifactError(
+            f"{d.path / MANIFEST}: lists more than {MAX_ARTIFACT_BYTES >> 30} GiB of files; "
+            "materialize again"
+        )
+    data = d.read(PLAN, size)
     if hashlib.sha256(data).hexdigest() != files[PLAN]["sha256"]:
         raise ArtifactError(f"{d.path / PLAN}: checksum mismatch (corrupted; materialize again)")
     for name, want in files.items():
@@ -167,7 +179,7 @@ def load_artifact(path: Path, trust: str | Path | None = None) -> Artifact:
             raise ArtifactError(
                 f"{d.path / name}: checksum mismatch (corrupted; materialize again)"
             )
-    plan = decode_plan(data, files[PLAN]["raw_size"], str(d.path / PLAN))
+    plan = decode_plan(data, raw_size, str(d.path / PLAN))
     if not isinstance(plan, dict) or "graphs" not in plan:
         raise ArtifactError(f"{d.path / PLAN}: not a restore plan; materialize again")
     return Artifact(d.path, manifest, plan, seal)

@@ -13,7 +13,7 @@ import zstandard
 
 from medusa.artifact import ArtifactError, load_artifact
 from medusa.artifact.payload import MAX_RAW_SIZE
-from tests.artifact.conftest import manifest_of, replace_plan
+from tests.artifact.conftest import edit_manifest, manifest_of, replace_plan
 
 PEAK_LIMIT = 32 << 20
 
@@ -56,7 +56,17 @@ CASES = {
     ),
     "manifest claims more than medusa decodes": (
         lambda raw: (_zstd(bytes(16)), MAX_RAW_SIZE + 1),
-        "more than the 1073741824 this medusa decodes",
+        f"more than the {MAX_RAW_SIZE} this medusa decodes",
+    ),
+    # 1.5 KB of zstd that would be 50 million empty lists: 3.4 GB of Python objects.
+    "a kilobyte claiming 50 MB": (
+        lambda raw: _consistent(b"\xdd" + struct.pack(">I", 50_000_000) + b"\x90" * 50_000_000),
+        "more than 4096 times as many as any plan",
+    ),
+    # Within the compression ratio, still 72 bytes of Python for each byte of msgpack.
+    "a stream of empty containers": (
+        lambda raw: _consistent(b"\xdd" + struct.pack(">I", 900_000) + b"\x90" * 900_000),
+        "16 times its size (a stream of tiny containers)",
     ),
     # Each header claims fewer items than the payload's length (msgpack's own default limit), so
     # only the walk of the headers stops them: msgpack preallocates every claim, 1024 deep.
@@ -100,3 +110,22 @@ def test_the_real_plan_decodes_within_bounds(art):
     assert err is None
     assert manifest_of(art)["files"]["plan.msgpack.zst"]["raw_size"] > 0
     assert peak < PEAK_LIMIT
+
+
+def test_a_plan_file_larger_than_any_frame_of_its_size_is_not_read(art):
+    """A (sparse, say) plan file far larger than zstd makes of the recorded size is refused
+    before it is read or hashed."""
+    replace_plan(art, b"\0" * (4 << 20), 1000)
+    err, peak = _load_peak(art)
+    assert isinstance(err, ArtifactError), err
+    assert "cannot be a zstd frame of the 1000 bytes" in str(err)
+    assert peak < 1 << 20  # the 4 MiB were never read
+
+
+def test_a_file_stated_over_the_size_limit_is_refused_by_the_schema(art):
+    def huge(m: dict) -> None:
+        m["files"]["plan.msgpack.zst"]["size"] = 100 << 30
+
+    edit_manifest(art, huge)
+    err, _ = _load_peak(art)
+    assert isinstance(err, ArtifactError) and "files.plan.msgpack.zst.size" in str(err)
