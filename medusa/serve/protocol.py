@@ -85,6 +85,8 @@ def loads(raw: bytes) -> Any:
         ) from None
     except ValueError as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError(400, "the request body nests arrays or objects too deeply") from None
 
 
 async def read_json(request: Request, max_bytes: int = MAX_BODY_BYTES) -> Any:
@@ -128,19 +130,22 @@ def _param(body: Any, loc: tuple[int | str, ...]) -> str:
     return ".".join(path)
 
 
-def _lone_surrogate(v: Any, at: tuple[int | str, ...]) -> tuple[tuple[int | str, ...], str] | None:
-    """Where in a parsed body a string holds a lone surrogate (JSON allows it, UTF-8 does not)."""
-    if isinstance(v, str):
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError as e:
-            return at, ascii(v[e.start])
-        return None
-    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
-    for k, x in items:
-        found = _lone_surrogate(x, (*at, k))
-        if found is not None:
-            return found
+def _lone_surrogate(
+    body: Any, at: tuple[int | str, ...]
+) -> tuple[tuple[int | str, ...], str] | None:
+    """Where in a parsed body a string holds a lone surrogate (JSON allows it, UTF-8 does not).
+    Walked with a stack, not recursion: the body may nest as deep as the JSON parser allows."""
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(body, at)]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return where, ascii(v[e.start])
+            continue
+        items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+        stack.extend((x, (*where, k)) for k, x in reversed(list(items)))
     return None
 
 

@@ -188,6 +188,8 @@ def test_bodies_that_do_not_parse_get_openai_shaped_errors(server):
     assert msg.startswith("the request body is not valid JSON: Expecting") and "{" not in msg
     assert "must be a JSON object" in _openai_error(_post(server, "/v1/completions", b"[1]"), 400)
     assert "UTF-8" in _openai_error(_post(server, "/v1/completions", b'"\xff"'), 400)
+    deep = _post(server, "/v1/completions", b"[" * 200_000)
+    assert "nests arrays or objects too deeply" in _openai_error(deep, 400)
     _openai_error(httpx.get(f"{server}/v1/nothing"), 404)
     _openai_error(httpx.get(f"{server}/v1/completions"), 405)
 
