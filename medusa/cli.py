@@ -677,8 +677,8 @@ def keygen(key: str) -> None:
 
     try:
         pub = generate_key(Path(key))
-    except FileExistsError:
-        raise click.ClickException(f"{key} exists; pick another name or remove it") from None
+    except FileExistsError as e:
+        raise click.ClickException(f"{e.filename} exists; pick another name or remove it") from None
     click.echo(f"private key {key} (keep it secret), public key {pub}")
 
 

@@ -176,12 +176,24 @@ def generate_key(out: Path) -> Path:
 
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
     pub = Path(f"{out}.pub")
-    pub.write_bytes(key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    write_new(out, pem, 0o600)
+    try:
+        write_new(
+            pub, key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+        )
+    except OSError:
+        os.unlink(out)  # no private key without its public half
+        raise
     return pub
+
+
+def write_new(path: str | Path, data: bytes, mode: int = 0o644) -> None:
+    """Creates `path` with `data`; never overwrites a file or writes through a link planted there
+    (FileExistsError)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, mode), "wb") as f:
+        f.write(data)
 
 
 def _read_key(path: str | Path) -> bytes:

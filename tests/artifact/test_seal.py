@@ -78,3 +78,22 @@ def test_openssl_keys_work_too(art, tmp_path):
 def test_keygen_refuses_to_overwrite_a_key(key):
     res = medusa("keygen", str(key))
     assert res.returncode == 1 and "exists" in res.stderr
+
+
+def test_signing_never_writes_through_a_link_planted_in_the_artifact(art, key, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    for name in (".seal.json.tmp", "seal.json.tmp"):
+        (art / name).symlink_to(victim)
+    signed = sign_artifact(art, key)
+    assert signed.signer is not None and victim.read_text() == "precious"
+    assert load_artifact(art, trust=f"{key}.pub").signer == signed.signer
+
+
+def test_keygen_never_overwrites_and_leaves_no_half_pair(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "k.pub").symlink_to(victim)
+    res = medusa("keygen", str(tmp_path / "k"))
+    assert res.returncode == 1 and f"{tmp_path / 'k.pub'} exists" in res.stderr
+    assert victim.read_text() == "precious" and not (tmp_path / "k").exists()
