@@ -103,8 +103,11 @@ def sign_artifact(path: Path, key_file: str | Path) -> Artifact:
     """Signs an existing artifact with a private key file, after checking all of it."""
     art = load_artifact(path)
     seal = Seal.make(art.manifest, key_file)
-    tmp = Path(path) / f".{SEAL}.tmp"
-    tmp.write_text(seal.to_json())
+    # NOTE: a fresh name made with O_EXCL, then a rename: a link planted in the artifact directory
+    # (which may be someone else's) is never written through.
+    fd, tmp = tempfile.mkstemp(prefix=f".{SEAL}.", dir=path)
+    with os.fdopen(fd, "w") as f:
+        f.write(seal.to_json())
     os.replace(tmp, Path(path) / SEAL)
     return Artifact(art.path, art.manifest, art.plan, seal)
 
