@@ -7,10 +7,13 @@ package (or another checkout's). Every child Medusa starts goes through here ins
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
 import medusa
+from medusa import env
 
 # The directory this process imported `medusa` from.
 ROOT = str(Path(medusa.__file__).resolve().parent.parent)
@@ -31,3 +34,27 @@ def python_module(module: str, *args: str) -> list[str]:
 def medusa_cli(*args: str) -> list[str]:
     """argv for `medusa ARGS` run by this interpreter and this copy of the package."""
     return python_module("medusa.cli", *args)
+
+
+def tied_to_this_process(child_env: dict[str, str]) -> dict[str, str]:
+    """child_env for a child that must not outlive this process (`medusa run` calls
+    die_with_parent() first thing)."""
+    return {**child_env, env.PARENT_PID.name: str(os.getpid())}
+
+
+def die_with_parent() -> None:
+    """With MEDUSA_PARENT_PID set, ask the kernel for SIGTERM when that parent dies, even by
+    SIGKILL (Linux's parent-death signal), and exit now if it has died already.
+
+    NOTE: set in the child itself rather than in a preexec_fn, which is unsafe in a parent that
+    runs threads (the gateway does). The signal fires when the parent's *thread* that forked exits.
+    """
+    parent = env.PARENT_PID.get()
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)

@@ -198,8 +198,10 @@ def run(
     cannot load, a missing --artifact directory or a busy port end the command at once with the
     reason (an artifact that exists but does not fit falls back to a normal start).
     """
+    from medusa.child import die_with_parent
     from medusa.engine.config import EngineConfig
 
+    die_with_parent()
     _setup_logging(verbose, quiet=demo is not None)
     if engine_name == "vllm":
         if trust:

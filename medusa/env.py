@@ -45,7 +45,9 @@ SIM_DEVICE_NAME = EnvVar("MEDUSA_SIM_DEVICE_NAME", "", "simcuda: device name it 
 SIM_MEMCHECK = EnvVar("MEDUSA_SIM_MEMCHECK", False, "simcuda: check kernel pointer arguments")
 SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messages to stderr")
 SIM_POISON = EnvVar(
-    "MEDUSA_SIM_POISON", True, "simcuda: fresh device memory holds per-process stale bytes; 0: zeroes"
+    "MEDUSA_SIM_POISON",
+    True,
+    "simcuda: fresh device memory holds per-process stale bytes; 0: zeroes",
 )
 TRACE = EnvVar(
     "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
@@ -59,6 +61,7 @@ REQUIRE_ARTIFACT = EnvVar(
 VLLM_SIDECAR = EnvVar(
     "MEDUSA_VLLM_SIDECAR", "", "vLLM plugin: record; the sidecar file to write (%p: the pid)"
 )
+PARENT_PID = EnvVar("MEDUSA_PARENT_PID", 0, "medusa run: exit when this process (the gateway) dies")
 LOG_LEVEL = EnvVar(
     "MEDUSA_LOG_LEVEL",
     "",
@@ -86,4 +89,8 @@ ALL: tuple[EnvVar, ...] = (
     MODE,
     LOG_LEVEL,
     WORKER_TOKEN,
+    PARENT_PID,
+    ARTIFACT,
+    REQUIRE_ARTIFACT,
+    VLLM_SIDECAR,
 )

@@ -5,35 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import logging
-import os
-import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import IO
 
+from medusa.child import tied_to_this_process
+
 log = logging.getLogger("medusa.gateway")
-
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-
-def _die_with(parent: int) -> Callable[[], None] | None:
-    """preexec_fn: the kernel sends the child SIGTERM when the gateway dies, even by SIGKILL."""
-    if _LIBC is None:
-        return None
-    prctl = _LIBC.prctl
-
-    def tie() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the gateway died before prctl took effect
-            os._exit(1)
-
-    return tie
 
 
 class WorkerProcess:
@@ -44,11 +24,10 @@ class WorkerProcess:
         # from the event loop's thread, never from a worker thread.
         self.popen = subprocess.Popen(
             argv,
-            env=env,
+            env=tied_to_this_process(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            preexec_fn=_die_with(os.getpid()),
         )
         self.stderr: collections.deque[str] = collections.deque(maxlen=keep)
         assert self.popen.stderr is not None
