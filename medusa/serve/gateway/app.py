@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import signal
@@ -114,7 +115,11 @@ def create_gateway(
         if not config.api_keys:
             return True
         auth = request.headers.get("authorization", "")
-        return auth.startswith("Bearer ") and auth[7:] in config.api_keys
+        sent = auth[7:].encode() if auth.startswith("Bearer ") else b""
+        # NOTE: constant-time, every key compared: how long a refusal takes says nothing.
+        return (
+            sent != b"" and sum(hmac.compare_digest(sent, k.encode()) for k in config.api_keys) > 0
+        )
 
     def unauthorized() -> JSONResponse:
         return _error(
