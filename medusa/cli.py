@@ -16,6 +16,8 @@ from medusa.serve import MAX_BODY_BYTES
 if TYPE_CHECKING:
     from medusa.engine.config import EngineConfig
 
+RESTORE_TRACE_PREFIX = "medusa-restore-"
+
 
 class _InOrder(click.Group):
     """Lists commands in the order they are defined (the order a user needs them), not A-Z."""
@@ -225,7 +227,7 @@ def run(
         from medusa.child import medusa_cli
         from medusa.trace import recorder_env
 
-        trace_dir = tempfile.mkdtemp(prefix="medusa-restore-")
+        trace_dir = tempfile.mkdtemp(prefix=RESTORE_TRACE_PREFIX)
         env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore")
         cmd = medusa_cli(*sys.argv[1:])
         os.execve(cmd[0], cmd, env)
@@ -350,6 +352,19 @@ def _serve(
             raise SystemExit(1)
     finally:
         async_engine.shutdown()
+        _remove_restore_trace()
+
+
+def _remove_restore_trace() -> None:
+    """The restore-mode trace `run --artifact` re-executed itself under is read during start-up
+    only; its directory goes when the server stops."""
+    import shutil
+
+    from medusa import env
+
+    trace = env.TRACE.get()
+    if trace and Path(trace).parent.name.startswith(RESTORE_TRACE_PREFIX):
+        shutil.rmtree(Path(trace).parent, ignore_errors=True)
 
 
 def _refuse_reference_options(names: list[str], example: str) -> None:

@@ -7,6 +7,7 @@ import ctypes.util
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,28 @@ def test_help_lists_commands_in_the_order_a_user_runs_them():
     assert [line.split()[0] for line in commands][:4] == ["doctor", "run", "materialize", "gateway"]
     assert not [line for line in commands if line.endswith("...")]  # no summary cut short
     assert "medusa run --artifact DIR" in out
+
+
+def test_the_restore_re_exec_imports_this_medusa_and_leaves_no_trace_behind(tmp_path):
+    """`run --artifact` re-executes itself under the recorder: from a directory holding another
+    `medusa`, the child still runs this one, and its restore trace is removed when it stops."""
+    (tmp_path / "medusa").mkdir()
+    (tmp_path / "medusa" / "__init__.py").write_text("raise SystemExit('wrong medusa imported')\n")
+    empty = tmp_path / "not-an-artifact"
+    empty.mkdir()
+    res = run_medusa(
+        "run", "--artifact", str(empty), "--require-artifact", "--port", str(_free_port()),
+        cwd=tmp_path, TMPDIR=str(tmp_path),
+    )  # fmt: skip
+    assert res.returncode == 3, res.stderr
+    assert "wrong medusa" not in res.stderr and "no manifest.json" in res.stderr
+    assert not list(tmp_path.glob("medusa-restore-*"))
+
+
+def test_a_benchmark_asked_for_help_prints_it_instead_of_running():
+    bench = Path(__file__).parents[2] / "scripts" / "bench" / "simcuda.py"
+    res = subprocess.run(
+        [sys.executable, str(bench), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0 and res.stdout.startswith("usage:")
+    assert "median" not in res.stdout.split("\n\n", 1)[0]  # the usage line, not a result table
