@@ -78,10 +78,32 @@ static void copy_node(sim_exec_node *en, const sim_node *n) {
     }
 }
 
+/* memcheck: an access-policy window must start inside a live allocation, like a pointer argument
+ * (a window left at an address from another process is a relocation restore missed). */
+static CUresult check_windows(const sim_graph *g) {
+    for (size_t i = 0; i < g->n; i++) {
+        const sim_node *n = g->nodes[i];
+        for (int j = 0; n->type == CU_GRAPH_NODE_TYPE_KERNEL && j < n->num_attrs; j++) {
+            const CUaccessPolicyWindow *w = &n->attr_vals[j].accessPolicyWindow;
+            if (n->attr_ids[j] != CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW || !w->num_bytes ||
+                !sim_check_range((uintptr_t)w->base_ptr, 1, false))
+                continue;
+            return sim_fail(CUDA_ERROR_INVALID_VALUE,
+                            "memcheck: kernel %s: access-policy window base_ptr %p is not inside "
+                            "a live allocation",
+                            n->k.func ? n->k.func->name : "?", w->base_ptr);
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
 static CUresult instantiate(CUgraphExec *out, CUgraph h) {
     sim_graph *g = sim_handle_is(h, H_GRAPH) ? (sim_graph *)h : NULL;
     if (!g || !out)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult e = g_sim.cfg.memcheck ? check_windows(g) : CUDA_SUCCESS;
+    if (e)
+        return e;
     sim_node **order = calloc(g->n + 1, sizeof *order);
     if (!topo_order(g, order)) {
         free(order);

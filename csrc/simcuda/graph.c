@@ -106,9 +106,10 @@ SIM_API CUresult cuGraphAddKernelNode(CUgraphNode *out, CUgraph g, const CUgraph
     CUresult e = kernel_op_from(&op, p);
     if (!e)
         e = add_node(out, g, deps, NULL, n, CU_GRAPH_NODE_TYPE_KERNEL, &node);
-    if (!e)
+    if (!e) {
         node->k = op;
-    else
+        node->params_by_extra = p->extra != NULL;
+    } else
         sim_kernel_op_free(&op);
     sim_unlock();
     return e;

@@ -192,6 +192,7 @@ struct sim_node {
     sim_graph *graph;
     sim_deps deps;
     sim_kernel_op k;
+    bool params_by_extra; /* given as a packed buffer (extra): refused for a cooperative node */
     void *param_ptrs[SIM_MAX_PARAMS]; /* kernelParams as returned by GetParams */
     sim_memcpy_op c;
     sim_memset_op s;

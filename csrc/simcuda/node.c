@@ -43,9 +43,32 @@ CUresult sim_kernel_op_replace(sim_kernel_op *dst, const CUDA_KERNEL_NODE_PARAMS
     return CUDA_SUCCESS;
 }
 
+static bool is_cooperative(const sim_node *n) {
+    for (int i = 0; i < n->num_attrs; i++)
+        if (n->attr_ids[i] == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && n->attr_vals[i].cooperative)
+            return true;
+    return false;
+}
+
+/* As the driver: a cooperative kernel takes its parameters as kernelParams, never through extra
+ * (CU_LAUNCH_PARAM_BUFFER_POINTER). */
+static CUresult refuse_extra(const sim_node *n) {
+    return sim_fail(CUDA_ERROR_INVALID_VALUE,
+                    "%s: a cooperative kernel node takes kernelParams, not extra (a packed "
+                    "parameter buffer)",
+                    n->k.func ? n->k.func->name : "kernel node");
+}
+
 static CUresult kernel_set(CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS *p) {
     sim_node *n = as_kernel_node(h);
-    return n && p ? sim_kernel_op_replace(&n->k, p) : CUDA_ERROR_INVALID_VALUE;
+    if (!n || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p->extra && is_cooperative(n))
+        return refuse_extra(n);
+    CUresult e = sim_kernel_op_replace(&n->k, p);
+    if (!e)
+        n->params_by_extra = p->extra != NULL;
+    return e;
 }
 
 SIM_API CUresult cuGraphKernelNodeSetParams(CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS *p) {
@@ -67,6 +90,8 @@ static CUresult attr_set(CUgraphNode h, CUkernelNodeAttrID id, const CUkernelNod
     sim_node *n = as_kernel_node(h);
     if (!n || !v || id <= CU_LAUNCH_ATTRIBUTE_IGNORE || id > SIM_LAUNCH_ATTRIBUTE_LAST)
         return CUDA_ERROR_INVALID_VALUE;
+    if (id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && v->cooperative && n->params_by_extra)
+        return refuse_extra(n);
     for (int i = 0; i < n->num_attrs; i++)
         if (n->attr_ids[i] == id) {
             n->attr_vals[i] = *v;

@@ -47,3 +47,17 @@ def test_struct_pointer_array_and_global_kernels_in_a_graph(cprog, run):
     assert out["axpy param1"] == "cudaErrorInvalidValue"
     assert "gather param3 offset=20 size=4" in stdout
     assert "global bias=1.5 size=4" in stdout
+
+
+def test_a_cooperative_kernel_node_takes_kernel_params_never_extra(cprog, run):
+    out = lines(run(cprog("node_params")).stdout)
+    assert out["cooperative with extra"] == "cudaErrorInvalidValue"
+    assert out["cooperative with kernelParams"] == "cudaSuccess"
+    assert out["extra on a cooperative node"] == "cudaErrorInvalidValue"
+
+
+def test_memcheck_refuses_an_access_policy_window_outside_every_allocation(cprog, run):
+    out = lines(run(cprog("node_params"), env={"MEDUSA_SIM_MEMCHECK": "1"}).stdout)
+    assert out["window inside"] == "cudaSuccess"
+    assert out["window outside"] == "cudaErrorInvalidValue"
+    assert lines(run(cprog("node_params")).stdout)["window outside"] == "cudaSuccess"
