@@ -166,6 +166,9 @@ def test_config_rope_gives_transformers_frequencies_and_attention_factor(tmp_pat
          "rope_parameters.rope_type is 'longrope'"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
          "needs the original context length"),
+        ({"rope_scaling": {"type": "linear", "factor": "two"}},
+         "rope_scaling.factor is 'two', not a float"),
+        ({"rope_scaling": "yarn"}, "rope_scaling is 'yarn', not an object"),
     ],
 )  # fmt: skip
 def test_config_rope_the_engine_cannot_run_is_refused_by_key(tmp_path, cfg, message):
@@ -232,3 +235,10 @@ def test_gguf_rope_the_engine_cannot_run_is_refused_by_key(tmp_path):
     write_gguf(g, [T.F16], {"rope.dimension_count": 96})
     with pytest.raises(ModelError, match="wide.gguf: tiny: RoPE rotates 96 dims of 64-dim heads"):
         open_model(g)
+
+
+def test_a_gguf_rope_value_of_the_wrong_type_is_refused_by_key(tmp_path):
+    f = tmp_path / "typo.gguf"
+    write_gguf(f, [T.F16], {"rope.scaling.type": "linear", "rope.scaling.factor": "2x"})
+    with pytest.raises(ModelError, match="llama.rope.scaling.factor is '2x', not a float"):
+        open_model(f)

@@ -19,13 +19,14 @@ _GGUF_TYPES = ("none", "linear", "llama3", "yarn")
 
 
 def rope_from_gguf(file: GGUFFile, arch: str, head_dim: int) -> RoPE:
-    def get(key: str, default: Any = None) -> Any:
-        return file.get(f"{arch}.{key}", default)
+    def get(key: str, default: Any = None, conv: Any = None) -> Any:
+        value = file.get(f"{arch}.{key}", default)
+        return value if conv is None else _convert(conv, value, file.path, f"{arch}.{key}")
 
     kind = str(get("rope.scaling.type", "none"))
-    factor = float(get("rope.scaling.factor", 0.0) or 1.0)
+    factor = get("rope.scaling.factor", 0.0, float) or 1.0
     if kind == "none" and get("rope.scale_linear") is not None:  # the key of older files
-        kind, factor = "linear", float(get("rope.scale_linear"))
+        kind, factor = "linear", get("rope.scale_linear", conv=float)
     if kind not in _GGUF_TYPES:
         raise ModelError(
             f"{file.path}: {arch}.rope.scaling.type is {kind!r}; this engine runs {SUPPORTED} "
@@ -38,16 +39,16 @@ def rope_from_gguf(file: GGUFFile, arch: str, head_dim: int) -> RoPE:
             kind = "none"  # llama.cpp's form of llama3 scaling: the divisors are the scaling
     attention_factor = None
     if kind == "yarn":  # as llama.cpp: attn_factor scales YaRN's own magnitude correction
-        attention_factor = float(get("rope.scaling.attn_factor", 1.0)) * _yarn_mscale(factor)
+        attention_factor = get("rope.scaling.attn_factor", 1.0, float) * _yarn_mscale(factor)
     return _rope(
         file.path,
-        theta=float(get("rope.freq_base", 10000.0)),
-        rot_dim=int(get("rope.dimension_count", head_dim)),
+        theta=get("rope.freq_base", 10000.0, float),
+        rot_dim=get("rope.dimension_count", head_dim, int),
         scaling=kind,
         factor=factor,
-        original_max_position=int(get("rope.scaling.original_context_length", 0)),
-        beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0)),
-        beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0)),
+        original_max_position=get("rope.scaling.original_context_length", 0, int),
+        beta_fast=get("rope.scaling.yarn_beta_fast", 32.0, float),
+        beta_slow=get("rope.scaling.yarn_beta_slow", 1.0, float),
         attention_factor=attention_factor,
         freq_divisors=divisors,
     )
@@ -58,6 +59,8 @@ def rope_from_config(cfg: dict[str, Any], head_dim: int, where: Path) -> RoPE:
     type; rope_theta and partial_rotary_factor at the top level or inside."""
     key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
     p: dict[str, Any] = cfg.get(key) or {}
+    if not isinstance(p, dict):
+        raise ModelError(f"{where}: {key} is {p!r:.40}, not an object; the file is damaged")
     field = "rope_type" if "rope_type" in p else "type"
     kind = str(p.get(field, "default"))
     if kind not in _HF_TYPES:
@@ -65,25 +68,41 @@ def rope_from_config(cfg: dict[str, Any], head_dim: int, where: Path) -> RoPE:
             f"{where}: {key}.{field} is {kind!r}; this engine runs {SUPPORTED} RoPE scaling "
             f"(use a model without {kind} scaling)"
         )
-    factor = float(p.get("factor", 1.0))
+
+    def get(name: str, default: Any, conv: Any = float, top: bool = False) -> Any:
+        value = p.get(name, cfg.get(name, default) if top else default)
+        return _convert(conv, value, where, f"{key}.{name}")
+
+    factor = get("factor", 1.0)
     original = p.get("original_max_position_embeddings")
     if original is None and kind == "yarn":  # as transformers: yarn falls back to the config's
         original = cfg.get("max_position_embeddings")
-    partial = float(p.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    partial = get("partial_rotary_factor", 1.0, top=True)
     return _rope(
         where,
-        theta=float(p.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        theta=get("rope_theta", 10000.0, top=True),
         rot_dim=int(head_dim * partial),
         scaling=_HF_TYPES[kind],
         factor=factor,
-        original_max_position=int(original or 0),
-        low_freq_factor=float(p.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(p.get("high_freq_factor", 4.0)),
-        beta_fast=float(p.get("beta_fast") or 32.0),
-        beta_slow=float(p.get("beta_slow") or 1.0),
+        original_max_position=_convert(int, original or 0, where, f"{key}.original_max_position"),
+        low_freq_factor=get("low_freq_factor", 1.0),
+        high_freq_factor=get("high_freq_factor", 4.0),
+        beta_fast=get("beta_fast", None) if p.get("beta_fast") else 32.0,
+        beta_slow=get("beta_slow", None) if p.get("beta_slow") else 1.0,
         truncate=bool(p.get("truncate", True)),
         attention_factor=_hf_attention_factor(p, factor) if kind == "yarn" else None,
     )
+
+
+def _convert(conv: Any, value: Any, where: Path, key: str) -> Any:
+    """value as conv (int or float); ModelError naming the key when the file holds another type."""
+    try:
+        return conv(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ModelError(
+            f"{where}: {key} is {value!r:.40}, not a {conv.__name__}; the file is damaged "
+            "(fix the value or convert the model again)"
+        ) from None
 
 
 def _hf_attention_factor(p: dict[str, Any], factor: float) -> float:
