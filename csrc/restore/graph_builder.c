@@ -77,45 +77,81 @@ EXPORT int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32
     return 0;
 }
 
+/* Why a kernel node's parameters cannot be passed as kernelParams, or NULL: every parameter of
+ * its kernel's recorded layout must lie in the node's parameter bytes. */
+static const char *check_layout(const mr_kernels *k, const mr_node *n) {
+    const mr_func *f = &k->funcs[n->func];
+    if ((uint64_t)f->layout_off + f->layout_len > k->num_params ||
+        f->layout_len > MR_MAX_PARAM_BYTES)
+        return "its kernel's parameter layout lies outside the layout table";
+    if (!f->layout_len && n->param_len)
+        return "its kernel's parameter layout was not recorded (cuFuncGetParamInfo), so its "
+               "parameters cannot be passed as kernelParams";
+    for (uint32_t j = 0; j < f->layout_len; j++) {
+        const mr_param *p = &k->params[f->layout_off + j];
+        if ((uint64_t)p->offset + p->size > n->param_len)
+            return "a parameter of its kernel's layout lies outside its parameter bytes";
+    }
+    return NULL;
+}
+
 /* Why a node cannot be built from the tables it indexes (64-bit sums: no wrap-around), or NULL. */
-static const char *check_node(const mr_graph *g, const mr_node *n, uint32_t num_funcs) {
+static const char *check_node(const mr_graph *g, const mr_node *n, const mr_kernels *k) {
     if ((uint64_t)n->reloc_off + n->reloc_len > g->num_relocs)
         return "its relocations lie outside the relocation table";
     switch (n->type) {
     case CU_GRAPH_NODE_TYPE_KERNEL:
-        if (n->func >= num_funcs)
+        if (n->func >= k->num_funcs)
             return "its kernel is not in the kernel table";
         if (n->param_len > MR_MAX_PARAM_BYTES ||
             (uint64_t)n->param_off + n->param_len > g->params_len)
             return "its parameters lie outside the parameter bytes";
-        return NULL;
+        return check_layout(k, n);
     case CU_GRAPH_NODE_TYPE_MEMCPY:
+        if (n->height > 1 || n->depth > 1)
+            return "it is a 2-D or 3-D copy, and the recording keeps no pitches: restore "
+                   "rebuilds 1-D copies only (copy row by row, or leave it out of the graph)";
+        return NULL;
     case CU_GRAPH_NODE_TYPE_MEMSET:
     case CU_GRAPH_NODE_TYPE_EMPTY: return NULL;
     default: return "its type is not one restore builds";
     }
 }
 
-static CUresult add_node(const mr_graph *g, uint32_t i, CUgraph graph, const CUfunction *funcs,
+/* Scratch for one node: its relocated parameter bytes and kernelParams pointing into them. */
+typedef struct {
+    uint8_t *bytes;
+    void **ptrs;
+} mr_scratch;
+
+static CUresult add_kernel(const mr_node *n, CUgraph graph, const mr_kernels *k, mr_scratch *s,
+                           CUgraphNode *out) {
+    const mr_func *f = &k->funcs[n->func];
+    for (uint32_t j = 0; j < f->layout_len; j++)
+        s->ptrs[j] = s->bytes + k->params[f->layout_off + j].offset;
+    /* NOTE: kernelParams, never extra: CU_LAUNCH_PARAM_BUFFER_POINTER is invalid for
+     * cooperative kernels, and the attributes that make one are set after the node exists. */
+    CUDA_KERNEL_NODE_PARAMS p = {.func = (CUfunction)(uintptr_t)f->func,
+                                 .gridDimX = n->grid[0], .gridDimY = n->grid[1],
+                                 .gridDimZ = n->grid[2], .blockDimX = n->block[0],
+                                 .blockDimY = n->block[1], .blockDimZ = n->block[2],
+                                 .sharedMemBytes = n->shared,
+                                 .kernelParams = f->layout_len ? s->ptrs : NULL};
+    return D.kernel(out, graph, NULL, 0, &p);
+}
+
+static CUresult add_node(const mr_graph *g, uint32_t i, CUgraph graph, const mr_kernels *k,
                          const uint64_t *const bases[MR_KINDS], const uint64_t nb[MR_KINDS],
-                         CUcontext ctx, CUgraphNode *out, uint8_t *scratch, const char **why) {
+                         CUcontext ctx, CUgraphNode *out, mr_scratch *scratch, const char **why) {
     const mr_node *n = &g->nodes[i];
     const mr_reloc *rel = g->relocs + n->reloc_off;
     *why = " (a relocation has no target or lies outside the node)";
     if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
-        memcpy(scratch, g->params + n->param_off, n->param_len);
-        if (mr_relocate(scratch, n->param_len, rel, n->reloc_len, bases, nb))
+        memcpy(scratch->bytes, g->params + n->param_off, n->param_len);
+        if (mr_relocate(scratch->bytes, n->param_len, rel, n->reloc_len, bases, nb))
             return CUDA_ERROR_INVALID_VALUE;
         *why = "";
-        size_t len = n->param_len;
-        void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, scratch, CU_LAUNCH_PARAM_BUFFER_SIZE, &len,
-                         CU_LAUNCH_PARAM_END};
-        CUDA_KERNEL_NODE_PARAMS p = {.func = funcs[n->func],
-                                     .gridDimX = n->grid[0], .gridDimY = n->grid[1],
-                                     .gridDimZ = n->grid[2], .blockDimX = n->block[0],
-                                     .blockDimY = n->block[1], .blockDimZ = n->block[2],
-                                     .sharedMemBytes = n->shared, .extra = extra};
-        return D.kernel(out, graph, NULL, 0, &p);
+        return add_kernel(n, graph, k, scratch, out);
     }
     uint64_t words[2] = {0, 0};
     uint32_t last = n->type == CU_GRAPH_NODE_TYPE_MEMCPY ? 8 : 0; /* memcpy: dst, src; memset: dst */
@@ -146,44 +182,46 @@ static CUresult add_node(const mr_graph *g, uint32_t i, CUgraph graph, const CUf
         else
             c.dstDevice = words[0];
         c.WidthInBytes = n->width;
-        c.Height = n->height ? n->height : 1;
+        c.Height = 1;
         c.Depth = 1;
         return D.memcpy_(out, graph, NULL, 0, &c, ctx);
     }
     return D.empty(out, graph, NULL, 0);
 }
 
-EXPORT int mr_build_graph(const mr_graph *g, const CUfunction *funcs, uint32_t num_funcs,
-                          const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
-                          CUstream stream, CUgraph *graph_out, CUgraphExec *exec_out, char *err,
-                          size_t errlen) {
-    pthread_once(&once, load);
-    if (!D.ok) {
-        snprintf(err, errlen, "the CUDA driver's graph API was not found");
-        return CUDA_ERROR_NOT_FOUND;
-    }
+/* Sets one kernel node attribute, its pointer words relocated (an access-policy window). */
+static CUresult set_attr(const mr_graph *g, const mr_attr *a, CUgraphNode *nodes,
+                         const uint64_t *const bases[MR_KINDS], const uint64_t nb[MR_KINDS]) {
+    uint8_t value[64];
+    memcpy(value, a->value, sizeof value);
+    if (a->node >= g->num_nodes || g->nodes[a->node].type != CU_GRAPH_NODE_TYPE_KERNEL ||
+        (uint64_t)a->reloc_off + a->reloc_len > g->num_relocs ||
+        mr_relocate(value, sizeof value, g->relocs + a->reloc_off, a->reloc_len, bases, nb))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUkernelNodeAttrValue v;
+    memset(&v, 0, sizeof v);
+    memcpy(&v, value, sizeof v < sizeof value ? sizeof v : sizeof value);
+    return D.attr(nodes[a->node], (CUkernelNodeAttrID)a->attr, &v);
+}
+
+/* The largest parameter layout of the kernel table, for the kernelParams scratch. */
+static uint32_t max_layout(const mr_kernels *k) {
+    uint32_t m = 1;
+    for (uint32_t i = 0; i < k->num_funcs; i++)
+        if (k->funcs[i].layout_len > m && k->funcs[i].layout_len <= MR_MAX_PARAM_BYTES)
+            m = k->funcs[i].layout_len;
+    return m;
+}
+
+static CUresult add_all(const mr_graph *g, const mr_kernels *k, CUgraph graph, CUgraphNode *nodes,
+                        mr_scratch *scratch, const uint64_t *const bases[MR_KINDS],
+                        const uint64_t nb[MR_KINDS], char *err, size_t errlen) {
     CUcontext ctx = NULL;
     D.ctx(&ctx);
-    CUgraph graph;
-    CUresult e = D.create(&graph, 0);
-    if (e)
-        return e;
-    for (uint32_t i = 0; !e && i < g->num_nodes; i++) {
-        const char *why = check_node(g, &g->nodes[i], num_funcs);
-        if (why) {
-            e = CUDA_ERROR_INVALID_VALUE;
-            snprintf(err, errlen, "node %u (type %u): %s", i, g->nodes[i].type, why);
-        }
-    }
-    CUgraphNode *nodes = calloc(g->num_nodes ? g->num_nodes : 1, sizeof *nodes);
-    uint8_t *scratch = malloc(MR_MAX_PARAM_BYTES + 8);
-    if (!e && (!nodes || !scratch)) {
-        e = CUDA_ERROR_OUT_OF_MEMORY;
-        snprintf(err, errlen, "out of host memory for %u nodes", g->num_nodes);
-    }
+    CUresult e = CUDA_SUCCESS;
     for (uint32_t i = 0; !e && i < g->num_nodes; i++) {
         const char *why = "";
-        if ((e = add_node(g, i, graph, funcs, bases, num_bases, ctx, &nodes[i], scratch, &why)))
+        if ((e = add_node(g, i, graph, k, bases, nb, ctx, &nodes[i], scratch, &why)))
             snprintf(err, errlen, "node %u (type %u): CUDA error %d%s", i, g->nodes[i].type, (int)e,
                      e == CUDA_ERROR_INVALID_VALUE ? why : "");
     }
@@ -197,26 +235,49 @@ EXPORT int mr_build_graph(const mr_graph *g, const CUfunction *funcs, uint32_t n
         if (e)
             snprintf(err, errlen, "edge %u (%u -> %u): CUDA error %d", i, x->from, x->to, (int)e);
     }
-    for (uint32_t i = 0; !e && i < g->num_attrs; i++) {
-        CUkernelNodeAttrValue v;
-        memset(&v, 0, sizeof v);
-        memcpy(&v, g->attrs[i].value, sizeof v < 64 ? sizeof v : 64);
-        if (g->attrs[i].node >= g->num_nodes ||
-            g->nodes[g->attrs[i].node].type != CU_GRAPH_NODE_TYPE_KERNEL)
-            e = CUDA_ERROR_INVALID_VALUE;
-        else
-            e = D.attr(nodes[g->attrs[i].node], (CUkernelNodeAttrID)g->attrs[i].attr, &v);
-        if (e)
+    for (uint32_t i = 0; !e && i < g->num_attrs; i++)
+        if ((e = set_attr(g, &g->attrs[i], nodes, bases, nb)))
             snprintf(err, errlen, "attribute %u of node %u: CUDA error %d", g->attrs[i].attr,
                      g->attrs[i].node, (int)e);
+    return e;
+}
+
+EXPORT int mr_build_graph(const mr_graph *g, const mr_kernels *k,
+                          const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
+                          CUstream stream, CUgraph *graph_out, CUgraphExec *exec_out, char *err,
+                          size_t errlen) {
+    pthread_once(&once, load);
+    if (!D.ok) {
+        snprintf(err, errlen, "the CUDA driver's graph API was not found");
+        return CUDA_ERROR_NOT_FOUND;
     }
+    CUgraph graph;
+    CUresult e = D.create(&graph, 0);
+    if (e)
+        return e;
+    for (uint32_t i = 0; !e && i < g->num_nodes; i++) {
+        const char *why = check_node(g, &g->nodes[i], k);
+        if (why) {
+            e = CUDA_ERROR_INVALID_VALUE;
+            snprintf(err, errlen, "node %u (type %u): %s", i, g->nodes[i].type, why);
+        }
+    }
+    CUgraphNode *nodes = calloc(g->num_nodes ? g->num_nodes : 1, sizeof *nodes);
+    mr_scratch scratch = {malloc(MR_MAX_PARAM_BYTES + 8), calloc(max_layout(k), sizeof(void *))};
+    if (!e && (!nodes || !scratch.bytes || !scratch.ptrs)) {
+        e = CUDA_ERROR_OUT_OF_MEMORY;
+        snprintf(err, errlen, "out of host memory for %u nodes", g->num_nodes);
+    }
+    if (!e)
+        e = add_all(g, k, graph, nodes, &scratch, bases, num_bases, err, errlen);
     CUgraphExec exec = NULL;
     if (!e && (e = D.instantiate(&exec, graph, 0)))
         snprintf(err, errlen, "instantiate: CUDA error %d", (int)e);
     if (!e && (e = D.upload(exec, stream)))
         snprintf(err, errlen, "upload: CUDA error %d", (int)e);
     free(nodes);
-    free(scratch);
+    free(scratch.bytes);
+    free(scratch.ptrs);
     if (e) {
         D.destroy(graph);
         return e;

@@ -24,7 +24,7 @@ from medusa.artifact.payload import MAX_RAW_SIZE, decode_plan, encode_plan
 from medusa.artifact.schema import HEX64, check_manifest
 from medusa.artifact.seal import Seal, key_id
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: kernel node attributes carry relocations (restore ABI 3)
 PLAN = "plan.msgpack.zst"
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SEAL_BYTES = 4096

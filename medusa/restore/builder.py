@@ -13,7 +13,7 @@ from medusa.cuda import paths
 from medusa.restore.layout import RELOC
 
 KINDS = 4
-ABI_VERSION = 2  # MR_ABI_VERSION in csrc/restore/restore.h
+ABI_VERSION = 3  # MR_ABI_VERSION in csrc/restore/restore.h
 
 
 class _Graph(ctypes.Structure):
@@ -28,6 +28,15 @@ class _Graph(ctypes.Structure):
         ("num_edges", c_uint),
         ("attrs", c_void_p),
         ("num_attrs", c_uint),
+    ]
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [
+        ("funcs", c_void_p),
+        ("num_funcs", c_uint),
+        ("num_params", c_uint),
+        ("params", c_void_p),
     ]
 
 
@@ -47,8 +56,7 @@ class GraphBuilder:
         self.lib.mr_build_graph.restype = c_int
         self.lib.mr_build_graph.argtypes = [
             POINTER(_Graph),
-            c_void_p,
-            c_uint,
+            POINTER(_Kernels),
             c_void_p,
             c_void_p,
             c_void_p,
@@ -74,10 +82,18 @@ class GraphBuilder:
         edges: np.ndarray,
         attrs: np.ndarray,
         funcs: np.ndarray,
+        layout: np.ndarray,
         stream: int,
     ) -> tuple[int, str, int]:
-        """(CUresult, message, graph exec) for one graph; arrays in the layout's dtypes."""
+        """(CUresult, message, graph exec) for one graph; arrays in the layout's dtypes (funcs
+        and layout from layout.pack_funcs)."""
         ptrs, sizes = self._tables()
+        kernels = _Kernels(
+            funcs.ctypes.data if len(funcs) else None,
+            len(funcs),
+            len(layout),
+            layout.ctypes.data if len(layout) else None,
+        )
         spec = _Graph(
             nodes.ctypes.data,
             len(nodes),
@@ -94,8 +110,7 @@ class GraphBuilder:
         err = ctypes.create_string_buffer(512)
         code = self.lib.mr_build_graph(
             ctypes.byref(spec),
-            funcs.ctypes.data if len(funcs) else None,
-            len(funcs),
+            ctypes.byref(kernels),
             ptrs,
             sizes,
             c_void_p(stream),

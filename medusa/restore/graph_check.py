@@ -105,7 +105,7 @@ def check_graphs(plan: dict[str, Any], tables: PlanTables) -> None:
             return f"template {own_t[r]}, node {node_no[r]}"
         return f"graph {og[r - n_t]}, node {node_no[r]}"
 
-    _check_rows(rows, p_len, r_len, tables.num_funcs, name)
+    _check_rows(rows, p_len, r_len, tables.layout_end, name)
     owner = np.concatenate([own_t[:n_t], len(templates) + og])
     used = np.bincount(owner, rows["reloc_len"].astype(np.float64), len(templates) + len(graphs))
     _raise_first(
@@ -117,10 +117,12 @@ def check_graphs(plan: dict[str, Any], tables: PlanTables) -> None:
     _check_relocs(rows, all_rel, (r_split, r_tbase, r_gbase), tables, name)
     _check_edges(edges, te, tn)
     _check_attrs(attrs, ga, tn[gt], tn_rows["type"], t_start[gt])
+    t_base = np.concatenate([[0], np.cumsum(tr)[:-1]]).astype(np.int64)
+    _check_attr_relocs(attrs, ga, (tr[gt], t_base[gt], g_base, gr), all_rel, tables)
 
 
 def _check_rows(
-    rows: np.ndarray, p_len: np.ndarray, r_len: np.ndarray, num_funcs: int, name: Callable
+    rows: np.ndarray, p_len: np.ndarray, r_len: np.ndarray, layout_end: np.ndarray, name: Callable
 ) -> None:
     t = rows["type"]
     known = _one_of(t, (KERNEL, MEMCPY, MEMSET, EMPTY))
@@ -128,10 +130,19 @@ def _check_rows(
     r_end = rows["reloc_off"].astype(np.int64) + rows["reloc_len"]
     _raise_first(r_end > r_len, name, "reloc_off/reloc_len lie outside the relocations")
     k = t == KERNEL
-    _raise_first(k & (rows["func"] >= num_funcs), name, "func is not in the kernel table")
+    _raise_first(k & (rows["func"] >= len(layout_end)), name, "func is not in the kernel table")
     p_end = rows["param_off"].astype(np.int64) + rows["param_len"]
     _raise_first(k & (rows["param_len"] > MAX_PARAM_BYTES), name, "param_len is too large")
     _raise_first(k & (p_end > p_len), name, "param_off/param_len lie outside the parameters")
+    end = np.append(layout_end, -1)[np.minimum(rows["func"], len(layout_end))]
+    p_n = rows["param_len"].astype(np.int64)
+    _raise_first(
+        k & (end < 0) & (p_n > 0),
+        name,
+        "its kernel's parameter layout was not recorded (cuFuncGetParamInfo), so its parameters "
+        "cannot be passed as kernelParams",
+    )
+    _raise_first(k & (end > p_n), name, "its kernel's parameter layout runs past param_len")
     want = np.select([t == MEMCPY, t == MEMSET, t == EMPTY], [2, 1, 0], -1)
     _raise_first(~k & (rows["reloc_len"] != want), name, "a copy or fill without its addresses")
     e = rows["elem"]
@@ -167,6 +178,33 @@ def _check_relocs(
     fits = width <= room_u // np.maximum(elem, 1)
     fits &= rows_n <= room_u // np.maximum(width * elem * fits, 1)
     _raise_first(~k & ~fits, lambda i: name(row[i]), "a copy or fill runs past its allocation")
+
+
+def _check_attr_relocs(
+    attrs: np.ndarray, ga: np.ndarray, split: tuple, all_rel: np.ndarray, tables: PlanTables
+) -> None:
+    """An attribute's relocations (an access-policy window's base_ptr): within its graph's
+    relocations (template's, then its own), on a word of the 64-byte value, pointing into what
+    they name."""
+    t_len, t_base, g_base, g_len = split
+    own = np.repeat(np.arange(len(ga)), ga)
+
+    def name(i: int) -> str:
+        return f"graph {own[i]}, attribute of node {attrs['node'][i]}"
+
+    end = attrs["reloc_off"].astype(np.int64) + attrs["reloc_len"]
+    _raise_first(end > (t_len + g_len)[own], name, "its relocations lie outside the graph's")
+    n = attrs["reloc_len"].astype(np.int64)
+    row = np.repeat(np.arange(len(attrs)), n)
+    local = np.arange(len(row)) - (np.cumsum(n) - n)[row] + attrs["reloc_off"][row]
+    g = own[row]
+    at = np.where(local < t_len[g], t_base[g] + local, g_base[g] + local - t_len[g])
+    rel = all_rel[at]
+    off = rel["offset"].astype(np.int64)
+    _raise_first((off % 8 != 0) | (off + 8 > 64), lambda i: name(row[i]), "a relocated word "
+                 "lies outside the attribute value")  # fmt: skip
+    room = tables.targets.room(rel["kind"], rel["target"], rel["addend"])
+    _raise_first(room < 0, lambda i: name(row[i]), "a relocation points outside its allocation")
 
 
 def _check_edges(edges: np.ndarray, te: np.ndarray, tn: np.ndarray) -> None:

@@ -6,14 +6,18 @@ import numpy as np
 
 NODE = np.dtype([("type", "<u4"), ("func", "<u4"), ("grid", "<u4", 3), ("block", "<u4", 3),
                  ("shared", "<u4"), ("param_off", "<u4"), ("param_len", "<u4"),
-                 ("reloc_off", "<u4"), ("reloc_len", "<u4"), ("pad", "<u4"), ("width", "<u8"),
+                 ("reloc_off", "<u4"), ("reloc_len", "<u4"), ("depth", "<u4"), ("width", "<u8"),
                  ("height", "<u8"), ("value", "<u8"), ("elem", "<u8")])  # fmt: skip
 RELOC = np.dtype([("offset", "<u4"), ("kind", "<u4"), ("target", "<u8"), ("addend", "<i8")])
 EDGE = np.dtype([("from", "<u4"), ("to", "<u4"), ("from_port", "u1"), ("to_port", "u1"),
                  ("type", "u1"), ("pad", "u1", 5)])  # fmt: skip
-ATTR = np.dtype([("node", "<u4"), ("attr", "<u4"), ("value", "u1", 64)])
+ATTR = np.dtype([("node", "<u4"), ("attr", "<u4"), ("value", "u1", 64), ("reloc_off", "<u4"),
+                 ("reloc_len", "<u4")])  # fmt: skip
+FUNC = np.dtype([("func", "<u8"), ("layout_off", "<u4"), ("layout_len", "<u4")])
+PARAM = np.dtype([("offset", "<u4"), ("size", "<u4")])
 
-assert (NODE.itemsize, RELOC.itemsize, EDGE.itemsize, ATTR.itemsize) == (88, 24, 16, 72)
+assert (NODE.itemsize, RELOC.itemsize, EDGE.itemsize, ATTR.itemsize) == (88, 24, 16, 80)
+assert (FUNC.itemsize, PARAM.itemsize) == (16, 8)
 
 
 def pack_nodes(nodes: list[dict], param_base: int = 0, reloc_base: int = 0):  # type: ignore[no-untyped-def]
@@ -33,9 +37,10 @@ def pack_nodes(nodes: list[dict], param_base: int = 0, reloc_base: int = 0):  # 
         rel = n.get("relocs", [])
         r["reloc_off"], r["reloc_len"] = reloc_base + len(relocs), len(rel)
         relocs += [tuple(x) for x in rel]
-        r["width"], r["height"], r["value"] = (
+        r["width"], r["height"], r["depth"], r["value"] = (
             n.get("width", 0),
             n.get("height", 0),
+            n.get("depth", 0),
             n.get("value", 0),
         )
         mt = n.get("memtypes", (0, 0))
@@ -51,10 +56,31 @@ def pack_edges(edges: list) -> np.ndarray:  # type: ignore[type-arg]
     return out
 
 
-def pack_attrs(attrs: list) -> np.ndarray:  # type: ignore[type-arg]
+def pack_attrs(attrs: list, reloc_base: int = 0) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[type-arg]
+    """(attribute rows, their relocations) for [node, attr, value, relocs] entries; relocs are
+    the value's pointer words (an access-policy window's base_ptr), numbered from reloc_base."""
     out = np.zeros(len(attrs), ATTR)
-    for i, (node, attr, value) in enumerate(attrs):
+    relocs: list[tuple[int, ...]] = []
+    for i, (node, attr, value, *rest) in enumerate(attrs):
         out[i]["node"], out[i]["attr"] = node, attr
         v = np.frombuffer(bytes(value)[:64].ljust(64, b"\0"), np.uint8)
         out[i]["value"] = v
-    return out
+        rel = rest[0] if rest else []
+        out[i]["reloc_off"], out[i]["reloc_len"] = reloc_base + len(relocs), len(rel)
+        relocs += [tuple(x) for x in rel]
+    return out, np.array(relocs, RELOC)
+
+
+def pack_funcs(handles: np.ndarray, funcs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel rows, parameter layout rows) for the C builder: each resolved handle with where
+    its recorded (offset, size) parameters lie in the layout table."""
+    rows = np.zeros(len(funcs), FUNC)
+    rows["func"] = handles
+    sizes = np.array([len(f["layout"]) for f in funcs], np.int64)
+    rows["layout_len"] = sizes
+    rows["layout_off"] = np.cumsum(sizes) - sizes
+    layout = np.zeros(int(sizes.sum()), PARAM)
+    flat = [tuple(p) for f in funcs for p in f["layout"]]
+    if flat:
+        layout[:] = flat
+    return rows, layout

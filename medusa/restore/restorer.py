@@ -19,7 +19,7 @@ from medusa.artifact import Artifact
 from medusa.cuda.backend import Backend
 from medusa.materialize.analysis import DEVICE, GLOBAL, HOST, VMM, RunView
 from medusa.restore.builder import KINDS, GraphBuilder
-from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
+from medusa.restore.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.restore.validate import validate_plan
 from medusa.trace import Ev, read_trace
 from medusa.trace import control as trace
@@ -88,11 +88,12 @@ class Restorer:
         own = self._own_run()
         plan_allocs = self.plan["allocs"]
         skipped = set(self.plan["skipped_phases"])
+        entered = self._entered(own)
         mine = {(a.phase, a.ordinal): a for a in own.allocs}
         base = np.zeros(len(plan_allocs), np.uint64)
         self.bases[DEVICE] = self.bases[HOST] = base
         for i, (phase, ordinal, kind, size, _freed) in enumerate(plan_allocs):
-            if phase in skipped:
+            if phase in skipped or phase not in entered:
                 continue
             a = mine.get((phase, ordinal))
             if a is None:
@@ -107,7 +108,7 @@ class Restorer:
                 )
             base[i] = a.addr
         ran = {a.phase for a in own.allocs}
-        for phase in ran - skipped:
+        for phase in (ran & entered) - skipped:
             n_plan = sum(1 for x in plan_allocs if x[0] == phase)
             n_own = sum(1 for a in own.allocs if a.phase == phase)
             if phase in {x[0] for x in plan_allocs} and n_own != n_plan:
@@ -122,6 +123,14 @@ class Restorer:
             else:
                 self._free(kind, int(base[i]))
                 base[i] = 0
+
+    @staticmethod
+    def _entered(own: RunView) -> set[str]:
+        """The phases this start-up has begun. A recorded phase it has not is still to come (under
+        vLLM the restore runs inside capture_model, before the phases after it): its allocations
+        cannot be checked yet, and no graph points into them (a graph holds only what was
+        allocated before its capture)."""
+        return {"start"} | {m.phase for m in own.trace.of(R.Mark, Ev.MARK)}
 
     def address(self, phase: str, ordinal: int) -> int:
         """Where the recorded allocation (phase, ordinal) lives in this process."""
@@ -285,6 +294,7 @@ class Restorer:
     def build_graphs(self, funcs: np.ndarray, stream: int) -> list[int]:
         execs = []
         templates = self.plan["templates"]
+        kernels, layout = pack_funcs(funcs, self.plan["funcs"])
         for gi, g in enumerate(self.plan["graphs"]):
             t = templates[g["template"]]
             nodes = np.frombuffer(t["nodes"], NODE).copy()
@@ -295,7 +305,7 @@ class Restorer:
             edges = np.frombuffer(t["edges"], EDGE)
             attrs = np.frombuffer(g["attrs"], ATTR)
             code, err, exec_ = self.builder.build(
-                nodes, params, relocs, edges, attrs, funcs, stream
+                nodes, params, relocs, edges, attrs, kernels, layout, stream
             )
             if code:
                 raise RestoreError(f"graph {gi}: {err} ({self.b.error_name(code)})")

@@ -18,7 +18,7 @@ import numpy as np
 
 from medusa.artifact.errors import ArtifactError
 from medusa.materialize.analysis import DEVICE, HOST
-from medusa.restore.graph_check import check_graphs
+from medusa.restore.graph_check import MAX_PARAM_BYTES, check_graphs
 
 U63 = 1 << 63
 MAX_TABLE = 1 << 24  # entries in any one table of a plan
@@ -132,6 +132,7 @@ class PlanTables:
 
     targets: Targets
     num_funcs: int
+    layout_end: np.ndarray  # per kernel: where its last recorded parameter ends; -1: none recorded
     live_replayed: np.ndarray  # per allocation: the restorer allocates it and it stays allocated
     alloc_size: np.ndarray
 
@@ -159,7 +160,8 @@ def check_tables(plan: Any) -> PlanTables:
         a, v = _columns(f["attrs"], f"funcs[{i}].attrs", 2)
         ints(a, f"funcs[{i}].attrs id", hi=64)
         ints(v, f"funcs[{i}].attrs value", -(1 << 31), 1 << 31)
-        _columns(f["layout"], f"funcs[{i}].layout", 2)
+    layout_end = np.array([_layout_end(f["layout"], f"funcs[{i}].layout") for i, f in
+                           enumerate(funcs)], np.int64)  # fmt: skip
     globs = _entries(plan["globals"], "globals", GLOBAL_ENTRY)
     vmm = _entries(plan["vmm"], "vmm", VMM_ENTRY)
     _strs([g["sha256"] for g in globs] + [g["name"] for g in globs], "globals")
@@ -167,9 +169,21 @@ def check_tables(plan: Any) -> PlanTables:
     ints([v["ordinal"] for v in vmm], "vmm ordinal")
     targets = Targets.of(kinds, sizes, _sized_table(globs, "globals"), _sized_table(vmm, "vmm"))
     live = _check_replay(plan["replay"], skipped)
-    tables = PlanTables(targets, len(funcs), live, sizes)
+    tables = PlanTables(targets, len(funcs), layout_end, live, sizes)
     _check_contents(plan["contents"], tables)
     return tables
+
+
+def _layout_end(layout: Any, where: str) -> int:
+    """Where a kernel's last parameter ends (-1 for none): (offset, size) pairs within CUDA's
+    limit on a kernel's parameter bytes, which the C builder turns into kernelParams."""
+    offset, size = _columns(layout, where, 2)
+    ends = ints(offset, f"{where} offsets", hi=MAX_PARAM_BYTES) + ints(
+        size, f"{where} sizes", 1, MAX_PARAM_BYTES + 1
+    )
+    if len(ends) and ends.max() > MAX_PARAM_BYTES:
+        raise ArtifactError(f"{where}: a parameter ends past {MAX_PARAM_BYTES} bytes")
+    return int(ends.max()) if len(ends) else -1
 
 
 def _check_replay(replay: Any, skipped: np.ndarray) -> np.ndarray:

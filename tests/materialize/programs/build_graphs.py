@@ -20,7 +20,7 @@ import numpy as np
 from medusa.artifact import ArtifactError
 from medusa.cuda import load_backend
 from medusa.restore.builder import GraphBuilder
-from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
+from medusa.restore.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.restore.validate import validate_plan
 
 b = load_backend("sim")
@@ -49,7 +49,8 @@ def _bases(plan: dict) -> list[np.ndarray]:
 def build(plan: dict) -> dict:
     bases = _bases(plan)
     builder = GraphBuilder(bases)
-    funcs = np.array([FUNCS.get(f["name"], 0) for f in plan["funcs"]], np.uint64)
+    handles = np.array([FUNCS.get(f["name"], 0) for f in plan["funcs"]], np.uint64)
+    funcs, layout = pack_funcs(handles, plan["funcs"])
     out: dict = {"contents": [], "graphs": []}
     for c in plan["contents"].values():
         data = bytearray(c["data"])
@@ -63,7 +64,7 @@ def build(plan: dict) -> dict:
         params = np.frombuffer(t["params"] + g["params"] + b"\0", np.uint8)
         relocs = np.frombuffer(t["relocs"] + g["relocs"], RELOC)
         edges, attrs = np.frombuffer(t["edges"], EDGE), np.frombuffer(g["attrs"], ATTR)
-        code, err, _ = builder.build(nodes, params, relocs, edges, attrs, funcs, 0)
+        code, err, _ = builder.build(nodes, params, relocs, edges, attrs, funcs, layout, 0)
         out["graphs"].append([code, err])
     for a in bases[0]:
         b.free(int(a))

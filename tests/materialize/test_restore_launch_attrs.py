@@ -1,0 +1,112 @@
+"""Restore of what a real GPU graph may hold beyond plain kernels: a cooperative kernel (its
+parameters must go as kernelParams, never a packed buffer), an access-policy window whose base is
+a pointer, a 2-D copy the recording cannot rebuild, and a start-up that goes on after the graph
+stage (phases that have not run yet when the restore does)."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from medusa.artifact import load_artifact, save_artifact
+from medusa.restore.layout import ATTR, NODE, RELOC
+from medusa.trace import NodeType, recorder_env
+from tests.materialize.conftest import clean_env, materialize_general
+
+PROGRAMS = Path(__file__).parent / "programs"
+ATTRS = PROGRAMS / "launch_attrs.py"
+GENERAL = PROGRAMS / "general.py"
+
+
+def _run(program: Path, tmp: Path, *args: str, restore: bool) -> subprocess.CompletedProcess[str]:
+    env = clean_env()
+    if restore:
+        env = recorder_env(tmp / "r-%p.mtr", mode="restore", base=env)
+        env["MEDUSA_SIM_MEMCHECK"] = "1"
+    return subprocess.run(
+        [sys.executable, str(program), *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def attrs_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("attrs") / "art"
+    materialize_general(ATTRS, out)
+    return out
+
+
+def test_a_cooperative_kernel_with_a_window_is_restored_before_later_phases_run(
+    attrs_artifact, tmp_path
+):
+    """The restore runs in its own phase, before "serve" has allocated anything: only the phases
+    before the graph stage are checked."""
+    assert [a[0] for a in load_artifact(attrs_artifact).plan["allocs"]].count("serve") == 3
+    plain = _run(ATTRS, tmp_path, "record", restore=False)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split() == ["x", f"{2 * sum(range(256)):.2f}", "later", "3"]
+    res = _run(ATTRS, tmp_path, "restore", str(attrs_artifact), restore=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout == plain.stdout
+
+
+def test_the_window_base_is_relocated_to_the_allocation_it_lies_in(attrs_artifact):
+    plan = load_artifact(attrs_artifact).plan
+    (graph,) = plan["graphs"]
+    relocs = np.frombuffer(plan["templates"][0]["relocs"] + graph["relocs"], RELOC)
+    attrs = np.frombuffer(graph["attrs"], ATTR)
+    (window,) = attrs[attrs["attr"] == 1]
+    assert window["reloc_len"] == 1
+    r = relocs[window["reloc_off"]]
+    hot = next(i for i, a in enumerate(plan["allocs"]) if a[:2] == ["setup", 1])
+    assert (r["offset"], r["kind"], r["target"], r["addend"]) == (0, 0, hot, 0)
+
+
+def _resave(src: Path, dst: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    shutil.copytree(src, dst)
+    a = load_artifact(dst)
+    plan = copy.deepcopy(a.plan)
+    edit(plan)
+    images = {p.stem: p.read_bytes() for p in (dst / "images").iterdir()}
+    keep = {
+        k: v
+        for k, v in a.manifest.items()
+        if k not in ("files", "schema", "medusa_version", "created_unix")
+    }
+    save_artifact(dst, keep, plan, images)
+
+
+@pytest.mark.parametrize("shape", [{"height": 2}, {"depth": 2}])
+def test_a_2d_or_3d_copy_is_refused_naming_its_graph_and_node(tmp_path, shape):
+    src = tmp_path / "general"
+    materialize_general(GENERAL, src)
+
+    node: dict[str, int] = {}
+
+    def two_d(plan: dict) -> None:
+        t = plan["templates"][0]
+        rows = np.frombuffer(t["nodes"], NODE).copy()
+        (i,) = np.flatnonzero(rows["type"] == NodeType.MEMCPY)
+        rows[i]["width"] //= 2  # a copy that fits its allocations, in two rows or slices
+        rows[i][next(iter(shape))] = 2
+        t["nodes"] = rows.tobytes()
+        node["i"] = int(i)
+
+    _resave(src, tmp_path / "art", two_d)
+    script = (
+        f"import runpy, sys; sys.argv = ['general', 'restore', {str(tmp_path / 'art')!r}]; "
+        f"runpy.run_path({str(GENERAL)!r}, run_name='__main__')"
+    )
+    env = recorder_env(tmp_path / "r-%p.mtr", mode="restore", base=clean_env())
+    res = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode != 0
+    assert f"graph 0: node {node['i']} (type {int(NodeType.MEMCPY)}): it is a 2-D or 3-D copy" in (
+        res.stderr
+    )
