@@ -62,6 +62,7 @@ class RunView:
     device: R.Device | None
     vmm: list[tuple[str, int, int, int, int, int]] = field(default_factory=list)
     # (phase, ordinal, addr, size, map seq, unmap seq) of each cuMemMap
+    unsaved: set[int] = field(default_factory=set)  # alloc seqs the recorder could not snapshot
 
     @classmethod
     def build(cls, trace: Trace, *, graphs: bool = True) -> RunView:
@@ -116,9 +117,9 @@ class RunView:
             for g in trace.of(R.Global, Ev.GLOBAL)
             if g.result == 0
         ]
-        contents = {
-            c.alloc_seq: (c.seq, c.data) for c in trace.of(R.Content, Ev.CONTENT) if c.result == 0
-        }
+        snapshots = trace.of(R.Content, Ev.CONTENT)
+        contents = {c.alloc_seq: (c.seq, c.data) for c in snapshots if c.result == 0}
+        unsaved = {c.alloc_seq for c in snapshots if c.result != 0}
         devs = trace.of(R.Device, Ev.DEVICE)
         return cls(
             trace,
@@ -131,6 +132,7 @@ class RunView:
             contents,
             devs[0] if devs else None,
             vmm,
+            unsaved,
         )
 
 
@@ -192,35 +194,133 @@ class AddressIndex:
         i = int(hit[np.argmax(self.seq[hit])])
         return self.kind[i], self.index[i], value - int(self.start[i])
 
+    def at(self, seq: int) -> Locator:
+        return Locator(self, seq)
+
+
+class Locator:
+    """find() at one moment, plus a vectorized test that rules out most words of a buffer at
+    once (stale bytes hold no address), so a large saved buffer is not searched word by word."""
+
+    def __init__(self, index: AddressIndex, seq: int) -> None:
+        self.index, self.seq = index, seq
+        live = (index.seq < seq) & (index.free > seq)
+        order = np.argsort(index.start[live], kind="stable")
+        self.lo = index.start[live][order]
+        self.reach = np.maximum.accumulate(index.end[live][order]) if self.lo.size else self.lo
+
+    def __call__(self, value: int) -> tuple[int, int, int] | None:
+        return self.index.find(value, self.seq)
+
+    def maybe(self, values: np.ndarray) -> np.ndarray:
+        """False where no live allocation holds the value (nor ends at it)."""
+        if not self.lo.size:
+            return np.zeros(values.shape, bool)
+        j = np.searchsorted(self.lo, values, side="right") - 1
+        return (j >= 0) & (self.reach[np.maximum(j, 0)] >= values)
+
 
 Finder = Callable[[int], "tuple[int, int, int] | None"]
 
 
+class Unmoved:
+    """Allocations at the same address in both runs. A word pointing into one of them is the
+    same in both runs, so the diff cannot tell it from a constant: such a word is refused."""
+
+    def __init__(self, a: RunView, b: RunView) -> None:
+        pairs = [(x, y) for x, y in zip(a.allocs, b.allocs, strict=False) if x.addr == y.addr]
+        self.kind_index = {(x.kind, x.index) for x, _ in pairs}
+        ranges = [(x.addr, x.addr + x.size) for x, _ in pairs]
+        for i, (m, mb) in enumerate(zip(a.vmm, b.vmm, strict=False)):
+            if m[2] == mb[2]:
+                self.kind_index.add((VMM, i))
+                ranges.append((m[2], m[2] + m[3]))
+        ranges.sort()
+        self.lo = np.array([r[0] for r in ranges], np.uint64)
+        self.reach = np.maximum.accumulate(np.array([r[1] for r in ranges], np.uint64))
+
+    def check(self, words: np.ndarray, offsets: np.ndarray, find: Finder, where: str) -> None:
+        """Raises if any of WORDS (equal in both runs) points into an unmoved allocation."""
+        if not self.lo.size or not words.size:
+            return
+        j = np.searchsorted(self.lo, words, side="right") - 1
+        near = (j >= 0) & (words <= self.reach[np.maximum(j, 0)])
+        for w, off in zip(words[near].tolist(), offsets[near].tolist(), strict=True):
+            r = find(int(w))
+            if r is not None and (r[0], r[1]) in self.kind_index:
+                raise MaterializeError(
+                    f"{where}, byte {off}: {int(w):#x} points into {_describe(r)}, which sat at "
+                    "the same address in both recordings, so it cannot be told from a constant "
+                    "(the second recording's address shift did not move it: was it made before "
+                    "the recorder was loaded, or with MEDUSA_TRACE_SHIFT unset?)"
+                )
+
+
 def relocate_words(
-    a: bytes, b: bytes, find_a: Finder, find_b: Finder, where: str
+    a: bytes,
+    b: bytes,
+    find_a: Finder,
+    find_b: Finder,
+    where: str,
+    unmoved: Unmoved | None = None,
 ) -> list[tuple[int, int, int, int]]:
     """(byte offset, kind, index, addend) for every word that is a pointer; raises on a word that
-    changed between the runs without moving with an allocation."""
-    if len(a) != len(b):
+    changed between the runs without moving with an allocation (parameters hold no stale bytes)."""
+    relocs, num_stale, first = _diff_words(a, b, find_a, find_b, where, unmoved)
+    if first is not None:
+        w, va, vb, ra, rb = first
         raise MaterializeError(
-            f"{where}: {len(a)} parameter bytes in one run, {len(b)} in the other"
+            f"{where}, byte {8 * w}: {va:#x} in one run and {vb:#x} in the other, and they are "
+            f"not the same place in the same allocation ({_describe(ra)} vs {_describe(rb)})"
         )
+    if len(a) % 8 and a[-(len(a) % 8) :] != b[-(len(b) % 8) :]:
+        raise MaterializeError(f"{where}: the last {len(a) % 8} bytes differ between the runs")
+    return relocs
+
+
+def relocate_contents(
+    a: bytes, b: bytes, find_a: Finder, find_b: Finder, where: str, unmoved: Unmoved | None
+) -> tuple[list[tuple[int, int, int, int]], int]:
+    """Saved buffer contents: (relocations, number of stale words). Device memory is not cleared,
+    so a word may differ between the runs because it holds what the last user left (stale bytes
+    differ per process): such a word is kept as recorded. A word that points into the same
+    allocation at the same offset in both runs is a pointer."""
+    relocs, num_stale, _ = _diff_words(a, b, find_a, find_b, where, unmoved)
+    return relocs, num_stale
+
+
+def _diff_words(
+    a: bytes, b: bytes, find_a: Finder, find_b: Finder, where: str, unmoved: Unmoved | None
+) -> tuple[list[tuple[int, int, int, int]], int, tuple | None]:
+    if len(a) != len(b):
+        raise MaterializeError(f"{where}: {len(a)} bytes in one run, {len(b)} in the other")
     n = len(a) // 8
     wa = np.frombuffer(a[: n * 8], "<u8")
     wb = np.frombuffer(b[: n * 8], "<u8")
-    if a[n * 8 :] != b[n * 8 :]:
-        raise MaterializeError(f"{where}: the last {len(a) - n * 8} bytes differ between the runs")
-    out = []
-    for w in np.flatnonzero(wa != wb).tolist():
-        ra, rb = find_a(int(wa[w])), find_b(int(wb[w]))
+    differ = wa != wb
+    if unmoved is not None:
+        same = np.flatnonzero(~differ)
+        unmoved.check(wa[same], 8 * same, find_a, where)
+    relocs: list[tuple[int, int, int, int]] = []
+    num_stale = 0
+    first: tuple | None = None
+    idx = np.flatnonzero(differ)
+    maybe_a, maybe_b = getattr(find_a, "maybe", None), getattr(find_b, "maybe", None)
+    if maybe_a is not None and maybe_b is not None and idx.size:
+        cand = maybe_a(wa[idx]) & maybe_b(wb[idx])
+        if not cand.all():
+            w = int(idx[~cand][0])
+            num_stale, first = int((~cand).sum()), (w, int(wa[w]), int(wb[w]), None, None)
+        idx = idx[cand]
+    for w in idx.tolist():
+        va, vb = int(wa[w]), int(wb[w])
+        ra, rb = find_a(va), find_b(vb)
         if ra is None or rb is None or ra != rb:
-            raise MaterializeError(
-                f"{where}, byte {8 * w}: {int(wa[w]):#x} in one run and {int(wb[w]):#x} in the "
-                f"other, and they are not the same place in the same allocation "
-                f"({_describe(ra)} vs {_describe(rb)})"
-            )
-        out.append((8 * w, *ra))
-    return out
+            num_stale += 1
+            first = first or (w, va, vb, ra, rb)
+        else:
+            relocs.append((8 * w, *ra))
+    return relocs, num_stale, first
 
 
 def _describe(r: tuple | None) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,8 @@ from medusa.materialize.analysis import (
     AddressIndex,
     MaterializeError,
     RunView,
+    Unmoved,
+    relocate_contents,
     relocate_words,
 )
 from medusa.restore.layout import RELOC, pack_attrs, pack_edges, pack_nodes
@@ -64,8 +65,20 @@ class _Funcs:
         return self.ids[key], key
 
 
+# NOTE: saved contents live in the artifact and are uploaded at every restore; a bigger buffer
+# belongs to a phase the restore runs (the engine fills it), not in the artifact.
+MAX_SAVED_BYTES = 64 << 20
+
+
 def _node(
-    a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Funcs, g: int, i: int
+    a: RunView,
+    b: RunView,
+    ia: AddressIndex,
+    ib: AddressIndex,
+    funcs: _Funcs,
+    g: int,
+    i: int,
+    unmoved: Unmoved,
 ) -> Node:
     na, nb = a.graphs[g]["nodes"][i], b.graphs[g]["nodes"][i]
     sa, sb = a.graphs[g]["launch_seq"][i], b.graphs[g]["launch_seq"][i]
@@ -89,7 +102,9 @@ def _node(
             params=bytes(na.params),
             relocs=[
                 list(r)
-                for r in relocate_words(na.params, nb.params, find_a, find_b, f"{where} ({key[1]})")
+                for r in relocate_words(
+                    na.params, nb.params, find_a, find_b, f"{where} ({key[1]})", unmoved
+                )
             ],
         )
     elif na.type in (NodeType.MEMCPY, NodeType.MEMSET):
@@ -98,7 +113,7 @@ def _node(
         pa = b"".join(int(w).to_bytes(8, "little") for w in words_a)
         pb = b"".join(int(w).to_bytes(8, "little") for w in words_b)
         relocs = relocate_words(
-            pa, pb, find_a, find_b, f"{where} ({NodeType(na.type).name.lower()})"
+            pa, pb, find_a, find_b, f"{where} ({NodeType(na.type).name.lower()})", unmoved
         )
         if len(relocs) != len(pb) // 8:
             raise MaterializeError(f"{where}: a copy or fill of memory no allocation holds")
@@ -117,7 +132,13 @@ def _node(
 
 
 def _graph(
-    a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, funcs: _Funcs, g: int
+    a: RunView,
+    b: RunView,
+    ia: AddressIndex,
+    ib: AddressIndex,
+    funcs: _Funcs,
+    g: int,
+    unmoved: Unmoved,
 ) -> dict[str, Any]:
     ga, gb = a.graphs[g], b.graphs[g]
     if len(ga["nodes"]) != len(gb["nodes"]) or ga["edges"] != gb["edges"]:
@@ -125,26 +146,9 @@ def _graph(
             f"graph {g}: {len(ga['nodes'])} nodes / {len(ga['edges'])} edges in one run, "
             f"{len(gb['nodes'])} / {len(gb['edges'])} in the other (or edges differ)"
         )
-    nodes = [_node(a, b, ia, ib, funcs, g, i) for i in range(len(ga["nodes"]))]
-    attrs = _attrs(a, b, ia, ib, g)
+    nodes = [_node(a, b, ia, ib, funcs, g, i, unmoved) for i in range(len(ga["nodes"]))]
+    attrs = [[n, attr, bytes(v)] for n, attr, v in ga["attrs"]]
     return {"nodes": nodes, "edges": [list(e) for e in ga["edges"]], "attrs": attrs}
-
-
-def _attrs(a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, g: int) -> list[list]:
-    """Kernel node attributes, [node, attr, value, relocs]: a word that moves with an allocation
-    between the runs (an access-policy window's base_ptr) is relocated like a parameter word."""
-    ga, gb = a.graphs[g]["attrs"], b.graphs[g]["attrs"]
-    if [x[:2] for x in ga] != [x[:2] for x in gb]:
-        raise MaterializeError(f"graph {g}: the kernel node attributes differ between the runs")
-    out = []
-    for (n, attr, va), (_, _, vb) in zip(ga, gb, strict=True):
-        sa, sb = a.graphs[g]["launch_seq"][n], b.graphs[g]["launch_seq"][n]
-        where = f"graph {g}, node {n}, attribute {attr}"
-        relocs = relocate_words(
-            bytes(va), bytes(vb), partial(_find, ia, sa), partial(_find, ib, sb), where
-        )
-        out.append([n, attr, bytes(va), [list(r) for r in relocs]])
-    return out
 
 
 def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
@@ -159,10 +163,10 @@ def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
             tuple((n["type"], n.get("func", -1)) for n in g["nodes"]),
             tuple(map(tuple, g["edges"])),
         )
+        attrs = pack_attrs(g["attrs"]).tobytes()
         if key not in keys:
             keys[key] = len(templates)
             rows, params, relocs = pack_nodes(g["nodes"])
-            attrs, attr_relocs = pack_attrs(g["attrs"], len(relocs))
             templates.append(
                 {
                     "nodes": rows.tobytes(),
@@ -179,8 +183,8 @@ def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
                     "idx": b"",
                     "rows": b"",
                     "params": b"",
-                    "relocs": attr_relocs.tobytes(),
-                    "attrs": attrs.tobytes(),
+                    "relocs": b"",
+                    "attrs": attrs,
                 }
             )
             continue
@@ -188,17 +192,17 @@ def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
         changed = [
             i for i, (tn, n) in enumerate(zip(t["node_dicts"], g["nodes"], strict=True)) if tn != n
         ]
-        base = len(t["relocs"]) // RELOC.itemsize
-        rows, params, relocs = pack_nodes([g["nodes"][i] for i in changed], len(t["params"]), base)
-        attrs, attr_relocs = pack_attrs(g["attrs"], base + len(relocs))
+        rows, params, relocs = pack_nodes(
+            [g["nodes"][i] for i in changed], len(t["params"]), len(t["relocs"]) // RELOC.itemsize
+        )
         out.append(
             {
                 "template": keys[key],
                 "idx": np.array(changed, "<u4").tobytes(),
                 "rows": rows.tobytes(),
                 "params": params,
-                "relocs": relocs.tobytes() + attr_relocs.tobytes(),
-                "attrs": attrs.tobytes(),
+                "relocs": relocs.tobytes(),
+                "attrs": attrs,
             }
         )
     for t in templates:
@@ -215,26 +219,22 @@ def _reloc_counts(graphs: list[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
-def _find(index: AddressIndex, seq: int, value: int) -> tuple[int, int, int] | None:
-    return index.find(value, seq)
-
-
-def build_plan(a: RunView, b: RunView, skipped: Callable[[str], bool]) -> dict[str, Any]:
-    _check_allocs(a, b)
-    if len(a.graphs) != len(b.graphs):
-        raise MaterializeError(f"the runs captured {len(a.graphs)} and {len(b.graphs)} graphs")
-    ia, ib = AddressIndex(a), AddressIndex(b)
-    funcs = _Funcs()
-    graphs = [_graph(a, b, ia, ib, funcs, g) for g in range(len(a.graphs))]
-    referenced = {
-        r[2]
-        for g in graphs
-        for n in g["nodes"]
-        for r in n.get("relocs", ())
-        if r[1] in (DEVICE, HOST)
-    }
-    contents = {}
-    for i in sorted(referenced):
+def _contents(
+    a: RunView,
+    b: RunView,
+    ia: AddressIndex,
+    ib: AddressIndex,
+    unmoved: Unmoved,
+    roots: set[int],
+    skipped: Callable[[str], bool],
+) -> dict[int, dict[str, Any]]:
+    """The saved contents of every permanent buffer of a skipped phase that a graph can reach:
+    named by a node, or reached from saved contents through a pointer word (a device-side
+    pointer table), transitively."""
+    contents: dict[int, dict[str, Any]] = {}
+    todo, seen = sorted(roots), set(roots)
+    while todo:
+        i = todo.pop()
         al = a.allocs[i]
         if not skipped(al.phase):
             continue  # the engine makes (and fills) this one itself
@@ -243,17 +243,63 @@ def build_plan(a: RunView, b: RunView, skipped: Callable[[str], bool]) -> dict[s
                 f"allocation #{i} ({al.size} bytes, phase {al.phase!r}) is used by a graph but "
                 "freed during start-up: the graph would point at freed memory"
             )
-        if al.seq in a.contents and b.allocs[i].seq in b.contents:
-            seq_a, data_a = a.contents[al.seq]
-            seq_b, data_b = b.contents[b.allocs[i].seq]
-            relocs = relocate_words(
-                data_a,
-                data_b,
-                partial(_find, ia, seq_a),
-                partial(_find, ib, seq_b),
-                f"allocation #{i}'s contents",
-            )
-            contents[i] = {"data": data_a, "relocs": [list(r) for r in relocs]}
+        saved = _saved(a, b, ia, ib, unmoved, i)
+        if saved is None:
+            continue
+        contents[i] = saved
+        for r in saved["relocs"]:
+            if r[1] in (DEVICE, HOST) and r[2] not in seen:
+                seen.add(r[2])
+                todo.append(r[2])
+    return dict(sorted(contents.items()))
+
+
+def _saved(
+    a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, unmoved: Unmoved, i: int
+) -> dict[str, Any] | None:
+    """One buffer's contents with its pointer words relocated; None when nothing worth saving
+    was recorded (every word is stale: start-up never wrote it, so no graph can depend on it)."""
+    al, bl = a.allocs[i], b.allocs[i]
+    if al.seq in a.unsaved or bl.seq in b.unsaved:
+        raise MaterializeError(
+            f"allocation #{i} ({al.size} bytes, phase {al.phase!r}) is reached by a graph but "
+            "the recorder could not save its contents (too large to snapshot): make it in a "
+            "phase the restore runs"
+        )
+    if al.seq not in a.contents or bl.seq not in b.contents:
+        return None
+    seq_a, data_a = a.contents[al.seq]
+    seq_b, data_b = b.contents[bl.seq]
+    where = f"allocation #{i}'s contents"
+    relocs, stale = relocate_contents(data_a, data_b, ia.at(seq_a), ib.at(seq_b), where, unmoved)
+    if not relocs and stale == len(data_a) // 8:
+        return None
+    if len(data_a) > MAX_SAVED_BYTES:
+        raise MaterializeError(
+            f"allocation #{i} ({al.size} bytes, phase {al.phase!r}) is reached by a graph and "
+            f"its contents would be saved in the artifact, but saved contents are bounded at "
+            f"{MAX_SAVED_BYTES >> 20} MiB per allocation: make (and fill) it in a phase the "
+            "restore runs instead"
+        )
+    return {"data": data_a, "relocs": [list(r) for r in relocs]}
+
+
+def build_plan(a: RunView, b: RunView, skipped: Callable[[str], bool]) -> dict[str, Any]:
+    _check_allocs(a, b)
+    if len(a.graphs) != len(b.graphs):
+        raise MaterializeError(f"the runs captured {len(a.graphs)} and {len(b.graphs)} graphs")
+    ia, ib = AddressIndex(a), AddressIndex(b)
+    unmoved = Unmoved(a, b)
+    funcs = _Funcs()
+    graphs = [_graph(a, b, ia, ib, funcs, g, unmoved) for g in range(len(a.graphs))]
+    referenced = {
+        r[2]
+        for g in graphs
+        for n in g["nodes"]
+        for r in n.get("relocs", ())
+        if r[1] in (DEVICE, HOST)
+    }
+    contents = _contents(a, b, ia, ib, unmoved, referenced, skipped)
     used_vmm = sorted(
         {r[2] for g in graphs for n in g["nodes"] for r in n.get("relocs", ()) if r[1] == VMM}
     )

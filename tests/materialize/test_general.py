@@ -1,8 +1,10 @@
 """Materialize and restore a program that is not the engine: address reuse, a struct holding
-pointers, a device-side pointer array saved and relocated, a module global, a memset node."""
+pointers, a device-side pointer array saved and relocated, a buffer reached only through it, a
+module global, a memset node; device memory holds stale bytes, as on a GPU."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +25,8 @@ def test_a_general_program_is_materialized_and_restored(tmp_path):
         timeout=120,
     )
     assert plain.returncode == 0, plain.stderr
-    expected = sum(0.75 * i for i in range(256))
-    want = f"y {expected:.2f} out {expected:.2f} bias2 3.00 mapped {expected:.2f}"
+    expected, gathered = sum(0.75 * i for i in range(256)), sum(1.25 * i for i in range(256))
+    want = f"y {expected:.2f} out {gathered:.2f} bias2 3.00 mapped {gathered:.2f}"
     assert plain.stdout.split() == want.split()
     out = tmp_path / "art"
     materialize_general(PROGRAM, out)
@@ -32,7 +34,9 @@ def test_a_general_program_is_materialized_and_restored(tmp_path):
     kinds = art.manifest["relocations"]
     assert kinds["device"] >= 6 and kinds["module global"] == 2 and kinds["vmm"] == 1
     (content,) = [c for c in art.plan["contents"].values() if c["relocs"]]
-    assert len(content["relocs"]) == 2  # the pointer array's two pointers
+    assert len(content["relocs"]) == 3  # the pointer array's three pointers
+    (table,) = [i for i, c in art.plan["contents"].items() if not c["relocs"]]
+    assert art.plan["contents"][table]["data"][:8] == struct.pack("<2f", 0.0, 0.5)
     script = (
         f"import runpy, sys; sys.argv = ['general', 'restore', {str(out)!r}]; "
         f"runpy.run_path({str(PROGRAM)!r}, run_name='__main__')"

@@ -1,7 +1,9 @@
 """A program whose graph has every hazard restore must handle: an address freed and handed out
 again between launches, pointers inside a by-value struct, a device-side array of pointers
-(made during the capture phase, so restore must save and relocate it), a pointer to a module
-global, a VMM-mapped buffer, and memset and memcpy nodes.
+(made during the capture phase, so restore must save and relocate it), a buffer of that phase the
+graph reaches only through that array (so its contents must be saved too), a pointer to a module
+global, a VMM-mapped buffer, and memset and memcpy nodes. Device memory is not cleared, as on a
+GPU: what the graph reads, the program wrote.
 
   python general.py record        set up, capture, replay; print the outputs
   python general.py restore DIR   set up, restore the graph from artifact DIR instead; same output
@@ -35,11 +37,21 @@ def module_global(name):
     get = c_void_p()
     lib, addr, size = c_void_p(), ctypes.c_uint64(), ctypes.c_size_t()
     b.call(
-        "cudaGetDriverEntryPointByVersion", b"cuKernelGetLibrary", ctypes.byref(get), 12050, 0, None
+        "cudaGetDriverEntryPointByVersion",
+        b"cuKernelGetLibrary",
+        ctypes.byref(get),
+        ctypes.c_uint(12050),
+        ctypes.c_ulonglong(0),
+        None,
     )
     ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)(get.value)(ctypes.byref(lib), fn)
     b.call(
-        "cudaGetDriverEntryPointByVersion", b"cuLibraryGetGlobal", ctypes.byref(get), 12000, 0, None
+        "cudaGetDriverEntryPointByVersion",
+        b"cuLibraryGetGlobal",
+        ctypes.byref(get),
+        ctypes.c_uint(12000),
+        ctypes.c_ulonglong(0),
+        None,
     )
     ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, ctypes.c_char_p)(get.value)(
         ctypes.byref(addr), ctypes.byref(size), lib, name
@@ -49,7 +61,14 @@ def module_global(name):
 
 def driver(name, version, *argtypes):
     fn = c_void_p()
-    b.call("cudaGetDriverEntryPointByVersion", name, ctypes.byref(fn), version, 0, None)
+    b.call(
+        "cudaGetDriverEntryPointByVersion",
+        name,
+        ctypes.byref(fn),
+        ctypes.c_uint(version),
+        ctypes.c_ulonglong(0),
+        None,
+    )
     return ctypes.CFUNCTYPE(c_int, *argtypes)(fn.value)
 
 
@@ -121,13 +140,15 @@ if sys.argv[1] == "record":
     b.launch("scale_inplace", 1, 32, [tmp, c_float(0.0), N], stream=stream)
     b.free(tmp)
     reused = b.malloc(4 * N)  # most likely tmp's address again
-    ptrs = b.malloc(16)
-    b.memcpy_htod(ptrs, struct.pack("<QQ", w, reused))
+    table = b.malloc(4 * N)  # no kernel names it: the graph reaches it through ptrs only
+    b.memcpy_htod(table, struct.pack(f"{N}f", *[0.5 * i for i in range(N)]))
+    ptrs = b.malloc(24)
+    b.memcpy_htod(ptrs, struct.pack("<QQQ", w, reused, table))
     b.begin_capture(stream)
     b.call("cudaMemsetAsync", c_void_p(y), c_int(0), ctypes.c_size_t(4 * N), c_void_p(stream))
     b.launch("vector_add", 1, 32, [reused, w, w, N], stream=stream)  # reused = 2w
     b.launch("axpy_struct", 1, 32, [Axpy(y, reused, 1.5, N)], stream=stream)  # y = 3w
-    b.launch("gather_ptrs", 1, 32, [out, ptrs, 2, N], stream=stream)  # out = w + reused = 3w
+    b.launch("gather_ptrs", 1, 32, [out, ptrs, 3, N], stream=stream)  # out = w + 2w + 2w = 5w
     b.launch("vector_add", 1, 1, [bias2, bias, bias, 1], stream=stream)  # 2 * bias = 3.0
     b.call(
         "cudaMemcpyAsync",
