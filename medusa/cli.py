@@ -206,13 +206,11 @@ def run(
     die_with_parent()
     _setup_logging(verbose, quiet=demo is not None)
     if engine_name == "vllm":
-        if trust:
-            raise click.UsageError("--trust is not supported with --engine vllm yet")
         _refuse_reference_options(
             [*engine, "served_model_name", "demo", "validate"],
             "medusa run --engine vllm --artifact DIR -- --seed 3",
         )
-        _run_vllm(model, artifact, list(argv), host, port, require_artifact)
+        _run_vllm(model, artifact, list(argv), host, port, require_artifact, trust)
     if argv:
         raise click.UsageError(
             f"unexpected arguments {' '.join(argv)} (only --engine vllm takes them)"
@@ -390,12 +388,13 @@ def _run_vllm(
     host: str,
     port: int,
     require: bool,
+    trust: str | None,
 ) -> None:
     from medusa.artifact import ArtifactError
     from medusa.integrations.vllm.serve import serve_command
 
     try:
-        cmd, env = serve_command(artifact, model, argv, host, port, require)
+        cmd, env = serve_command(artifact, model, argv, host, port, require, trust)
     except ArtifactError as e:
         raise click.ClickException(str(e)) from None
     click.echo("medusa run: " + " ".join(cmd), err=True)

@@ -58,6 +58,9 @@ REQUIRE_ARTIFACT = EnvVar(
     False,
     "vLLM plugin: an unusable artifact is an error, not a fallback",
 )
+TRUST = EnvVar(
+    "MEDUSA_TRUST", "", "vLLM plugin: the public key an artifact must be signed with (--trust)"
+)
 VLLM_SIDECAR = EnvVar(
     "MEDUSA_VLLM_SIDECAR", "", "vLLM plugin: record; the sidecar file to write (%p: the pid)"
 )
@@ -93,4 +96,5 @@ ALL: tuple[EnvVar, ...] = (
     ARTIFACT,
     REQUIRE_ARTIFACT,
     VLLM_SIDECAR,
+    TRUST,
 )

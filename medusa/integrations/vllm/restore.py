@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from medusa import env
 from medusa.artifact import Artifact, ArtifactError, load_artifact
 from medusa.cuda.backend import load_backend
 from medusa.integrations.vllm import capture as cap
@@ -47,7 +48,7 @@ log = logging.getLogger("medusa.vllm")
 @functools.cache
 def open_artifact(path: str) -> Artifact:
     """The artifact, verified once per process (every file's size and hash)."""
-    art = load_artifact(Path(path))
+    art = load_artifact(Path(path), trust=env.TRUST.get() or None)
     if art.manifest.get("kind") != "vllm" or "vllm" not in art.manifest:
         raise ArtifactError(
             f"{path} is a {art.manifest.get('kind')!r} artifact, not a vLLM one: "

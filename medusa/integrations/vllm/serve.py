@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from medusa.artifact.store import MANIFEST, ArtifactError
+from medusa.artifact.store import ArtifactError, read_manifest
 from medusa.integrations.vllm.materialize import strip_kv_size
 from medusa.trace import recorder_env
 
@@ -24,15 +23,14 @@ def _vllm_cli() -> list[str]:
     return [sys.executable, "-c", "from vllm.entrypoints.cli.main import main; main()"]
 
 
-def recorded_argv(artifact: Path) -> list[str]:
+def recorded_argv(artifact: Path, trust: str | None = None) -> list[str]:
     """The vLLM arguments the artifact was materialized with, less the KV size (the plugin sets
-    that from the artifact once it has checked the memory is free)."""
-    mf = artifact / MANIFEST
-    try:
-        manifest = json.loads(mf.read_text())
-    except (OSError, ValueError) as e:
-        raise ArtifactError(f"{mf}: cannot read it ({e}); materialize again") from e
-    if manifest.get("kind") != "vllm":
+    that from the artifact once it has checked the memory is free).
+
+    NOTE: these arguments reach `vllm serve` (--trust-remote-code, another model...): the manifest
+    is read with every check its loader makes, signature included when `trust` names a key."""
+    manifest = read_manifest(artifact, trust)
+    if manifest["kind"] != "vllm":
         raise ArtifactError(
             f"{artifact} is a {manifest.get('kind')!r} artifact; `--engine vllm` needs one made "
             "by `medusa materialize --engine vllm`"
@@ -47,12 +45,13 @@ def serve_command(
     host: str,
     port: int,
     require: bool,
+    trust: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that serve through vLLM, restoring from artifact."""
     env = dict(os.environ)
     if artifact:
         art = Path(artifact).resolve()
-        argv = recorded_argv(art)
+        argv = recorded_argv(art, trust)
         if model and model != argv[0]:
             raise ArtifactError(
                 f"{artifact} is for model {argv[0]!r}, not {model!r}: leave MODEL out or "
@@ -66,6 +65,8 @@ def serve_command(
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         if require:
             env["MEDUSA_REQUIRE_ARTIFACT"] = "1"
+        if trust:
+            env["MEDUSA_TRUST"] = str(Path(trust).resolve())
     elif model:
         argv = [model]
     else:
