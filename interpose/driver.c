@@ -72,13 +72,23 @@ CUgraphNode mi_captured_node(CUstream s, bool ptsz) {
 
 static int g_shifted;
 
-void mi_after_device_alloc(void) {
-    if (__atomic_exchange_n(&g_shifted, 1, __ATOMIC_ACQ_REL))
+/* NOTE: the pad must come before the first allocation, not after it: memory freed and handed out
+ * again before the pad would keep its address in both recordings, and pointers into it would pass
+ * for constants. A runtime allocation may be the process's first CUDA call, so the runtime is
+ * brought up first (cudaFree(NULL), the usual idiom) to give the driver call a context. */
+void mi_before_device_alloc(bool runtime) {
+    if (__atomic_load_n(&g_shifted, __ATOMIC_ACQUIRE) ||
+        __atomic_exchange_n(&g_shifted, 1, __ATOMIC_ACQ_REL))
         return;
     const char *env = getenv("MEDUSA_TRACE_SHIFT");
     unsigned long long n = env ? strtoull(env, NULL, 0) : 0;
+    if (!n)
+        return;
+    cudaError_t (*rt_free)(void *) = runtime ? (cudaError_t(*)(void *))mi_real(H_cudaFree) : NULL;
+    if (rt_free)
+        rt_free(NULL);
     CUdeviceptr pad;
-    if (n && (!mi_drv()->memAlloc || mi_drv()->memAlloc(&pad, (size_t)n) != CUDA_SUCCESS))
+    if (!mi_drv()->memAlloc || mi_drv()->memAlloc(&pad, (size_t)n) != CUDA_SUCCESS)
         mi_log("MEDUSA_TRACE_SHIFT=%llu: the shift allocation failed; addresses are not shifted", n);
 }
 

@@ -160,7 +160,7 @@ size_t mi_param_bytes(const mi_func_info *fi, void **params, void **extra, unsig
 size_t mi_image_size(const void *image);
 void mi_sha256(const void *data, size_t len, uint8_t out[32]);
 void mi_dump_graph(hook_id api, void *stream, CUgraph g);
-void mi_after_device_alloc(void);        /* the layout shift, once */
+void mi_before_device_alloc(bool runtime); /* the layout shift, once, before any allocation */
 void mi_snapshot_live(void);             /* CONTENT records for the capture phase's buffers */
 void mi_note_phase(const char *phase, uint64_t seq);
 

@@ -13,10 +13,8 @@ static void rec(medusa_event_type type, hook_id api, int result, uint64_t a, uin
 
 static void rec_alloc(hook_id api, int res, uint64_t addr, size_t size, void *stream, uint64_t flags) {
     rec(MEDUSA_EV_ALLOC, api, res, res ? 0 : addr, size, U(stream), flags, LIVE_ADD);
-    if (!res) {
+    if (!res)
         mi_note_device();
-        mi_after_device_alloc();
-    }
 }
 
 static void rec_free(hook_id api, uint64_t addr, void *stream) {
@@ -33,13 +31,26 @@ static uint64_t mapped(void *host, unsigned flags) {
     return d;
 }
 
+/* Registered host memory is an allocation too: graphs may point into it, restore relocates it. */
 static void rec_host(medusa_event_type type, hook_id api, int res, void *host, size_t size,
                      unsigned flags) {
-    rec(type, api, res, res ? 0 : U(host), size, flags, res ? 0 : mapped(host, flags),
-        type == MEDUSA_EV_HOST_ALLOC ? LIVE_ADD : LIVE_NONE);
+    rec(type, api, res, res ? 0 : U(host), size, flags, res ? 0 : mapped(host, flags), LIVE_ADD);
 }
 
 #define HOOK(ret, sym, params, call, record) MI_HOOK(ret, F_MEM, sym, params, call, record)
+/* A device allocation: the second recording's address shift goes in before the first of them. */
+#define HOOK_ALLOC(ret, sym, params, runtime, call, record)                                        \
+    MI_EXPORT ret sym params {                                                                     \
+        mi_gate g_ = mi_enter(F_MEM);                                                              \
+        if (g_.rec)                                                                                \
+            mi_before_device_alloc(runtime);                                                       \
+        ret r_ = call;                                                                             \
+        if (g_.rec) {                                                                              \
+            record;                                                                                \
+        }                                                                                          \
+        mi_leave(g_);                                                                              \
+        return r_;                                                                                 \
+    }
 #define HOOK_FREE(ret, sym, params, call, before)                                                  \
     MI_EXPORT ret sym params {                                                                     \
         mi_gate g_ = mi_enter(F_MEM);                                                              \
@@ -52,14 +63,15 @@ static void rec_host(medusa_event_type type, hook_id api, int res, void *host, s
     }
 
 /* ---- driver ---- */
-HOOK(CUresult, cuMemAlloc_v2, (CUdeviceptr * p, size_t n), CALL_DRV(cuMemAlloc_v2, p, n),
+HOOK_ALLOC(CUresult, cuMemAlloc_v2, (CUdeviceptr * p, size_t n), false,
+           CALL_DRV(cuMemAlloc_v2, p, n),
      rec_alloc(H_cuMemAlloc_v2, r_, p ? *p : 0, n, NULL, 0))
 HOOK_FREE(CUresult, cuMemFree_v2, (CUdeviceptr p), CALL_DRV(cuMemFree_v2, p),
           rec_free(H_cuMemFree_v2, p, NULL))
-HOOK(CUresult, cuMemAllocAsync, (CUdeviceptr * p, size_t n, CUstream s),
+HOOK_ALLOC(CUresult, cuMemAllocAsync, (CUdeviceptr * p, size_t n, CUstream s), false,
      CALL_DRV(cuMemAllocAsync, p, n, s),
      rec_alloc(H_cuMemAllocAsync, r_, p ? *p : 0, n, s, MEDUSA_ALLOC_ASYNC))
-HOOK(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * p, size_t n, CUstream s),
+HOOK_ALLOC(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * p, size_t n, CUstream s), false,
      CALL_DRV(cuMemAllocAsync_ptsz, p, n, s),
      rec_alloc(H_cuMemAllocAsync_ptsz, r_, p ? *p : 0, n, s, MEDUSA_ALLOC_ASYNC))
 HOOK_FREE(CUresult, cuMemFreeAsync, (CUdeviceptr p, CUstream s), CALL_DRV(cuMemFreeAsync, p, s),
@@ -75,8 +87,10 @@ HOOK_FREE(CUresult, cuMemFreeHost, (void *p), CALL_DRV(cuMemFreeHost, p),
 HOOK(CUresult, cuMemHostRegister_v2, (void *p, size_t n, unsigned int f),
      CALL_DRV(cuMemHostRegister_v2, p, n, f),
      rec_host(MEDUSA_EV_HOST_REGISTER, H_cuMemHostRegister_v2, r_, p, n, f))
-HOOK(CUresult, cuMemAddressReserve,
-     (CUdeviceptr * p, size_t n, size_t align, CUdeviceptr addr, unsigned long long f),
+HOOK_FREE(CUresult, cuMemHostUnregister, (void *p), CALL_DRV(cuMemHostUnregister, p),
+          if (p) rec(MEDUSA_EV_HOST_FREE, H_cuMemHostUnregister, 0, U(p), 0, 0, 0, LIVE_DEL))
+HOOK_ALLOC(CUresult, cuMemAddressReserve,
+     (CUdeviceptr * p, size_t n, size_t align, CUdeviceptr addr, unsigned long long f), false,
      CALL_DRV(cuMemAddressReserve, p, n, align, addr, f),
      rec(MEDUSA_EV_VMM_RESERVE, H_cuMemAddressReserve, r_, p && !r_ ? *p : 0, n, align, addr,
          LIVE_NONE))
@@ -100,13 +114,13 @@ HOOK_FREE(CUresult, cuMemUnmap, (CUdeviceptr p, size_t n), CALL_DRV(cuMemUnmap, 
           rec(MEDUSA_EV_VMM_UNMAP, H_cuMemUnmap, 0, p, n, 0, 0, LIVE_NONE))
 
 /* ---- runtime ---- */
-HOOK(cudaError_t, cudaMalloc, (void **p, size_t n), CALL_RT(cudaMalloc, p, n),
+HOOK_ALLOC(cudaError_t, cudaMalloc, (void **p, size_t n), true, CALL_RT(cudaMalloc, p, n),
      rec_alloc(H_cudaMalloc, r_, p ? U(*p) : 0, n, NULL, 0))
 HOOK_FREE(cudaError_t, cudaFree, (void *p), CALL_RT(cudaFree, p), rec_free(H_cudaFree, U(p), NULL))
-HOOK(cudaError_t, cudaMallocAsync, (void **p, size_t n, cudaStream_t s),
+HOOK_ALLOC(cudaError_t, cudaMallocAsync, (void **p, size_t n, cudaStream_t s), true,
      CALL_RT(cudaMallocAsync, p, n, s),
      rec_alloc(H_cudaMallocAsync, r_, p ? U(*p) : 0, n, s, MEDUSA_ALLOC_ASYNC))
-HOOK(cudaError_t, cudaMallocAsync_ptsz, (void **p, size_t n, cudaStream_t s),
+HOOK_ALLOC(cudaError_t, cudaMallocAsync_ptsz, (void **p, size_t n, cudaStream_t s), true,
      CALL_RT(cudaMallocAsync_ptsz, p, n, s),
      rec_alloc(H_cudaMallocAsync_ptsz, r_, p ? U(*p) : 0, n, s, MEDUSA_ALLOC_ASYNC))
 HOOK_FREE(cudaError_t, cudaFreeAsync, (void *p, cudaStream_t s), CALL_RT(cudaFreeAsync, p, s),
@@ -122,3 +136,5 @@ HOOK_FREE(cudaError_t, cudaFreeHost, (void *p), CALL_RT(cudaFreeHost, p),
 HOOK(cudaError_t, cudaHostRegister, (void *p, size_t n, unsigned int f),
      CALL_RT(cudaHostRegister, p, n, f),
      rec_host(MEDUSA_EV_HOST_REGISTER, H_cudaHostRegister, r_, p, n, f))
+HOOK_FREE(cudaError_t, cudaHostUnregister, (void *p), CALL_RT(cudaHostUnregister, p),
+          if (p) rec(MEDUSA_EV_HOST_FREE, H_cudaHostUnregister, 0, U(p), 0, 0, 0, LIVE_DEL))

@@ -30,7 +30,7 @@ class Alloc:
     index: int
     phase: str
     ordinal: int
-    kind: int  # DEVICE or HOST
+    kind: int  # DEVICE or HOST (pinned, mapped or registered host memory)
     size: int
     api: str
     addr: int  # the device-visible address in this run
@@ -73,7 +73,8 @@ class RunView:
         phase, ordinals = "start", defaultdict[str, int](int)
         vmm: list[tuple[str, int, int, int, int, int]] = []
         vmm_ordinals: dict[str, int] = defaultdict(int)
-        kinds = (Ev.MARK, Ev.ALLOC, Ev.FREE, Ev.HOST_ALLOC, Ev.HOST_FREE, Ev.VMM_MAP, Ev.VMM_UNMAP)
+        kinds = (Ev.MARK, Ev.ALLOC, Ev.FREE, Ev.HOST_ALLOC, Ev.HOST_REGISTER, Ev.HOST_FREE,
+                 Ev.VMM_MAP, Ev.VMM_UNMAP)  # fmt: skip
         for e in trace.events(*kinds):
             if isinstance(e, R.Mark):
                 phase = e.phase
@@ -84,7 +85,7 @@ class RunView:
                 for j, m in enumerate(vmm):
                     if m[2] == e.addr and m[5] == NEVER:
                         vmm[j] = (*m[:5], e.seq)
-            elif isinstance(e, R.Alloc | R.HostAlloc) and e.result == 0:
+            elif isinstance(e, R.Alloc | R.HostAlloc | R.HostRegister) and e.result == 0:
                 kind = DEVICE if isinstance(e, R.Alloc) else HOST
                 addr = e.addr if isinstance(e, R.Alloc) else (e.device or e.host)
                 a = Alloc(len(allocs), phase, ordinals[phase], kind, e.size, e.api, addr, e.seq)
@@ -248,11 +249,17 @@ class Unmoved:
         for w, off in zip(words[near].tolist(), offsets[near].tolist(), strict=True):
             r = find(int(w))
             if r is not None and (r[0], r[1]) in self.kind_index:
+                why = (
+                    "host memory moves between runs only with address-space randomization "
+                    "(/proc/sys/kernel/randomize_va_space)"
+                    if r[0] == HOST
+                    else "the second recording's address shift did not move it (was "
+                    "MEDUSA_TRACE_SHIFT unset, or the memory made before the recorder loaded?)"
+                )
                 raise MaterializeError(
                     f"{where}, byte {off}: {int(w):#x} points into {_describe(r)}, which sat at "
-                    "the same address in both recordings, so it cannot be told from a constant "
-                    "(the second recording's address shift did not move it: was it made before "
-                    "the recorder was loaded, or with MEDUSA_TRACE_SHIFT unset?)"
+                    f"the same address in both recordings, so it cannot be told from a constant: "
+                    f"{why}"
                 )
 
 

@@ -23,7 +23,7 @@ from medusa.trace import read_trace, recorder_env
 
 # Engine phases a restore skips (their work comes from the artifact instead).
 ENGINE_SKIPPED = ("kv_profile", "graph_capture")
-SHIFT_BYTES = (2 << 20) + 4096  # on a GPU: held after the first allocation of the second run
+SHIFT_BYTES = (2 << 20) + 4096  # held before the first allocation of the second run
 
 ENGINE_SCRIPT = """
 import json, sys
@@ -47,7 +47,7 @@ def _env(trace: Path, run: int, kind: str) -> dict[str, str]:
     env = recorder_env(trace, base=base)
     if kind == "sim":
         env["MEDUSA_SIM_SEED"] = str(1000 + run)  # a different arena base each run
-    elif run == 1:
+    if run == 1:  # on simcuda too: the pad's footprint is part of what the recordings must survive
         env["MEDUSA_TRACE_SHIFT"] = str(SHIFT_BYTES)
     return env
 
@@ -98,19 +98,37 @@ def _device_of(run: RunView) -> dict[str, Any]:
     }
 
 
+def probe_kv(config: EngineConfig, work: Path, echo: Echo) -> dict[str, Any]:
+    """The KV cache a plain start-up sizes (eager: the profiling pass is all it needs)."""
+    t0 = time.perf_counter()
+    cfg = {**asdict(config), "enforce_eager": True}
+    env = {k: v for k, v in os.environ.items() if k not in ("MEDUSA_TRACE", "MEDUSA_MODE")}
+    cmd = python_code(ENGINE_SCRIPT, json.dumps(cfg), str(work / "probe.json"))
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise MaterializeError(f"the plain start-up exited {res.returncode}:\n{res.stderr[-3000:]}")
+    kv: dict[str, Any] = json.loads((work / "probe.json").read_text())["kv"]
+    echo(f"  {kv['num_blocks']} KV blocks ({time.perf_counter() - t0:.1f} s)")
+    return kv
+
+
 def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -> dict[str, Any]:
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp:
         work = Path(tmp)
         sidecars: list[dict[str, Any]] = []
+        # NOTE: both recordings get the KV size of a plain start-up, as the vLLM path does. The
+        # shift's pad holds device memory (2 MiB + 4 KiB takes 4 MiB pages), so a profiling pass
+        # under it would size the cache differently; its real footprint is not ours to guess.
+        kv: dict[str, Any] = {}
+        if config.kv_cache_memory is None:
+            echo("[0/4] starting the engine once, unrecorded, to learn its KV-cache size")
+            t0 = time.perf_counter()
+            kv = probe_kv(config, work, echo)
+            timings["probe"] = time.perf_counter() - t0
+        kv_bytes = config.kv_cache_memory or kv["num_blocks"] * kv["block_bytes"]
         for run in (0, 1):
-            cfg = asdict(config)
-            if run == 1 and kind != "sim" and sidecars:
-                # The shift holds memory: give it back to the KV budget so the cache is sized alike.
-                total = sidecars[0]["device"]["total_mem"]
-                cfg["gpu_memory_utilization"] = min(
-                    1.0, cfg["gpu_memory_utilization"] + SHIFT_BYTES / total
-                )
+            cfg = {**asdict(config), "kv_cache_memory": kv_bytes}
             cmd = python_code(ENGINE_SCRIPT, json.dumps(cfg), str(work / f"{run}.json"))
             echo(f"[{run + 1}/4] recording the engine's start-up" + (" (shifted)" if run else ""))
             timings[f"record_{run + 1}"] = record_run(cmd, work / f"{run}.mtr", run, kind, echo)
@@ -131,7 +149,7 @@ def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -
             "model": side["model"],
             "engine": asdict(config),
             "device": side["device"],
-            "kv": side["kv"],
+            "kv": {**side["kv"], **kv},
             "graphs": {
                 "count": len(plan["graphs"]),
                 "keys": side["graphs"]["keys"],

@@ -1,6 +1,7 @@
 """Materialize and restore a program that is not the engine: address reuse, a struct holding
 pointers, a device-side pointer array saved and relocated, a buffer reached only through it, a
-module global, a memset node; device memory holds stale bytes, as on a GPU."""
+module global, registered host memory, a memset node; device memory holds stale bytes, as on a
+GPU."""
 
 from __future__ import annotations
 
@@ -26,13 +27,18 @@ def test_a_general_program_is_materialized_and_restored(tmp_path):
     )
     assert plain.returncode == 0, plain.stderr
     expected, gathered = sum(0.75 * i for i in range(256)), sum(1.25 * i for i in range(256))
-    want = f"y {expected:.2f} out {gathered:.2f} bias2 3.00 mapped {gathered:.2f}"
+    registered = sum(0.5 * i for i in range(256))
+    want = (
+        f"y {expected:.2f} out {gathered:.2f} bias2 3.00 mapped {gathered:.2f} "
+        f"registered {registered:.2f}"
+    )
     assert plain.stdout.split() == want.split()
     out = tmp_path / "art"
     materialize_general(PROGRAM, out)
     art = load_artifact(out)
     kinds = art.manifest["relocations"]
     assert kinds["device"] >= 6 and kinds["module global"] == 2 and kinds["vmm"] == 1
+    assert kinds["host-mapped"] == 1  # the registered memory
     (content,) = [c for c in art.plan["contents"].values() if c["relocs"]]
     assert len(content["relocs"]) == 3  # the pointer array's three pointers
     (table,) = [i for i, c in art.plan["contents"].items() if not c["relocs"]]

@@ -2,8 +2,8 @@
 again between launches, pointers inside a by-value struct, a device-side array of pointers
 (made during the capture phase, so restore must save and relocate it), a buffer of that phase the
 graph reaches only through that array (so its contents must be saved too), a pointer to a module
-global, a VMM-mapped buffer, and memset and memcpy nodes. Device memory is not cleared, as on a
-GPU: what the graph reads, the program wrote.
+global, a VMM-mapped buffer, registered host memory, and memset and memcpy nodes. Device memory
+is not cleared, as on a GPU: what the graph reads, the program wrote.
 
   python general.py record        set up, capture, replay; print the outputs
   python general.py restore DIR   set up, restore the graph from artifact DIR instead; same output
@@ -132,6 +132,11 @@ bias2 = b.malloc(4)
 b.memcpy_htod(w, struct.pack(f"{N}f", *[0.25 * i for i in range(N)]))
 bias = module_global(b"bias")
 mapped = vmm_buffer(4 * N)
+pages = ctypes.create_string_buffer(4 * N + 4096)  # host memory the program owns, registered
+registered = (ctypes.addressof(pages) + 4095) & ~4095
+b.call("cudaHostRegister", c_void_p(registered), ctypes.c_size_t(4 * N), ctypes.c_uint(2))
+registered_dev = c_void_p()  # mapped: its device address
+b.call("cudaHostGetDevicePointer", ctypes.byref(registered_dev), c_void_p(registered), c_int(0))
 stream = b.stream_create()
 
 if sys.argv[1] == "record":
@@ -150,6 +155,7 @@ if sys.argv[1] == "record":
     b.launch("axpy_struct", 1, 32, [Axpy(y, reused, 1.5, N)], stream=stream)  # y = 3w
     b.launch("gather_ptrs", 1, 32, [out, ptrs, 3, N], stream=stream)  # out = w + 2w + 2w = 5w
     b.launch("vector_add", 1, 1, [bias2, bias, bias, 1], stream=stream)  # 2 * bias = 3.0
+    b.launch("vector_add", 1, 32, [registered_dev.value, w, w, N], stream=stream)  # 2w
     b.call(
         "cudaMemcpyAsync",
         c_void_p(mapped),
@@ -169,9 +175,11 @@ else:
 
 b.memset(out, 0, 4 * N)
 b.memset(mapped, 0, 4 * N)
+ctypes.memset(registered, 0, 4 * N)
 b.graph_launch(graph, stream)
 b.stream_synchronize(stream)
 print(
     f"y {sum(floats(y)):.2f} out {sum(floats(out)):.2f} bias2 {floats(bias2, 1)[0]:.2f} "
-    f"mapped {sum(floats(mapped)):.2f}"
+    f"mapped {sum(floats(mapped)):.2f} "
+    f"registered {sum(struct.unpack(f'{N}f', ctypes.string_at(registered, 4 * N))):.2f}"
 )
