@@ -100,7 +100,7 @@ void sim_va_free(uintptr_t base, size_t size) {
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-/* ---- stale bytes: on a GPU fresh memory holds whatever the last user (or another run) left ---- */
+/* ---- stale bytes: on a GPU, fresh memory holds what its last user (or another run) left ---- */
 #define POISON_CHUNK ((size_t)8 << 20)
 
 static void pattern(uint64_t *w, size_t words, uint64_t offset) {
