@@ -54,5 +54,8 @@ def hybrid_gemm(
 ) -> None:
     """out[m, n] (fp32) = x[m, k] . w^T, w stored [n, k] (host-mapped on a superchip)."""
     ints, grid, shared = launch_shape(m, n, k, alpha, tiles, dtype)
+    if ints[3] < n:  # NOTE: the weight-stationary columns accumulate: they must start at zero
+        b.call("cudaMemsetAsync", ctypes.c_void_p(out), ctypes.c_int(0),
+               ctypes.c_size_t(m * n * 4), ctypes.c_void_p(stream))  # fmt: skip
     args = [out, x, w] + [ctypes.c_int(v) for v in ints]
     b.launch("hybrid_gemm_kernel", (*grid, 1), 256, args, stream=stream, shared_mem=shared)

@@ -148,6 +148,11 @@ class Device:
         """out[m, n] = x[m, k] @ w[n, k]^T by HybridGEMM (w host-mapped), alpha: output-stationary
         share of the columns."""
         ints, grid, shared = launch_shape(m, n, k, alpha, tiles)
+        if ints[3] < n:  # NOTE: the weight-stationary columns accumulate: they must start at zero
+            self.b.call(
+                "cudaMemsetAsync", c_void_p(out), ctypes.c_int(0), c_size_t(m * n * 4),
+                c_void_p(self.stream),
+            )  # fmt: skip
         self.launch("hybrid_gemm_kernel", out, x, w, *ints, grid=grid, block=256, shared=shared)
 
     def synchronize(self) -> None:

@@ -2,7 +2,8 @@
  * memory on a superchip), X in device memory, O fp32. Output columns [0, split) run
  * output-stationary (BM x BN output tiles, K swept in BK steps); columns [split, N) run
  * weight-stationary (a WBK x WBN tile of W stays on chip while M is swept in WBM steps, partial
- * outputs accumulated into O with atomic adds). Every tile read is reported to simcuda's traffic
+ * outputs accumulated into O with atomic adds, so those columns must be zero: the caller clears
+ * them, as on a GPU, where no block can). Every tile read is reported to simcuda's traffic
  * counters exactly as medusa/c2c/model.py counts it. Same contract as csrc/kernels/cuda/ and
  * medusa/c2c/triton_gemm.py. Inputs: dtype 0 fp32, 1 fp16, 2 bf16 (converted, fp32 accumulate). */
 #include <math.h>
@@ -111,8 +112,6 @@ static void weight_stationary(const struct hg_args *a, size_t e) {
         free(xbuf);
         return;
     }
-    for (int i = 0; i < a->m; i++)
-        memset(a->o + (size_t)i * a->n + a->split, 0, (size_t)(a->n - a->split) * 4);
     for (int n0 = a->split; n0 < a->n; n0 += a->wbn)
         for (int k0 = 0; k0 < a->k; k0 += a->wbk) {
             int bn = min_i(a->wbn, a->n - n0), bk = min_i(a->wbk, a->k - k0);
