@@ -103,6 +103,7 @@ cudaError_t rt_ret(CUresult err);
 cudaError_t rt_set(cudaError_t err);
 /* The CUfunction of a host stub (its CUkernel made a function on first use, as cudaGetFuncBySymbol). */
 CUfunction rt_func_of_stub(const void *stub);
+CUkernel rt_kernel_of_stub(const void *stub);
 const void *rt_stub_of_func(CUfunction f);
 
 #define RT_INIT()                                                                                  \

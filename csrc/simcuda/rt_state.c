@@ -71,18 +71,30 @@ static void stub_put(const void *stub, CUkernel k, CUfunction f) {
     rt.stubs[i] = (stub_slot){stub, k, f};
 }
 
-CUfunction rt_func_of_stub(const void *stub) {
-    CUfunction f = NULL;
+/* The slot of stub, or NULL; called with rt.lock held. */
+static stub_slot *stub_find(const void *stub) {
+    if (!rt.stub_cap || !stub)
+        return NULL;
+    size_t i = stub_hash(stub) & (rt.stub_cap - 1);
+    while (rt.stubs[i].stub && rt.stubs[i].stub != stub)
+        i = (i + 1) & (rt.stub_cap - 1);
+    return rt.stubs[i].stub ? &rt.stubs[i] : NULL;
+}
+
+CUkernel rt_kernel_of_stub(const void *stub) {
     pthread_mutex_lock(&rt.lock);
-    if (rt.stub_cap && stub) {
-        size_t i = stub_hash(stub) & (rt.stub_cap - 1);
-        while (rt.stubs[i].stub && rt.stubs[i].stub != stub)
-            i = (i + 1) & (rt.stub_cap - 1);
-        stub_slot *s = &rt.stubs[i];
-        if (s->stub && !s->func && rt_drv.kernelGetFunction(&s->func, s->kernel))
-            s->func = NULL;
-        f = s->func;
-    }
+    stub_slot *s = stub_find(stub);
+    CUkernel k = s ? s->kernel : NULL;
+    pthread_mutex_unlock(&rt.lock);
+    return k;
+}
+
+CUfunction rt_func_of_stub(const void *stub) {
+    pthread_mutex_lock(&rt.lock);
+    stub_slot *s = stub_find(stub);
+    if (s && !s->func && rt_drv.kernelGetFunction(&s->func, s->kernel))
+        s->func = NULL;
+    CUfunction f = s ? s->func : NULL;
     pthread_mutex_unlock(&rt.lock);
     return f;
 }

@@ -101,6 +101,18 @@ RT_API cudaError_t cudaGetFuncBySymbol(cudaFunction_t *out, const void *stub) {
     return cudaSuccess;
 }
 
+/* The context-less CUkernel behind a stub (12.1); cudaGetFuncBySymbol gives its CUfunction. */
+RT_API cudaError_t cudaGetKernel(cudaKernel_t *out, const void *stub) {
+    RT_INIT();
+    CUkernel k = rt_kernel_of_stub(stub);
+    if (!out)
+        return rt_set(cudaErrorInvalidValue);
+    if (!k)
+        return rt_set(cudaErrorInvalidDeviceFunction);
+    *out = (cudaKernel_t)k;
+    return cudaSuccess;
+}
+
 RT_API cudaError_t cudaFuncGetName(const char **name, const void *stub) {
     RT_INIT();
     CUfunction f = rt_func_of_stub(stub);
