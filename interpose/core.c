@@ -79,11 +79,28 @@ bool mi_bind_real(hook_id id, void *fn) {
     return false;
 }
 
+/* A driver loaded privately (cudart's dlopen("libcuda.so.1") with RTLD_LOCAL) is invisible to
+ * RTLD_NEXT: look in it by name, without loading anything. */
+static void *driver_sym(const char *name) {
+    static const char *const drivers[] = {"libcuda.so.1", "libsimcuda.so"};
+    void *f = NULL;
+    for (size_t i = 0; i < sizeof drivers / sizeof drivers[0] && !f; i++) {
+        void *h = dlopen(drivers[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (!h)
+            continue;
+        f = mi_real_dlsym(h, name);
+        dlclose(h);
+    }
+    return f;
+}
+
 void *mi_real(hook_id id) {
     void *f = __atomic_load_n(&g_real[id], __ATOMIC_ACQUIRE);
     if (f)
         return f;
     f = mi_real_dlsym(RTLD_NEXT, mi_hook_name[id]);
+    if (!f)
+        f = driver_sym(mi_hook_name[id]);
     if (f)
         mi_bind_real(id, f);
     return __atomic_load_n(&g_real[id], __ATOMIC_ACQUIRE);
@@ -161,6 +178,15 @@ static int g_failed;
 void mi_fail(const char *what) {
     if (!__atomic_exchange_n(&g_failed, 1, __ATOMIC_ACQ_REL))
         mi_log("recording stopped: %s (the program goes on unchanged)", what);
+}
+
+void mi_stop(const char *why) {
+    if (__atomic_load_n(&g_failed, __ATOMIC_ACQUIRE) || !mi_recording_on())
+        return;
+    medusa_trace_record r = {.type = MEDUSA_EV_STOPPED};
+    mi_emit(&r, why, strlen(why), LIVE_NONE);
+    mi_flush();
+    mi_fail(why);
 }
 
 /* ---- configuration, pause, gate ---- */

@@ -57,6 +57,7 @@ void *mi_identify(const char *base, void *fn); /* the hook bound to the variant 
 void *mi_real_dlsym(void *handle, const char *name);
 void mi_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void mi_fail(const char *what);          /* fail-open: log once, stop recording, pass through */
+void mi_stop(const char *why);           /* mi_fail, saying why in the trace: it cannot be used */
 void *mi_sibling(hook_id id, const char *name); /* name, from the object that holds hook id's real */
 
 extern __thread unsigned mi_t_nest;
@@ -134,6 +135,9 @@ typedef struct {
     PFN_cuFuncGetName_v12030 funcGetName;
     PFN_cuKernelGetLibrary_v12050 kernelGetLibrary;
     PFN_cuFuncGetModule_v11000 funcGetModule;
+    PFN_cuKernelGetParamInfo_v12040 kernelGetParamInfo;
+    PFN_cuKernelGetFunction_v12000 kernelGetFunction;
+    PFN_cuLibraryGetModule_v12000 libraryGetModule;
     PFN_cuCtxGetDevice_v2000 ctxGetDevice;
     PFN_cuDeviceGetName_v2000 deviceGetName;
     PFN_cuDeviceTotalMem_v3020 deviceTotalMem;
@@ -158,6 +162,7 @@ CUfunction mi_func_of_stub(hook_id api, const void *stub);
 size_t mi_param_bytes(const mi_func_info *fi, void **params, void **extra, unsigned char *out,
                       size_t cap);
 size_t mi_image_size(const void *image);
+const void *mi_image_data(const void *image); /* a fatbin wrapper's image, else image */
 void mi_sha256(const void *data, size_t len, uint8_t out[32]);
 void mi_dump_graph(hook_id api, void *stream, CUgraph g);
 void mi_before_device_alloc(bool runtime); /* the layout shift, once, before any allocation */

@@ -12,6 +12,21 @@
 #define U(x) ((uint64_t)(uintptr_t)(x))
 #define MAX_IMAGE ((size_t)1 << 31)
 
+/* The image a fatbin wrapper (__fatBinC_Wrapper_t: {magic, version, data, filename}) points to, or
+ * image itself. NOTE: hash and save what it points to: the wrapper holds a per-run pointer. */
+const void *mi_image_data(const void *image) {
+    const unsigned char *p = image;
+    uint32_t magic;
+    const void *data = NULL;
+    if (!p)
+        return NULL;
+    memcpy(&magic, p, 4);
+    if (magic != 0x466243b1u)
+        return image;
+    memcpy(&data, p + 8, sizeof data);
+    return data;
+}
+
 /* The size of an image handed over by pointer: the driver is told none, so read the format. */
 size_t mi_image_size(const void *image) {
     const unsigned char *p = image;
@@ -23,11 +38,6 @@ size_t mi_image_size(const void *image) {
         uint64_t total;
         memcpy(&total, p + 16, 8);
         return total <= MAX_IMAGE ? (size_t)total : 0;
-    }
-    if (magic == 0x466243b1u) { /* fatbin wrapper: {magic, version, data, filename} */
-        const void *data;
-        memcpy(&data, p + 8, sizeof data);
-        return data ? mi_image_size(data) : 0;
     }
     if (magic == 0xBA55ED50u) { /* fatbin: u16 header size @6, u64 body size @8 */
         uint16_t h;
@@ -80,8 +90,15 @@ typedef struct {
  * then the file name (cuModuleLoad, cuLibraryLoadFromFile). */
 static void rec_load(hook_id api, int res, const void *handle, bool is_library, const void *image,
                      size_t size, const char *fname, options jit, options lib) {
+    /* A library's module (cuLibraryGetModule) is its own handle: recorded with it, so what is
+     * found through the module (cuFuncGetModule, cuModuleGetGlobal) keeps the image hash. */
+    const mi_driver *d = mi_drv();
+    CUmodule mod = NULL;
+    if (!res && is_library && handle && d->libraryGetModule &&
+        d->libraryGetModule(&mod, (CUlibrary)handle) != CUDA_SUCCESS)
+        mod = NULL;
     medusa_trace_record r = {.type = MEDUSA_EV_LOAD, .api = (uint16_t)api, .result = res,
-                             .u = {U(handle), size, is_library}};
+                             .u = {U(handle), size, is_library, [7] = U(mod)}};
     uint8_t hash[32] = {0};
     char hex[65] = {0};
     if (!res && image && size) {
@@ -119,6 +136,13 @@ static void rec_load(hook_id api, int res, const void *handle, bool is_library, 
         mi_save_image(hex, image, size);
 }
 
+/* An image handed over in memory: unwrapped first (its size is read from its format). */
+static void rec_load_mem(hook_id api, int res, const void *handle, bool is_library, const void *image,
+                         const char *fname, options jit, options lib) {
+    image = mi_image_data(image);
+    rec_load(api, res, handle, is_library, image, mi_image_size(image), fname, jit, lib);
+}
+
 #define NO_OPTS ((options){0, NULL, NULL})
 #define OPTS(n, o, v) ((options){(o) ? (n) : 0, (const int *)(o), (void *const *)(v)})
 
@@ -135,22 +159,19 @@ static void rec_load_file(hook_id api, int res, const void *handle, bool is_libr
 HOOK(cuModuleLoad, (CUmodule * m, const char *fname), CALL_DRV(cuModuleLoad, m, fname),
      rec_load_file(H_cuModuleLoad, r_, m ? *m : NULL, false, fname, NO_OPTS, NO_OPTS))
 HOOK(cuModuleLoadData, (CUmodule * m, const void *image), CALL_DRV(cuModuleLoadData, m, image),
-     rec_load(H_cuModuleLoadData, r_, m ? *m : NULL, false, image, mi_image_size(image), NULL,
-              NO_OPTS, NO_OPTS))
+     rec_load_mem(H_cuModuleLoadData, r_, m ? *m : NULL, false, image, NULL, NO_OPTS, NO_OPTS))
 HOOK(cuModuleLoadDataEx,
      (CUmodule * m, const void *image, unsigned int n, CUjit_option *o, void **v),
      CALL_DRV(cuModuleLoadDataEx, m, image, n, o, v),
-     rec_load(H_cuModuleLoadDataEx, r_, m ? *m : NULL, false, image, mi_image_size(image), NULL,
-              OPTS(n, o, v), NO_OPTS))
+     rec_load_mem(H_cuModuleLoadDataEx, r_, m ? *m : NULL, false, image, NULL, OPTS(n, o, v), NO_OPTS))
 HOOK(cuModuleLoadFatBinary, (CUmodule * m, const void *fat), CALL_DRV(cuModuleLoadFatBinary, m, fat),
-     rec_load(H_cuModuleLoadFatBinary, r_, m ? *m : NULL, false, fat, mi_image_size(fat), NULL,
-              NO_OPTS, NO_OPTS))
+     rec_load_mem(H_cuModuleLoadFatBinary, r_, m ? *m : NULL, false, fat, NULL, NO_OPTS, NO_OPTS))
 HOOK(cuLibraryLoadData,
      (CUlibrary * l, const void *code, CUjit_option *jo, void **jv, unsigned int njo,
       CUlibraryOption *lo, void **lv, unsigned int nlo),
      CALL_DRV(cuLibraryLoadData, l, code, jo, jv, njo, lo, lv, nlo),
-     rec_load(H_cuLibraryLoadData, r_, l ? *l : NULL, true, code, mi_image_size(code), NULL,
-              OPTS(njo, jo, jv), OPTS(nlo, lo, lv)))
+     rec_load_mem(H_cuLibraryLoadData, r_, l ? *l : NULL, true, code, NULL, OPTS(njo, jo, jv),
+              OPTS(nlo, lo, lv)))
 HOOK(cuLibraryLoadFromFile,
      (CUlibrary * l, const char *fname, CUjit_option *jo, void **jv, unsigned int njo,
       CUlibraryOption *lo, void **lv, unsigned int nlo),

@@ -410,13 +410,24 @@ static func_slot *func_insert(const void *key) {
     return &W.funcs[i];
 }
 
-static void func_query(CUfunction f, mi_func_info *fi, medusa_trace_record *r, char **blob,
-                       size_t *len) {
-    const mi_driver *d = mi_drv();
+/* Parameter i of f: a CUfunction (cuFuncGetParamInfo, 12.4+) or a CUkernel (cuKernelGetParamInfo,
+ * 12.4+; without it, through its function). */
+static CUresult param_info(const mi_driver *d, CUfunction f, CUkernel k, size_t i, size_t *off,
+                           size_t *size) {
+    if (k && d->kernelGetParamInfo)
+        return d->kernelGetParamInfo(k, i, off, size);
+    return d->funcGetParamInfo ? d->funcGetParamInfo(f, i, off, size) : CUDA_ERROR_NOT_FOUND;
+}
+
+/* The layout of f's parameters into fi; false when the driver cannot tell it. NOTE: only
+ * CUDA_ERROR_INVALID_VALUE past the last index ends the list: any other error is no layout at
+ * all, never "no parameters" (the graph would be rebuilt with empty parameter buffers). */
+static bool param_layout(const mi_driver *d, CUfunction f, CUkernel k, mi_func_info *fi) {
     uint32_t cap = 16, n = 0;
     uint32_t(*lay)[2] = malloc(cap * sizeof *lay);
     size_t off, size;
-    while (lay && d->funcGetParamInfo && n < 4096 && !d->funcGetParamInfo(f, n, &off, &size)) {
+    CUresult e = CUDA_SUCCESS;
+    while (lay && n < 4096 && !(e = param_info(d, f, k, n, &off, &size))) {
         if (n == cap) {
             uint32_t(*m)[2] = realloc(lay, (cap *= 2) * sizeof *lay);
             if (!m)
@@ -429,15 +440,48 @@ static void func_query(CUfunction f, mi_func_info *fi, medusa_trace_record *r, c
     }
     fi->num_params = lay ? n : 0;
     fi->layout = lay;
+    return lay && e == CUDA_ERROR_INVALID_VALUE;
+}
+
+static void stop_no_layout(const mi_driver *d, CUfunction f, const char *name, bool kernel) {
+    int v = 0;
+    if (d->driverGetVersion)
+        d->driverGetVersion(&v);
+    char msg[400];
+    snprintf(msg, sizeof msg,
+             "the parameter layout of kernel %s cannot be read: the driver (CUDA %d.%d) %s; an "
+             "artifact needs a CUDA 12.4 or newer driver (cuFuncGetParamInfo, cuKernelGetParamInfo)",
+             name ? name : "?", v / 1000, v % 1000 / 10,
+             !d->funcGetParamInfo && !(kernel && d->kernelGetParamInfo)
+                 ? "has neither cuFuncGetParamInfo nor cuKernelGetParamInfo"
+                 : "refused the query");
+    (void)f;
+    mi_stop(msg);
+}
+
+static void func_query(CUfunction f, mi_func_info *fi, medusa_trace_record *r, char **blob,
+                       size_t *len) {
+    const mi_driver *d = mi_drv();
+    /* f is a CUfunction, or a CUkernel (cuLaunchKernel takes both): a kernel is asked through the
+     * function it gives, for its module. */
     const char *name = NULL;
-    if (d->funcGetName)
-        d->funcGetName(&name, f);
+    CUfunction fn = f;
+    CUkernel k = NULL;
+    CUresult named = d->funcGetName ? d->funcGetName(&name, f) : CUDA_ERROR_NOT_FOUND;
+    if (named == CUDA_ERROR_INVALID_HANDLE && d->kernelGetFunction &&
+        d->kernelGetFunction(&fn, (CUkernel)f) == CUDA_SUCCESS) {
+        k = (CUkernel)f;
+        if (d->funcGetName)
+            d->funcGetName(&name, fn);
+    }
+    if (!param_layout(d, fn, k, fi))
+        stop_no_layout(d, f, name, k != NULL);
     CUlibrary lib = NULL;
     CUmodule mod = NULL;
-    if (d->kernelGetLibrary)
-        d->kernelGetLibrary(&lib, (CUkernel)f);
-    if (d->funcGetModule)
-        d->funcGetModule(&mod, f);
+    if (k && d->kernelGetLibrary && d->kernelGetLibrary(&lib, k) != CUDA_SUCCESS)
+        lib = NULL;
+    if (d->funcGetModule && d->funcGetModule(&mod, fn) != CUDA_SUCCESS)
+        mod = NULL;
     *r = (medusa_trace_record){.type = MEDUSA_EV_FUNC,
                                .u = {(uint64_t)(uintptr_t)f, (uint64_t)(uintptr_t)lib,
                                      (uint64_t)(uintptr_t)mod, fi->num_params, fi->bytes}};
@@ -446,7 +490,7 @@ static void func_query(CUfunction f, mi_func_info *fi, medusa_trace_record *r, c
     *blob = malloc(*len + 1);
     if (*blob) {
         if (fi->num_params)
-            memcpy(*blob, lay, fi->num_params * 8u);
+            memcpy(*blob, fi->layout, fi->num_params * 8u);
         if (nl)
             memcpy(*blob + fi->num_params * 8u, name, nl);
     }

@@ -97,7 +97,9 @@ class RunView:
                 i = by_seq[e.alloc_seq]
                 allocs[i].free_seq = e.seq
                 events.append(("f", i))
-        loads = {x.handle: x.sha256 for x in trace.of(R.Load, Ev.LOAD) if x.result == 0}
+        if trace.stopped:
+            raise MaterializeError(f"{trace.path}: the recorder stopped early: {trace.stopped}")
+        loads = trace.loaded_images()
         stubs = {s.func: s.symbol for s in trace.of(R.Stub, Ev.STUB)}
         if not graphs:
             return cls(trace, allocs, events, [], {}, loads, [], {}, None, vmm)

@@ -53,14 +53,20 @@ class Restorer:
 
     def _drv(self, name: str, version: int, restype: Any, argtypes: list[Any]) -> Any:
         fn = c_void_p()
-        self.b.call(
+        by_version = self.b._fn(
             "cudaGetDriverEntryPointByVersion",
-            c_char_p(name.encode()),
-            ctypes.byref(fn),
-            c_uint(version),
-            ctypes.c_ulonglong(0),
-            None,
+            c_int,
+            [c_char_p, c_void_p, c_uint, ctypes.c_ulonglong, c_void_p],
         )
+        if by_version(name.encode(), ctypes.byref(fn), version, 0, None):
+            # NOTE: a runtime older than 12.5 has only the unversioned lookup.
+            self.b.call(
+                "cudaGetDriverEntryPoint",
+                c_char_p(name.encode()),
+                ctypes.byref(fn),
+                ctypes.c_ulonglong(0),
+                None,
+            )
         if not fn.value:
             raise RestoreError(f"the driver has no {name}")
         return ctypes.CFUNCTYPE(restype, *argtypes)(fn.value)
@@ -181,6 +187,8 @@ class Restorer:
         mod_func = self._drv(
             "cuModuleGetFunction", 2000, c_int, [POINTER(c_void_p), c_void_p, c_char_p]
         )
+        # NOTE: a library gives a CUkernel; graph nodes and cuFuncSetAttribute take a CUfunction.
+        as_func = self._drv("cuKernelGetFunction", 12000, c_int, [POINTER(c_void_p), c_void_p])
         load_data = self._drv(
             "cuLibraryLoadData",
             12000,
@@ -210,7 +218,9 @@ class Restorer:
             if not method and sha in libs:
                 handle, is_lib = libs[sha]
                 look = lib_kernel if is_lib else mod_func
-                if look(ctypes.byref(f), c_void_p(handle), name.encode()) == 0:
+                if look(ctypes.byref(f), c_void_p(handle), name.encode()) == 0 and (
+                    not is_lib or as_func(ctypes.byref(f), f) == 0
+                ):
                     method = "loaded image"
             why = "no image of it was saved"
             if not method and (image := self.art.image(sha)):
@@ -219,7 +229,10 @@ class Restorer:
                 if code:
                     why = f"its saved image does not load ({self.b.error_name(code)}: "
                     why += f"{self.b.last_message()})"
-                elif lib_kernel(ctypes.byref(f), lib, name.encode()) == 0:
+                elif (
+                    lib_kernel(ctypes.byref(f), lib, name.encode()) == 0
+                    and as_func(ctypes.byref(f), f) == 0
+                ):
                     libs[sha] = (int(lib.value or 0), True)
                     method = "saved image"
                 else:

@@ -48,6 +48,7 @@ class Ev(IntEnum):
     END = 30
     APIS = 31
     CONTENT = 32
+    STOPPED = 33
 
 
 class NodeType(IntEnum):

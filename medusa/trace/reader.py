@@ -61,6 +61,23 @@ class Trace:
             )
         return data
 
+    def loaded_images(self) -> dict[int, str]:
+        """The image sha256 behind each library or module handle a successful load gave, a
+        library's module (cuLibraryGetModule: a handle of its own) included."""
+        out: dict[int, str] = {}
+        for x in self.of(R.Load, Ev.LOAD):
+            if x.result == 0:
+                out[x.handle] = x.sha256
+                if x.module:
+                    out[x.module] = x.sha256
+        return out
+
+    @property
+    def stopped(self) -> str:
+        """Why the recorder stopped before the program ended ("" if it did not): such a trace
+        cannot make an artifact."""
+        return "; ".join(x.reason for x in self.of(R.Stopped, Ev.STOPPED))
+
     def __len__(self) -> int:
         return len(self.records)
 

@@ -124,6 +124,7 @@ class Load(Event):
     file: str
     jit_options: tuple[tuple[int, int], ...]
     library_options: tuple[tuple[int, int], ...]
+    module: int  # a library's module (cuLibraryGetModule), 0 if none
 
 
 @dataclass(slots=True)
@@ -258,6 +259,11 @@ class End(Event):
 
 
 @dataclass(slots=True)
+class Stopped(Event):
+    reason: str
+
+
+@dataclass(slots=True)
 class Content(Event):
     addr: int
     size: int
@@ -301,7 +307,7 @@ def _options(blob: bytes) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int,
 def _load(h: Head, u: list[int], blob: bytes) -> Load:
     jit, lib, fname = _options(blob)
     digest = struct.pack("<4Q", *u[3:7]).hex()
-    return Load(*h, u[0], u[1], bool(u[2]), digest, fname, jit, lib)
+    return Load(*h, u[0], u[1], bool(u[2]), digest, fname, jit, lib, u[7])
 
 
 def _func(h: Head, u: list[int], blob: bytes) -> Func:
@@ -398,5 +404,6 @@ BUILDERS: dict[int, Builder] = {
     Ev.RESUME: lambda h, u, b: Resume(*h),
     Ev.END: lambda h, u, b: End(*h),
     Ev.CONTENT: lambda h, u, b: Content(*h, u[0], u[1], u[2], b),
+    Ev.STOPPED: lambda h, u, b: Stopped(*h, _s(b)),
     Ev.APIS: lambda h, u, b: Apis(*h, tuple(_s(a) for a in b.split(b"\0")[: u[0]])),
 }

@@ -51,7 +51,8 @@ typedef enum {
     MEDUSA_EV_VMM_RELEASE = 11, /* u: handle */
     MEDUSA_EV_VMM_MAP = 12,     /* u: addr, size, offset, handle */
     MEDUSA_EV_VMM_UNMAP = 13,   /* u: addr, size */
-    MEDUSA_EV_LOAD = 14,        /* u: handle, size, is_library, hash[4] (sha256 of the image);
+    MEDUSA_EV_LOAD = 14,        /* u: handle, size, is_library, hash[4] (sha256 of the image), the
+                                   library's module (cuLibraryGetModule) or 0;
                                    blob: the file name for cuModuleLoad/cuLibraryLoadFromFile */
     MEDUSA_EV_FUNC = 15,        /* u: func, library, module, num_params, param_bytes;
                                    blob: u32 (offset, size) per param, then the mangled name */
@@ -76,6 +77,7 @@ typedef enum {
     MEDUSA_EV_CONTENT = 32,     /* u: addr, size, alloc_seq;  blob: the allocation's bytes, read when
                                    the "ready" phase is marked, for allocations made since the
                                    capture phase began (a graph's permanent buffers) */
+    MEDUSA_EV_STOPPED = 33,     /* blob: why the recorder stopped: the trace cannot make an artifact */
 } medusa_event_type;
 
 /* MEDUSA_EV_LAUNCH payload, in u[]: func, stream, node (the graph node it became while capturing,

@@ -31,44 +31,23 @@ def floats(ptr, n=N):
 
 
 def module_global(name):
-    """The device address of a global of the test-kernel module, as a program would get it."""
-    fn = c_void_p()
+    """The device address of a global of the test-kernel module, as a CUDA 13 program gets it:
+    the function's module (cuFuncGetModule: not the library the runtime loaded) holds it."""
+    fn, mod = c_void_p(), c_void_p()
+    addr, size = ctypes.c_uint64(), ctypes.c_size_t()
     b.call("cudaGetFuncBySymbol", ctypes.byref(fn), c_void_p(b.symbol("add_global_bias")))
-    get = c_void_p()
-    lib, addr, size = c_void_p(), ctypes.c_uint64(), ctypes.c_size_t()
-    b.call(
-        "cudaGetDriverEntryPointByVersion",
-        b"cuKernelGetLibrary",
-        ctypes.byref(get),
-        ctypes.c_uint(12050),
-        ctypes.c_ulonglong(0),
-        None,
-    )
-    ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)(get.value)(ctypes.byref(lib), fn)
-    b.call(
-        "cudaGetDriverEntryPointByVersion",
-        b"cuLibraryGetGlobal",
-        ctypes.byref(get),
-        ctypes.c_uint(12000),
-        ctypes.c_ulonglong(0),
-        None,
-    )
-    ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, ctypes.c_char_p)(get.value)(
-        ctypes.byref(addr), ctypes.byref(size), lib, name
-    )
+    assert not driver(b"cuFuncGetModule", 11000, c_void_p, c_void_p)(ctypes.byref(mod), fn)
+    get = driver(b"cuModuleGetGlobal", 3020, c_void_p, c_void_p, c_void_p, ctypes.c_char_p)
+    assert not get(ctypes.byref(addr), ctypes.byref(size), mod, name)
     return addr.value
 
 
 def driver(name, version, *argtypes):
     fn = c_void_p()
-    b.call(
-        "cudaGetDriverEntryPointByVersion",
-        name,
-        ctypes.byref(fn),
-        ctypes.c_uint(version),
-        ctypes.c_ulonglong(0),
-        None,
-    )
+    args = [ctypes.c_char_p, c_void_p, ctypes.c_uint, ctypes.c_ulonglong, c_void_p]
+    by_version = b._fn("cudaGetDriverEntryPointByVersion", c_int, args)
+    if by_version(name, ctypes.byref(fn), version, 0, None):  # a 12.4 runtime has only:
+        b.call("cudaGetDriverEntryPoint", name, ctypes.byref(fn), 0, None)
     return ctypes.CFUNCTYPE(c_int, *argtypes)(fn.value)
 
 
