@@ -49,6 +49,11 @@ SIM_POISON = EnvVar(
     True,
     "simcuda: fresh device memory holds per-process stale bytes; 0: zeroes",
 )
+SIM_DRIVER_VERSION = EnvVar(
+    "MEDUSA_SIM_DRIVER_VERSION",
+    "",
+    "simcuda: CUDA version the driver claims (e.g. 12030); newer entry points are hidden",
+)
 TRACE = EnvVar(
     "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
 )
@@ -88,6 +93,7 @@ ALL: tuple[EnvVar, ...] = (
     SIM_MEMCHECK,
     SIM_VERBOSE,
     SIM_POISON,
+    SIM_DRIVER_VERSION,
     TRACE,
     MODE,
     LOG_LEVEL,
