@@ -7,7 +7,7 @@ template's tables, replacement rows against the graph's combined ones."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from medusa.restore.validate import PlanTables
 
 KERNEL, MEMCPY, MEMSET, EMPTY = (int(NodeType[t]) for t in ("KERNEL", "MEMCPY", "MEMSET", "EMPTY"))
+I64 = 1 << 63
+MAX_TABLE = 1 << 24  # entries in any one plan table
 MAX_PARAM_BYTES = 32764  # CUDA's limit on a kernel's parameters (csrc/restore/restore.h)
 MEMORY_TYPES = (1, 2, 4)  # CUmemorytype host, device, unified
 TEMPLATE = {"nodes": bytes, "params": bytes, "relocs": bytes, "edges": bytes, "num_nodes": int}
@@ -36,13 +38,18 @@ def _records(blobs: list[bytes], dtype: np.dtype, where: str) -> tuple[np.ndarra
     return np.frombuffer(b"".join(blobs), dtype), sizes // dtype.itemsize
 
 
-def _fields(value: Any, fields: dict[str, type], where: str) -> None:
+def entries(value: Any, where: str, fields: Mapping[str, type]) -> list[dict[str, Any]]:
+    """A list of objects with exactly these fields, of these types; integers within int64 (numpy
+    takes them next: a larger one would raise OverflowError, not the project's error)."""
+    if type(value) is not list or len(value) > MAX_TABLE:
+        raise ArtifactError(f"{where}: expected a list")
     for i, v in enumerate(value):
         if type(v) is not dict or v.keys() != fields.keys():
-            raise ArtifactError(f"{where} {i}: expected an object with fields {list(fields)}")
+            raise ArtifactError(f"{where}[{i}]: expected an object with fields {list(fields)}")
         for k, t in fields.items():
-            if type(v[k]) is not t:
-                raise ArtifactError(f"{where} {i}: {k}: expected {t.__name__}")
+            if type(v[k]) is not t or (t is int and not -I64 <= v[k] < I64):
+                raise ArtifactError(f"{where}[{i}].{k}: expected {t.__name__}")
+    return value  # type: ignore[no-any-return]
 
 
 def _one_of(a: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
@@ -60,8 +67,8 @@ def _raise_first(bad: np.ndarray, name: Callable[[int], str], what: str) -> None
 
 def check_graphs(plan: dict[str, Any], tables: PlanTables) -> None:
     templates, graphs = plan["templates"], plan["graphs"]
-    _fields(templates, TEMPLATE, "template")
-    _fields(graphs, GRAPH, "graph")
+    entries(templates, "templates", TEMPLATE)
+    entries(graphs, "graphs", GRAPH)
     tn_rows, tn = _records([t["nodes"] for t in templates], NODE, "template {}: nodes")
     t_rel, tr = _records([t["relocs"] for t in templates], RELOC, "template {}: relocs")
     edges, te = _records([t["edges"] for t in templates], EDGE, "template {}: edges")

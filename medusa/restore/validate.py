@@ -10,7 +10,6 @@ medusa.restore.graph_check."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +17,9 @@ import numpy as np
 
 from medusa.artifact.errors import ArtifactError
 from medusa.materialize.analysis import DEVICE, HOST
-from medusa.restore.graph_check import MAX_PARAM_BYTES, check_graphs
+from medusa.restore.graph_check import MAX_PARAM_BYTES, MAX_TABLE, check_graphs, entries
 
 U63 = 1 << 63
-MAX_TABLE = 1 << 24  # entries in any one table of a plan
 KEYS = {
     "allocs": list,
     "skipped_phases": list,
@@ -38,19 +36,6 @@ KEYS = {
 FUNC = {"name": str, "sha256": str, "symbol": str, "layout": list, "attrs": list}
 GLOBAL_ENTRY = {"sha256": str, "name": str, "size": int, "index": int}
 VMM_ENTRY = {"index": int, "phase": str, "ordinal": int, "size": int}
-
-
-def _entries(value: Any, where: str, fields: Mapping[str, type]) -> list[dict[str, Any]]:
-    """A list of objects with exactly these fields, of these types."""
-    if type(value) is not list or len(value) > MAX_TABLE:
-        raise ArtifactError(f"{where}: expected a list")
-    for i, v in enumerate(value):
-        if type(v) is not dict or v.keys() != fields.keys():
-            raise ArtifactError(f"{where}[{i}]: expected an object with fields {list(fields)}")
-        for k, t in fields.items():
-            if type(v[k]) is not t:
-                raise ArtifactError(f"{where}[{i}].{k}: expected {t.__name__}")
-    return value  # type: ignore[no-any-return]
 
 
 def _columns(value: Any, where: str, width: int) -> list[tuple[Any, ...]]:
@@ -74,10 +59,10 @@ def _strs(col: Any, where: str) -> None:
         raise ArtifactError(f"{where}: expected strings of at most 4096 characters")
 
 
-def _sized_table(entries: list[dict[str, Any]], where: str) -> np.ndarray:
+def _sized_table(rows: list[dict[str, Any]], where: str) -> np.ndarray:
     """Recorded size by table index (-1 where the plan declares none), for globals and VMM."""
-    index = ints([e["index"] for e in entries], f"{where} index", hi=MAX_TABLE)
-    size = ints([e["size"] for e in entries], f"{where} size")
+    index = ints([e["index"] for e in rows], f"{where} index", hi=MAX_TABLE)
+    size = ints([e["size"] for e in rows], f"{where} size")
     if len(index) and np.bincount(index).max() > 1:
         raise ArtifactError(f"{where}: an index is listed twice")
     out = np.full(int(index.max()) + 1 if len(index) else 0, -1, np.int64)
@@ -154,7 +139,7 @@ def check_tables(plan: Any) -> PlanTables:
     _strs(plan["skipped_phases"], "skipped_phases")
     skip = set(plan["skipped_phases"])
     skipped = np.array([p in skip for p in phase], bool)
-    funcs = _entries(plan["funcs"], "funcs", FUNC)
+    funcs = entries(plan["funcs"], "funcs", FUNC)
     for i, f in enumerate(funcs):
         _strs((f["name"], f["sha256"], f["symbol"]), f"funcs[{i}]")
         a, v = _columns(f["attrs"], f"funcs[{i}].attrs", 2)
@@ -162,8 +147,8 @@ def check_tables(plan: Any) -> PlanTables:
         ints(v, f"funcs[{i}].attrs value", -(1 << 31), 1 << 31)
     layout_end = np.array([_layout_end(f["layout"], f"funcs[{i}].layout") for i, f in
                            enumerate(funcs)], np.int64)  # fmt: skip
-    globs = _entries(plan["globals"], "globals", GLOBAL_ENTRY)
-    vmm = _entries(plan["vmm"], "vmm", VMM_ENTRY)
+    globs = entries(plan["globals"], "globals", GLOBAL_ENTRY)
+    vmm = entries(plan["vmm"], "vmm", VMM_ENTRY)
     _strs([g["sha256"] for g in globs] + [g["name"] for g in globs], "globals")
     _strs([v["phase"] for v in vmm], "vmm phase")
     ints([v["ordinal"] for v in vmm], "vmm ordinal")

@@ -131,6 +131,16 @@ CRAFTED: dict[str, tuple[Callable[[dict], None], str, bool]] = {
         "a copy or fill runs past its allocation",
         False,
     ),
+    "graph template beyond 64 bits": (
+        lambda p: p["graphs"][0].update(template=(1 << 64) - 1),
+        "graphs[0].template: expected int",
+        False,
+    ),
+    "template node count beyond 64 bits": (
+        lambda p: p["templates"][0].update(num_nodes=-(1 << 70)),
+        "templates[0].num_nodes: expected int",
+        False,
+    ),
     "replay frees the engine's memory": (
         lambda p: p["replay"].append(["f", 0]),
         "replay: allocation #0 belongs to a phase the engine runs itself",
@@ -202,7 +212,11 @@ def mutations(draw: st.DrawFn) -> tuple:
     if kind == "truncate":
         blob = draw(st.sampled_from(["nodes", "relocs", "edges", "params"]))
         return kind, "templates", blob, draw(st.integers(1, 100)), None
-    table = draw(st.sampled_from(["allocs", "replay", "contents", "globals", "vmm", "funcs"]))
+    table = draw(
+        st.sampled_from(
+            ["allocs", "replay", "contents", "globals", "vmm", "funcs", "graphs", "templates"]
+        )
+    )
     value = draw(st.sampled_from(VALUES + ODD))
     return kind, table, draw(st.integers(0, 4)), draw(st.integers(0, 4)), value
 
