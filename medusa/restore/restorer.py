@@ -153,8 +153,10 @@ class Restorer:
         self._execs = []
         skipped = set(self.plan["skipped_phases"])
         base = self.bases[DEVICE]
-        for i, (phase, _o, kind, _size, freed) in enumerate(self.plan["allocs"]):
-            if phase in skipped and not freed and i < base.size and base[i]:
+        # NOTE: what replay left live, by address (its frees zero the address), not by the plan's
+        # `freed` flags: a plan whose flags disagree with its replay must not leak device memory.
+        for i, (phase, _o, kind, _size, _freed) in enumerate(self.plan["allocs"]):
+            if phase in skipped and i < base.size and base[i]:
                 self._free(kind, int(base[i]))
                 base[i] = 0
 
