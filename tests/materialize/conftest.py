@@ -29,8 +29,9 @@ CONFIG = {
 
 
 def clean_env() -> dict[str, str]:
-    """The environment without MEDUSA_* settings, except where the C libraries come from."""
-    keep = ("MEDUSA_LIB_DIR",)
+    """The environment without MEDUSA_* settings, except where the C libraries come from and
+    which driver version simcuda plays (so the suite can run as on an older driver)."""
+    keep = ("MEDUSA_LIB_DIR", "MEDUSA_SIM_DRIVER_VERSION")
     return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
 
 

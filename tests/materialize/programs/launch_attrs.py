@@ -44,8 +44,10 @@ def launch_ex(stream: int, x: int, window: int) -> None:
     """scale_inplace(x, 2, N) as a cooperative launch with an access-policy window on `window`."""
     fn, get = c_void_p(), c_void_p()
     b.call("cudaGetFuncBySymbol", ctypes.byref(fn), c_void_p(b.symbol("scale_inplace")))
-    b.call("cudaGetDriverEntryPointByVersion", b"cuLaunchKernelEx", ctypes.byref(get), 12000, 0,
-           None)  # fmt: skip
+    args = [ctypes.c_char_p, c_void_p, c_uint, ctypes.c_ulonglong, c_void_p]
+    by_version = b._fn("cudaGetDriverEntryPointByVersion", ctypes.c_int, args)
+    if by_version(b"cuLaunchKernelEx", ctypes.byref(get), 12000, 0, None):  # a 12.4 runtime:
+        b.call("cudaGetDriverEntryPoint", b"cuLaunchKernelEx", ctypes.byref(get), 0, None)
     attrs = (Attr * 2)()
     attrs[0].id, attrs[0].value.cooperative = COOPERATIVE, 1
     attrs[1].id = ACCESS_POLICY_WINDOW
