@@ -41,6 +41,8 @@ def test_a_general_program_is_materialized_and_restored(tmp_path):
     assert kinds["host-mapped"] == 1  # the registered memory
     (content,) = [c for c in art.plan["contents"].values() if c["relocs"]]
     assert len(content["relocs"]) == 3  # the pointer array's three pointers
+    # The table reached through the pointers is saved; `reused`, which the graph writes before
+    # reading and start-up never wrote, holds only stale bytes and is not.
     (table,) = [i for i, c in art.plan["contents"].items() if not c["relocs"]]
     assert art.plan["contents"][table]["data"][:8] == struct.pack("<2f", 0.0, 0.5)
     script = (
