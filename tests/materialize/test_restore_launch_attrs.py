@@ -29,8 +29,14 @@ def _run(program: Path, tmp: Path, *args: str, restore: bool) -> subprocess.Comp
     if restore:
         env = recorder_env(tmp / "r-%p.mtr", mode="restore", base=env)
         env["MEDUSA_SIM_MEMCHECK"] = "1"
+    # NOTE: run through -c, so that the program imports this medusa (the working directory's),
+    # not an installed one, as test_general does
+    script = (
+        f"import runpy, sys; sys.argv = [{str(program)!r}, *{list(args)!r}]; "
+        f"runpy.run_path({str(program)!r}, run_name='__main__')"
+    )
     return subprocess.run(
-        [sys.executable, str(program), *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -98,14 +104,7 @@ def test_a_2d_or_3d_copy_is_refused_naming_its_graph_and_node(tmp_path, shape):
         node["i"] = int(i)
 
     _resave(src, tmp_path / "art", two_d)
-    script = (
-        f"import runpy, sys; sys.argv = ['general', 'restore', {str(tmp_path / 'art')!r}]; "
-        f"runpy.run_path({str(GENERAL)!r}, run_name='__main__')"
-    )
-    env = recorder_env(tmp_path / "r-%p.mtr", mode="restore", base=clean_env())
-    res = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
+    res = _run(GENERAL, tmp_path, "restore", str(tmp_path / "art"), restore=True)
     assert res.returncode != 0
     assert f"graph 0: node {node['i']} (type {int(NodeType.MEMCPY)}): it is a 2-D or 3-D copy" in (
         res.stderr
