@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medusa.artifact import load_artifact, save_artifact
+from medusa.artifact import ArtifactError, load_artifact, save_artifact
 from medusa.restore.layout import ATTR, NODE, RELOC
+from medusa.restore.validate import validate_plan
 from medusa.trace import NodeType, recorder_env
 from tests.materialize.conftest import clean_env, materialize_general
 
@@ -109,3 +110,28 @@ def test_a_2d_or_3d_copy_is_refused_naming_its_graph_and_node(tmp_path, shape):
     assert f"graph 0: node {node['i']} (type {int(NodeType.MEMCPY)}): it is a 2-D or 3-D copy" in (
         res.stderr
     )
+
+
+def _drop_layout(plan: dict) -> None:
+    plan["funcs"][0]["layout"] = []
+
+
+def _window_past_its_allocation(plan: dict) -> None:
+    g = plan["graphs"][0]
+    relocs = np.frombuffer(g["relocs"], RELOC).copy()
+    relocs[-1]["addend"] = 1 << 30
+    g["relocs"] = relocs.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_drop_layout, "its kernel's parameter layout was not recorded"),
+        (_window_past_its_allocation, "attribute of node 0: a relocation points outside"),
+    ],
+)
+def test_a_plan_without_layouts_or_with_a_wild_window_is_refused(attrs_artifact, edit, message):
+    plan = copy.deepcopy(load_artifact(attrs_artifact).plan)
+    edit(plan)
+    with pytest.raises(ArtifactError, match=message):
+        validate_plan(plan, "ART")
