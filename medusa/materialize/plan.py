@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -147,8 +148,25 @@ def _graph(
             f"{len(gb['nodes'])} / {len(gb['edges'])} in the other (or edges differ)"
         )
     nodes = [_node(a, b, ia, ib, funcs, g, i, unmoved) for i in range(len(ga["nodes"]))]
-    attrs = [[n, attr, bytes(v)] for n, attr, v in ga["attrs"]]
+    attrs = _attrs(a, b, ia, ib, g)
     return {"nodes": nodes, "edges": [list(e) for e in ga["edges"]], "attrs": attrs}
+
+
+def _attrs(a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, g: int) -> list[list]:
+    """Kernel node attributes, [node, attr, value, relocs]: a word that moves with an allocation
+    between the runs (an access-policy window's base_ptr) is relocated like a parameter word."""
+    ga, gb = a.graphs[g]["attrs"], b.graphs[g]["attrs"]
+    if [x[:2] for x in ga] != [x[:2] for x in gb]:
+        raise MaterializeError(f"graph {g}: the kernel node attributes differ between the runs")
+    out = []
+    for (n, attr, va), (_, _, vb) in zip(ga, gb, strict=True):
+        sa, sb = a.graphs[g]["launch_seq"][n], b.graphs[g]["launch_seq"][n]
+        where = f"graph {g}, node {n}, attribute {attr}"
+        relocs = relocate_words(
+            bytes(va), bytes(vb), partial(_find, ia, sa), partial(_find, ib, sb), where
+        )
+        out.append([n, attr, bytes(va), [list(r) for r in relocs]])
+    return out
 
 
 def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
@@ -163,10 +181,10 @@ def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
             tuple((n["type"], n.get("func", -1)) for n in g["nodes"]),
             tuple(map(tuple, g["edges"])),
         )
-        attrs = pack_attrs(g["attrs"]).tobytes()
         if key not in keys:
             keys[key] = len(templates)
             rows, params, relocs = pack_nodes(g["nodes"])
+            attrs, attr_relocs = pack_attrs(g["attrs"], len(relocs))
             templates.append(
                 {
                     "nodes": rows.tobytes(),
@@ -183,8 +201,8 @@ def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
                     "idx": b"",
                     "rows": b"",
                     "params": b"",
-                    "relocs": b"",
-                    "attrs": attrs,
+                    "relocs": attr_relocs.tobytes(),
+                    "attrs": attrs.tobytes(),
                 }
             )
             continue
@@ -192,17 +210,17 @@ def _templates(graphs: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
         changed = [
             i for i, (tn, n) in enumerate(zip(t["node_dicts"], g["nodes"], strict=True)) if tn != n
         ]
-        rows, params, relocs = pack_nodes(
-            [g["nodes"][i] for i in changed], len(t["params"]), len(t["relocs"]) // RELOC.itemsize
-        )
+        base = len(t["relocs"]) // RELOC.itemsize
+        rows, params, relocs = pack_nodes([g["nodes"][i] for i in changed], len(t["params"]), base)
+        attrs, attr_relocs = pack_attrs(g["attrs"], base + len(relocs))
         out.append(
             {
                 "template": keys[key],
                 "idx": np.array(changed, "<u4").tobytes(),
                 "rows": rows.tobytes(),
                 "params": params,
-                "relocs": relocs.tobytes(),
-                "attrs": attrs,
+                "relocs": relocs.tobytes() + attr_relocs.tobytes(),
+                "attrs": attrs.tobytes(),
             }
         )
     for t in templates:
@@ -217,6 +235,10 @@ def _reloc_counts(graphs: list[dict[str, Any]]) -> dict[str, int]:
             for r in n.get("relocs", ()):
                 counts[KIND_NAMES[r[1]]] += 1
     return counts
+
+
+def _find(index: AddressIndex, seq: int, value: int) -> tuple[int, int, int] | None:
+    return index.find(value, seq)
 
 
 def _contents(
