@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,17 +12,7 @@ from typing import Any
 import pytest
 
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import ENGINE_OPTS, clean_env
-
-
-def medusa(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "medusa.cli", *args],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.materialize.conftest import ENGINE_OPTS, medusa
 
 
 @pytest.fixture(scope="session")
