@@ -40,17 +40,8 @@ static void rec_host(medusa_event_type type, hook_id api, int res, void *host, s
 #define HOOK(ret, sym, params, call, record) MI_HOOK(ret, F_MEM, sym, params, call, record)
 /* A device allocation: the second recording's address shift goes in before the first of them. */
 #define HOOK_ALLOC(ret, sym, params, runtime, call, record)                                        \
-    MI_EXPORT ret sym params {                                                                     \
-        mi_gate g_ = mi_enter(F_MEM);                                                              \
-        if (g_.rec)                                                                                \
-            mi_before_device_alloc(runtime);                                                       \
-        ret r_ = call;                                                                             \
-        if (g_.rec) {                                                                              \
-            record;                                                                                \
-        }                                                                                          \
-        mi_leave(g_);                                                                              \
-        return r_;                                                                                 \
-    }
+    MI_HOOK(ret, F_MEM, sym, params,                                                               \
+            (g_.rec ? mi_before_device_alloc(runtime) : (void)0, call), record)
 #define HOOK_FREE(ret, sym, params, call, before)                                                  \
     MI_EXPORT ret sym params {                                                                     \
         mi_gate g_ = mi_enter(F_MEM);                                                              \
