@@ -83,7 +83,9 @@ def test_outputs_are_relocated_and_a_restored_process_finds_them(recorded, tmp_p
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == plain == "n=256 hidden 97920.0 n=128 hidden 24384.0 piece 16256.0"
+    # the graphs write and read the native scratch block; simcuda hands the restored process
+    # poisoned memory, so a wrong or missing replay of that block shows in the sums
+    assert res.stdout.strip() == plain == "n=256 hidden 130560.0 n=128 hidden 32512.0 piece 24384.0"
 
 
 def test_sidecars_that_do_not_match_the_traces_are_refused(recorded):
@@ -131,3 +133,33 @@ def test_a_buffer_made_during_the_capture_that_graphs_use_must_be_a_rebuilt_outp
     unused = copy.deepcopy(side_a)
     unused["capture_live"] = [[pool + 8 * 256 - 8, 8]]  # no graph touches its last float pair
     graph_section(a, b, unused, side_b, CAPTURE, plan)
+
+
+def test_a_native_buffer_made_during_the_capture_is_replayed_not_refused(recorded):
+    # PyTorch's cuBLAS/cuBLASLt workspace for the capture stream: graphs use it, no Python
+    # object holds it; the restore replays its capture-phase allocation, so it is allowed ...
+    _, a, b, plan, (side_a, side_b), _ = recorded
+    ws = [blk for blk in side_a["capture_live"] if blk[2] == "native"]
+    assert len(ws) == 1
+    graph_section(a, b, side_a, side_b, CAPTURE, plan)
+    # ... but the same block held by a Python object would be remade by its owner ...
+    owned = copy.deepcopy(side_a)
+    owned["capture_live"] = [[ws[0][0], ws[0][1], "python"]]
+    with pytest.raises(MaterializeError, match=r"1024-byte buffer vLLM created during the capture"):
+        graph_section(a, b, owned, side_b, CAPTURE, plan)
+    # ... and a sidecar that does not say who holds a block counts as Python-held
+    old = copy.deepcopy(side_a)
+    old["capture_live"] = [ws[0][:2]]
+    with pytest.raises(MaterializeError, match="vLLM created during the capture"):
+        graph_section(a, b, old, side_b, CAPTURE, plan)
+
+
+def test_a_native_buffer_in_memory_older_than_the_capture_is_refused(recorded):
+    # torch carved the workspace from a segment made before the capture: in a restored process
+    # that memory is torch's to hand out again while the graphs write there
+    _, a, b, plan, (side_a, side_b), _ = recorded
+    inp = [x for x in a.allocs if x.phase == "load_model"][0]
+    early = copy.deepcopy(side_a)
+    early["capture_live"] = [[inp.addr, inp.size, "native"]]  # the graphs read the input
+    with pytest.raises(MaterializeError, match=r"native buffer .*\(phase 'load_model'\), which is"):
+        graph_section(a, b, early, side_b, CAPTURE, plan)

@@ -44,3 +44,19 @@ def test_captures_are_numbered_in_process_order_once():
     assert [capture.capture_index(g) for g in graphs] == [first, first + 1, first + 2]
     with pytest.raises(capture.CaptureOrderError, match="before the medusa plugin counted"):
         capture.capture_index(object())
+
+
+def test_blocks_no_python_tensor_holds_are_told_apart_from_held_ones():
+    # what the recording writes for each block made during the capture: held by a Python object
+    # (its owner remakes it in a restored process) or by native code only (a cuBLAS workspace)
+    held = torch.arange(64, dtype=torch.float32)
+    view = held[8:16]  # a view keeps its whole storage alive
+    storages = capture.python_storages("cpu")
+    assert (held.data_ptr(), 256) in storages
+    base = held.data_ptr()
+    blocks = [(base + 32, 32), (base + 256, 512), (base - 512, 512), (base - 8, 16)]
+    assert capture.python_held(blocks, storages)[0] is True
+    assert capture.python_held([(base + 32, 32)], [(base, 256)]) == [True]
+    assert capture.python_held(blocks[1:3], [(base, 256)]) == [False, False]  # just outside
+    assert capture.python_held([(base - 8, 16)], [(base, 256)]) == [True]  # overlaps the start
+    del view

@@ -82,16 +82,25 @@ def _plan_relocs(plan: dict[str, Any]) -> np.ndarray:
 
 
 def _check_capture_live(
-    blocks: list[list[int]],
+    blocks: list[list[Any]],
     ia: AddressIndex,
     plan: dict[str, Any],
     outputs: list[dict[str, Any]],
+    phases: list[str],
+    skipped: Callable[[str], bool],
 ) -> None:
-    """Tensors vLLM created during the capture and still holds are fine when no graph uses them
-    or when they are outputs the restore rebuilds; any other one a graph uses would be made anew
-    by its owner in a restored process, and the graph would keep using the old memory."""
+    """Blocks torch handed out during the capture and still live, each [address, size, owner].
+
+    A block no graph uses is fine, and so is an output the restore rebuilds. A block only native
+    code holds (owner "native": PyTorch's cuBLAS/cuBLASLt workspace for the capture stream, see
+    capture.python_held) is replayed with its capture-phase allocation, so graphs may use it as
+    long as it lies in such an allocation. A block a Python object holds (owner "python"; a
+    sidecar without owners counts as that) would be made anew by its owner in a restored
+    process while the graphs kept using the old memory: refused."""
     relocs = _plan_relocs(plan)
-    for addr, size in blocks:
+    for block in blocks:
+        addr, size = int(block[0]), int(block[1])
+        owner = block[2] if len(block) > 2 else "python"
         f = ia.find(addr, AT_END)
         if f is None or f[0] != DEVICE:
             continue
@@ -105,6 +114,15 @@ def _check_capture_live(
             for o in outputs
         ):
             continue
+        if owner == "native":
+            if skipped(phases[alloc]):
+                continue
+            raise MaterializeError(
+                f"the graphs use a {size}-byte native buffer (such as a cuBLAS workspace) made "
+                f"during the capture in allocation #{alloc} (phase {phases[alloc]!r}), which is "
+                "older than the capture: torch's allocator carved it from a segment a restore "
+                "cannot reserve; this start-up cannot be materialized as is"
+            )
         raise MaterializeError(
             f"the graphs use a {size}-byte buffer vLLM created during the capture (allocation "
             f"#{alloc}+{off}) that is not an output the restore rebuilds; in a restored process "
@@ -150,5 +168,5 @@ def graph_section(
     if plan is not None:
         leaves = [x for g in graphs if "output" in g for x in spec_tensors(g["output"])]
         leaves += [x for v in outputs.values() for x in spec_tensors(v)]
-        _check_capture_live(side_a.get("capture_live", []), ia, plan, leaves)
+        _check_capture_live(side_a.get("capture_live", []), ia, plan, leaves, phases, skipped)
     return {"graphs": graphs, "outputs": outputs, "wrappers": side_a["wrappers"]}

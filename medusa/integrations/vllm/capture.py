@@ -225,7 +225,11 @@ def install_recording(worker_cls: Any, runner_cls: Any) -> None:
         out = capture(self, profile_only=profile_only)
         if not profile_only:
             created = sorted(set(live_blocks()) - before)
-            write_sidecar({**describe(self), "capture_live": [list(b) for b in created]})
+            held = python_held(created, python_storages())
+            live = [
+                [a, n, "python" if h else "native"] for (a, n), h in zip(created, held, strict=True)
+            ]
+            write_sidecar({**describe(self), "capture_live": live})
         return out
 
     capture_model._medusa_records = True  # type: ignore[attr-defined]
@@ -245,6 +249,42 @@ def live_blocks() -> list[tuple[int, int]]:
                 out.append((addr, blk["size"]))
             addr += blk["size"]
     return out
+
+
+def python_storages(device_type: str = "cuda") -> list[tuple[int, int]]:
+    """(address, bytes) of the storage of every tensor on device_type that a Python object can
+    reach. A block torch handed out that none of these lies in is held by native code only, such
+    as the cuBLAS/cuBLASLt workspaces below."""
+    import gc
+
+    import torch
+
+    out = set()
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == device_type:
+            try:
+                st = obj.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # e.g. a tensor without storage
+                continue
+            if st.nbytes():
+                out.add((st.data_ptr(), st.nbytes()))
+    return sorted(out)
+
+
+def python_held(blocks: list[tuple[int, int]], storages: list[tuple[int, int]]) -> list[bool]:
+    """For each (address, size) block, whether any Python-reachable storage overlaps it.
+
+    Blocks torch's allocator gave out during the capture that no Python object holds are native
+    buffers; the one every GEMM model has is PyTorch's cuBLAS/cuBLASLt workspace. PyTorch keys it
+    by (handle, stream) -- `cublas_handle_stream_to_workspace()` and
+    `cublaslt_handle_stream_to_workspace()` in aten/src/ATen/cuda/CublasHandlePool.cpp, filled by
+    `setWorkspaceForHandle` / `getCUDABlasLtWorkspace` through
+    `c10::cuda::CUDACachingAllocator::get()->allocate(size)` on the first GEMM on a stream. vLLM
+    captures on a stream made inside capture_model, so that first GEMM is inside the capture and
+    the workspace lands in the capture's memory, with graph nodes pointing into it. Nothing in a
+    restored process recreates it for that stream (the stream is never made), so such a block is
+    replayed with the capture-phase allocation like any graph-only memory."""
+    return [any(a < addr + size and addr < a + n for a, n in storages) for addr, size in blocks]
 
 
 def describe(runner: Any) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """A program shaped like a vLLM start-up, on simcuda: persistent inputs made before the capture,
-a graph pool and a hidden-states buffer made during it, one "FULL" and one "PIECEWISE" graph, and
+a graph pool, a hidden-states buffer and a native scratch buffer (a cuBLAS workspace's stand-in)
+made during it, one "FULL" and one "PIECEWISE" graph, and
 the plugin's sidecar (graphs under descriptor keys, output tensors at raw addresses).
 
   python vllm_like.py record SIDECAR   capture, write the sidecar, replay; print the outputs
@@ -67,12 +68,16 @@ if sys.argv[1] == "record":
     trace.mark("graph_capture")
     pool = b.malloc(8 * N)
     hidden = b.malloc(4 * N)
+    # like PyTorch's cuBLAS workspace for the capture stream: made at the first GEMM on that
+    # stream, held by native code only, scratch that both graphs write before they read it
+    ws = b.malloc(4 * N)
     graphs = []
     for k, n in enumerate((N, N // 2)):
         piece = pool + 4 * N * k
         b.begin_capture(stream)
-        b.launch("vector_add", 1, 32, [piece, inp, inp, n], stream=stream)  # 2x
-        b.launch("vector_add", 1, 32, [hidden, piece, inp, n], stream=stream)  # 3x
+        b.launch("vector_add", 1, 32, [ws, inp, inp, n], stream=stream)  # 2x
+        b.launch("vector_add", 1, 32, [piece, ws, inp, n], stream=stream)  # 3x
+        b.launch("vector_add", 1, 32, [hidden, piece, inp, n], stream=stream)  # 4x
         graphs.append(b.graph_instantiate(b.end_capture(stream)))
     trace.mark("ready")
     side = {
@@ -93,7 +98,10 @@ if sys.argv[1] == "record":
         },
         "wrappers": [{"index": 0, "of": 1, "last": True}],
         "captures": 2,
-        "capture_live": [[hidden, 4 * N]],  # held by the manager, like mgr.hidden_states
+        "capture_live": [
+            [hidden, 4 * N, "python"],  # held by the manager, like mgr.hidden_states
+            [ws, 4 * N, "native"],
+        ],
     }
     with open(sys.argv[2], "w") as f:
         json.dump(side, f)
