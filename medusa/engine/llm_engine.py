@@ -50,7 +50,10 @@ class LLMEngine:
         require_artifact: bool = False,
         validate: bool = False,
         trust: str | Path | None = None,
+        device: Device | None = None,
     ) -> None:
+        """device: a Device made earlier in this process (a pooled worker's, whose runtime and
+        kernels are already initialized); by default a new one."""
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}
@@ -61,7 +64,7 @@ class LLMEngine:
         with self._stage("runtime_init"):
             self.source = source or open_model(config.model)
             self.spec = self.source.spec
-            self.device = Device()
+            self.device = device or Device()
         art = self._open_artifact(artifact, require_artifact, trust)
         self.runner = ModelRunner(config, self.spec, self.device)
         with self._stage("weights_alloc"):
