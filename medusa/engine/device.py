@@ -28,6 +28,8 @@ KERNELS = {
     "hybrid_gemm_kernel": "p p p i i i i i i i i i i i",
     "sample_tokens_kernel": "p p p p p i i",
 }
+# cudaHostRegister flags (driver_types.h).
+_HOST_REGISTER_MAPPED, _HOST_REGISTER_READ_ONLY = 0x02, 0x08
 _CTYPES = {"p": c_void_p, "i": c_int, "f": c_float, "l": c_int64}
 
 # Blocks per launch on a GPU (the CUDA kernels loop grid-stride, so any count is correct; these
@@ -75,6 +77,7 @@ class Device:
         self._memcpy.argtypes = [c_void_p, c_void_p, c_size_t, c_int]
         self.stream = self.b.stream_create()
         self._host: dict[int, int] = {}  # device address -> host address of host_alloc buffers
+        self._registered: dict[int, int] = {}  # host address -> device address of host_register
 
     @property
     def kind(self) -> str:
@@ -135,7 +138,43 @@ class Device:
         self._host[int(d.value or 0)] = int(p.value or 0)
         return Buffer(int(d.value or 0), nbytes)
 
+    def host_register(self, host_addr: int, nbytes: int, *, read_only: bool = True) -> int:
+        """Registers memory the caller owns (e.g. a shared, read-only file mapping) for device
+        access and returns its device address. read_only registers it as the device may only
+        read it (required for a PROT_READ mapping); the caller keeps the mapping alive until
+        host_unregister."""
+        if nbytes <= 0:
+            raise ValueError(f"host_register of {nbytes} bytes at {host_addr:#x}: need nbytes > 0")
+        if host_addr in self._registered:
+            raise ValueError(f"host_register: {host_addr:#x} is already registered")
+        flags = _HOST_REGISTER_MAPPED | (_HOST_REGISTER_READ_ONLY if read_only else 0)
+        self.b.call("cudaHostRegister", c_void_p(host_addr), c_size_t(nbytes), ctypes.c_uint(flags))
+        d = c_void_p()
+        try:
+            self.b.call("cudaHostGetDevicePointer", ctypes.byref(d), c_void_p(host_addr),
+                        ctypes.c_uint(0))  # fmt: skip
+        except CudaError:
+            self.b.call("cudaHostUnregister", c_void_p(host_addr))
+            raise
+        self._registered[host_addr] = int(d.value or 0)
+        return self._registered[host_addr]
+
+    def host_unregister(self, host_addr: int) -> None:
+        """Ends a host_register; the device address it returned is invalid afterwards."""
+        if host_addr not in self._registered:
+            raise ValueError(
+                f"host_unregister: {host_addr:#x} is not the host address of a host_register"
+            )
+        self.b.call("cudaHostUnregister", c_void_p(host_addr))
+        del self._registered[host_addr]
+
     def free(self, buf: Buffer) -> None:
+        if buf.ptr in self._registered.values():
+            # NOTE: registered memory belongs to whoever mapped it: cudaFree/cudaFreeHost on it
+            # would be an error on a GPU, and freeing the mapping is the owner's business.
+            raise ValueError(
+                f"free: {buf.ptr:#x} is registered host memory; use host_unregister(host address)"
+            )
         host = self._host.pop(buf.ptr, None)
         if host is not None:
             self.b.call("cudaFreeHost", c_void_p(host))
