@@ -94,9 +94,26 @@ def serve(cmd):
 
 
 def restore_command(work, recorded):
-    art = work / "artifact"
-    art.mkdir(parents=True, exist_ok=True)
-    (art / "manifest.json").write_text(json.dumps({"kind": "vllm", "engine": {"argv": recorded}}))
+    from medusa.artifact import save_artifact
+    from medusa.integrations.vllm.schema import vllm_section
+
+    manifest = {  # a sealed artifact with what `medusa run --engine vllm` reads (no plan)
+        "kind": "vllm",
+        "model": {"identity": "vllm:0", "name": "tiny-llama"},
+        "engine": {"name": "vllm", "argv": recorded},
+        "device": {},
+        "graphs": {"count": 0, "keys": [], "nodes": 0, "templates": 0},
+        "relocations": {},
+        "kernels": {"count": 0, "exported": 0, "hidden": 0, "images_saved": 0},
+        "vllm": vllm_section(
+            version="0.32.0",
+            kv_cache_memory_bytes=3 * GiB,
+            cudagraph_mode="FULL_AND_PIECEWISE",
+            graphs=[],
+            compile_cache=None,
+        ),
+    }
+    art = save_artifact(work / "artifact", manifest, {"graphs": []}, {})
     cmd, _ = serve_command(str(art), None, [], "127.0.0.1", 0, require=False)
     return cmd
 
