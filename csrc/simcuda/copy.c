@@ -14,9 +14,23 @@ static CUresult check_side(uintptr_t p, size_t n, const char *what) {
     return CUDA_SUCCESS;
 }
 
+/* NOTE: a copy engine faults writing host memory registered read-only; simcuda refuses the copy
+ * before it starts (a PROT_READ mapping would otherwise crash the process). */
+static CUresult check_writable(uintptr_t p, size_t n, const char *what) {
+    const sim_range *r = n ? sim_host_read_only(p, n) : NULL;
+    if (!r)
+        return CUDA_SUCCESS;
+    return sim_fail(CUDA_ERROR_INVALID_VALUE,
+                    "%s destination [0x%lx, +%zu) overlaps host memory registered read-only for "
+                    "the device (CU_MEMHOSTREGISTER_READ_ONLY) at [0x%lx, +%zu)",
+                    what, (unsigned long)p, n, (unsigned long)r->base, r->size);
+}
+
 CUresult sim_run_memcpy(const sim_memcpy_op *op) {
     sim_lock();
-    CUresult e = check_side(op->dst, op->bytes, "destination");
+    CUresult e = check_writable(op->dst, op->bytes, "memcpy");
+    if (!e)
+        e = check_side(op->dst, op->bytes, "destination");
     if (!e)
         e = check_side(op->src, op->bytes, "source");
     sim_unlock();
@@ -27,8 +41,11 @@ CUresult sim_run_memcpy(const sim_memcpy_op *op) {
 
 CUresult sim_run_memset(const sim_memset_op *op) {
     size_t row = op->width * op->elem;
+    size_t span = op->height ? op->pitch * (op->height - 1) + row : 0;
     sim_lock();
-    CUresult e = check_side(op->dst, op->pitch * (op->height - 1) + row, "destination");
+    CUresult e = check_writable(op->dst, span, "memset");
+    if (!e)
+        e = check_side(op->dst, span, "destination");
     sim_unlock();
     if (e)
         return e;

@@ -42,10 +42,14 @@ typedef struct sim_rangeset {
 } sim_rangeset;
 sim_range *rs_find(const sim_rangeset *rs, uintptr_t p); /* the range holding p, or NULL */
 sim_range *rs_exact(const sim_rangeset *rs, uintptr_t base);
+sim_range *rs_overlap(const sim_rangeset *rs, uintptr_t base, size_t size); /* the lowest, or NULL */
 int rs_insert(sim_rangeset *rs, sim_range r);
 void rs_remove(sim_rangeset *rs, sim_range *r);
 
 enum sim_akind { A_DEVICE = 1, A_GLOBAL, A_RESERVE, A_MAPPING, A_HOST };
+/* A host range's aux: its CU_MEMHOSTALLOC_* / CU_MEMHOSTREGISTER_* flags, and these. */
+#define SIM_HOST_OWNED (1ull << 32)        /* from cuMemHostAlloc: simcuda unmaps it on free */
+#define SIM_HOST_CPU_WRITABLE (1ull << 33) /* registered memory the CPU maps writable */
 
 /* ---- configuration (environment, read once) ---- */
 typedef struct sim_config {
@@ -226,6 +230,7 @@ CUresult sim_dev_free(uintptr_t p, int kind);
 int sim_mem_class(uintptr_t p); /* SIMCUDA_TRAFFIC_* */
 void sim_poison(uintptr_t p, size_t size); /* fill with the process's stale-byte pattern */
 void sim_poison_fd(int fd, size_t size);
+const sim_range *sim_host_read_only(uintptr_t p, size_t n); /* host.c; lock held */
 
 /* ---- state ---- */
 typedef struct sim_state {

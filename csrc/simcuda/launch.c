@@ -5,12 +5,16 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 
 static _Atomic uint64_t g_traffic[3];
 static __thread sigjmp_buf t_jmp;
 static __thread volatile int t_in_kernel;
+static __thread volatile uintptr_t t_fault_addr;
 static __thread void *t_shared;
 static __thread size_t t_shared_size;
 static struct sigaction g_old_segv, g_old_bus;
@@ -33,10 +37,28 @@ SIM_API void simcudaResetTraffic(void) {
         atomic_store(&g_traffic[i], 0);
 }
 
+/* memcheck write-protects read-only registrations of memory the CPU may write while kernels run
+ * (whole pages inside them: a page shared with other memory stays writable). */
+static _Atomic int g_ro_active;
+static struct {
+    int depth;
+    size_t n;
+    sim_range *v;
+} g_guard; /* under g_sim.lock */
+
 static void on_fault(int sig, siginfo_t *info, void *uc) {
-    (void)info, (void)uc;
-    if (t_in_kernel)
+    (void)uc;
+    if (t_in_kernel) {
+        t_fault_addr = (uintptr_t)info->si_addr;
         siglongjmp(t_jmp, 1);
+    }
+    if (atomic_load(&g_ro_active)) {
+        /* The host may write its own memory: wait for the kernels to end, then retry. */
+        struct timespec ts = {0, 100000};
+        while (atomic_load(&g_ro_active))
+            nanosleep(&ts, NULL);
+        return;
+    }
     /* Not ours: restore the previous disposition and let the fault happen again. */
     sigaction(sig, sig == SIGSEGV ? &g_old_segv : &g_old_bus, NULL);
 }
@@ -49,6 +71,52 @@ static void install_fault_handler(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGSEGV, &sa, &g_old_segv);
     sigaction(SIGBUS, &sa, &g_old_bus);
+}
+
+static void page_protect(const sim_range *r, int prot) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (r->base + page - 1) & ~(page - 1), hi = (r->base + r->size) & ~(page - 1);
+    if (hi > lo)
+        mprotect((void *)lo, hi - lo, prot);
+}
+
+static void ro_guard(bool enter) {
+    sim_lock();
+    if (enter && g_guard.depth++ == 0) {
+        g_guard.v = malloc((g_sim.hosts.n + 1) * sizeof *g_guard.v);
+        g_guard.n = 0;
+        for (size_t i = 0; g_guard.v && i < g_sim.hosts.n; i++) {
+            const sim_range *r = &g_sim.hosts.v[i];
+            uint64_t want = CU_MEMHOSTREGISTER_READ_ONLY | SIM_HOST_CPU_WRITABLE;
+            if ((r->aux & want) == want)
+                g_guard.v[g_guard.n++] = *r;
+        }
+        atomic_store(&g_ro_active, g_guard.n > 0); /* before a page is protected */
+        for (size_t i = 0; i < g_guard.n; i++)
+            page_protect(&g_guard.v[i], PROT_READ);
+    } else if (!enter && --g_guard.depth == 0) {
+        for (size_t i = 0; i < g_guard.n; i++)
+            page_protect(&g_guard.v[i], PROT_READ | PROT_WRITE);
+        atomic_store(&g_ro_active, 0);
+        free(g_guard.v);
+        g_guard.v = NULL;
+        g_guard.n = 0;
+    }
+    sim_unlock();
+}
+
+static CUresult kernel_fault(const sim_func *f, uintptr_t addr) {
+    sim_lock();
+    const sim_range *r = sim_host_read_only(addr, 1);
+    sim_range rc = r ? *r : (sim_range){0};
+    sim_unlock();
+    if (r)
+        return sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS,
+                        "kernel %s wrote to 0x%lx, inside host memory registered read-only for "
+                        "the device (CU_MEMHOSTREGISTER_READ_ONLY) at [0x%lx, +%zu)",
+                        f->name, (unsigned long)addr, (unsigned long)rc.base, rc.size);
+    return sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS, "kernel %s accessed an illegal address (0x%lx)",
+                    f->name, (unsigned long)addr);
 }
 
 CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
@@ -140,14 +208,21 @@ CUresult sim_run_kernel(const sim_kernel_op *op) {
                         {op->block[0], op->block[1], op->block[2]},
                         op->smem, t_shared, f->lib->globals};
     pthread_once(&g_sig_once, install_fault_handler);
+    bool guard = g_sim.cfg.memcheck;
+    if (guard)
+        ro_guard(true);
     if (sigsetjmp(t_jmp, 1)) {
         t_in_kernel = 0;
-        g_sim.sticky = sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS, "kernel %s accessed an illegal address", f->name);
+        if (guard)
+            ro_guard(false);
+        g_sim.sticky = kernel_fault(f, t_fault_addr);
         return g_sim.sticky;
     }
     t_in_kernel = 1;
     f->fn(&ctx, op->params);
     t_in_kernel = 0;
+    if (guard)
+        ro_guard(false);
     return CUDA_SUCCESS;
 }
 

@@ -321,91 +321,6 @@ SIM_API CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdevic
     return r ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
-/* ---- pinned and mapped host memory: outside the arena, device pointer == host pointer ---- */
-static CUresult host_alloc(void **pp, size_t size, unsigned flags) {
-    CUresult e = sim_ensure_init();
-    if (e)
-        return e;
-    if (!pp || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    sim_lock();
-    int bad = rs_insert(&g_sim.hosts, (sim_range){.base = (uintptr_t)p, .size = size, .kind = A_HOST, .aux = flags | (1ull << 32)});
-    sim_unlock();
-    if (bad) {
-        munmap(p, size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *pp = p;
-    return CUDA_SUCCESS;
-}
-
-SIM_API CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
-    if (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED))
-        return CUDA_ERROR_INVALID_VALUE;
-    return host_alloc(pp, size, flags);
-}
-
-SIM_API CUresult cuMemAllocHost(void **pp, size_t size) { return host_alloc(pp, size, 0); }
-
-static CUresult host_release(void *p, bool owned) {
-    CUresult e = sim_ensure_init();
-    if (e)
-        return e;
-    sim_lock();
-    sim_range *r = rs_exact(&g_sim.hosts, (uintptr_t)p);
-    sim_range copy = r ? *r : (sim_range){0};
-    if (r && ((copy.aux >> 32) != 0) == owned)
-        rs_remove(&g_sim.hosts, r);
-    else
-        e = CUDA_ERROR_INVALID_VALUE;
-    sim_unlock();
-    if (!e && owned)
-        munmap(p, copy.size);
-    return e;
-}
-
-SIM_API CUresult cuMemFreeHost(void *p) { return host_release(p, true); }
-
-SIM_API CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags) {
-    CUresult e = sim_ensure_init();
-    if (e)
-        return e;
-    if (!p || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    sim_lock();
-    if (rs_find(&g_sim.hosts, (uintptr_t)p) || rs_find(&g_sim.hosts, (uintptr_t)p + size - 1))
-        e = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    else if ((uintptr_t)p - g_sim.va_base < g_sim.va_size)
-        e = CUDA_ERROR_INVALID_VALUE;
-    else if (rs_insert(&g_sim.hosts, (sim_range){.base = (uintptr_t)p, .size = size, .kind = A_HOST, .aux = flags}))
-        e = CUDA_ERROR_OUT_OF_MEMORY;
-    sim_unlock();
-    return e;
-}
-
-SIM_API CUresult cuMemHostUnregister(void *p) {
-    CUresult e = host_release(p, false);
-    return e == CUDA_ERROR_INVALID_VALUE ? CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED : e;
-}
-
-SIM_API CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int flags) {
-    CUresult e = sim_ensure_init();
-    if (e)
-        return e;
-    if (!pdptr || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    sim_lock();
-    bool ok = rs_find(&g_sim.hosts, (uintptr_t)p) != NULL;
-    sim_unlock();
-    if (!ok)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pdptr = (CUdeviceptr)p;
-    return CUDA_SUCCESS;
-}
-
 SIM_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
     CUresult e = sim_ensure_init();
     if (e)
@@ -438,6 +353,11 @@ SIM_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = 0; break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned *)data = 0; break;
     case CU_POINTER_ATTRIBUTE_MAPPED: *(unsigned *)data = 1; break;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+        *(unsigned *)data = !dev && (rc.aux & CU_MEMHOSTREGISTER_READ_ONLY)
+                                ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ
+                                : CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+        break;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;

@@ -256,6 +256,9 @@ RT_API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
     p->sharedMemPerBlock = (size_t)smem;
     p->unifiedAddressing = 1;
     p->canMapHostMemory = 1;
+    p->canUseHostPointerForRegisteredMem = 1;
+    p->hostRegisterSupported = 1;
+    p->hostRegisterReadOnlySupported = 1;
     return cudaSuccess;
 }
 

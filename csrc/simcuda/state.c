@@ -129,6 +129,13 @@ sim_range *rs_exact(const sim_rangeset *rs, uintptr_t base) {
     return i && rs->v[i - 1].base == base ? &rs->v[i - 1] : NULL;
 }
 
+sim_range *rs_overlap(const sim_rangeset *rs, uintptr_t base, size_t size) {
+    size_t i = rs_lower(rs, base);
+    if (i && base - rs->v[i - 1].base < rs->v[i - 1].size)
+        return &rs->v[i - 1];
+    return i < rs->n && rs->v[i].base < base + size ? &rs->v[i] : NULL;
+}
+
 int rs_insert(sim_rangeset *rs, sim_range r) {
     if (rs->n == rs->cap) {
         size_t cap = rs->cap ? rs->cap * 2 : 64;
