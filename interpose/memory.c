@@ -37,6 +37,14 @@ static void rec_host(medusa_event_type type, hook_id api, int res, void *host, s
     rec(type, api, res, res ? 0 : U(host), size, flags, res ? 0 : mapped(host, flags), LIVE_ADD);
 }
 
+/* Unlike a free, an unregister is recorded after the call, and only if it succeeded: the memory is
+ * the program's own (no allocator hands the address out again meanwhile), and a failed unregister
+ * (inside a registration, during a capture) ends nothing. */
+static void rec_unregister(hook_id api, int res, void *host) {
+    if (!res)
+        rec(MEDUSA_EV_HOST_FREE, api, 0, U(host), 0, 0, 0, LIVE_DEL);
+}
+
 #define HOOK(ret, sym, params, call, record) MI_HOOK(ret, F_MEM, sym, params, call, record)
 /* A device allocation: the second recording's address shift goes in before the first of them. */
 #define HOOK_ALLOC(ret, sym, params, runtime, call, record)                                        \
@@ -78,8 +86,8 @@ HOOK_FREE(CUresult, cuMemFreeHost, (void *p), CALL_DRV(cuMemFreeHost, p),
 HOOK(CUresult, cuMemHostRegister_v2, (void *p, size_t n, unsigned int f),
      CALL_DRV(cuMemHostRegister_v2, p, n, f),
      rec_host(MEDUSA_EV_HOST_REGISTER, H_cuMemHostRegister_v2, r_, p, n, f))
-HOOK_FREE(CUresult, cuMemHostUnregister, (void *p), CALL_DRV(cuMemHostUnregister, p),
-          if (p) rec(MEDUSA_EV_HOST_FREE, H_cuMemHostUnregister, 0, U(p), 0, 0, 0, LIVE_DEL))
+HOOK(CUresult, cuMemHostUnregister, (void *p), CALL_DRV(cuMemHostUnregister, p),
+     rec_unregister(H_cuMemHostUnregister, r_, p))
 HOOK_ALLOC(CUresult, cuMemAddressReserve,
      (CUdeviceptr * p, size_t n, size_t align, CUdeviceptr addr, unsigned long long f), false,
      CALL_DRV(cuMemAddressReserve, p, n, align, addr, f),
@@ -127,5 +135,5 @@ HOOK_FREE(cudaError_t, cudaFreeHost, (void *p), CALL_RT(cudaFreeHost, p),
 HOOK(cudaError_t, cudaHostRegister, (void *p, size_t n, unsigned int f),
      CALL_RT(cudaHostRegister, p, n, f),
      rec_host(MEDUSA_EV_HOST_REGISTER, H_cudaHostRegister, r_, p, n, f))
-HOOK_FREE(cudaError_t, cudaHostUnregister, (void *p), CALL_RT(cudaHostUnregister, p),
-          if (p) rec(MEDUSA_EV_HOST_FREE, H_cudaHostUnregister, 0, U(p), 0, 0, 0, LIVE_DEL))
+HOOK(cudaError_t, cudaHostUnregister, (void *p), CALL_RT(cudaHostUnregister, p),
+     rec_unregister(H_cudaHostUnregister, r_, p))

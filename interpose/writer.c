@@ -16,8 +16,8 @@
 #define BUF_LIMIT (1u << 20)
 
 typedef struct {
-    uint64_t key, size, seq, host;
-} live_slot; /* key 0: empty, 1: deleted; host: a host allocation (readable directly) */
+    uint64_t key, size, seq, type;
+} live_slot; /* key 0: empty, 1: deleted; type: the event that made it (ALLOC, HOST_*) */
 
 typedef struct {
     const void *key;
@@ -241,7 +241,7 @@ static bool live_grow(void) {
     return true;
 }
 
-static void live_add(uint64_t key, uint64_t size, uint64_t seq, uint64_t host) {
+static void live_add(uint64_t key, uint64_t size, uint64_t seq, uint64_t type) {
     if (key <= 1 || ((W.live_used + 1) * 2 > W.live_cap && !live_grow())) {
         W.broken = key > 1;
         return;
@@ -250,14 +250,23 @@ static void live_add(uint64_t key, uint64_t size, uint64_t seq, uint64_t host) {
     while (W.live[i].key > 1 && W.live[i].key != key)
         i = (i + 1) & (W.live_cap - 1);
     W.live_used += W.live[i].key <= 1;
-    W.live[i] = (live_slot){key, size, seq, host};
+    W.live[i] = (live_slot){key, size, seq, type};
 }
 
-static void live_del(uint64_t key, uint64_t *size, uint64_t *seq) {
+/* The allocation event a free ends. NOTE: a free of the wrong kind (cudaFreeHost on registered
+ * memory, cudaHostUnregister on pinned memory) fails in CUDA and must not end the allocation. */
+static uint64_t freed_type(const medusa_trace_record *r) {
+    if (r->type == MEDUSA_EV_FREE)
+        return MEDUSA_EV_ALLOC;
+    bool unregister = r->api == H_cuMemHostUnregister || r->api == H_cudaHostUnregister;
+    return unregister ? MEDUSA_EV_HOST_REGISTER : MEDUSA_EV_HOST_ALLOC;
+}
+
+static void live_del(uint64_t key, uint64_t type, uint64_t *size, uint64_t *seq) {
     if (!W.live_cap || key <= 1)
         return;
     for (size_t i = slot_of(key, W.live_cap); W.live[i].key; i = (i + 1) & (W.live_cap - 1))
-        if (W.live[i].key == key) {
+        if (W.live[i].key == key && W.live[i].type == type) {
             *size = W.live[i].size, *seq = W.live[i].seq;
             W.live[i].key = 1;
             return;
@@ -268,10 +277,10 @@ void mi_emit(medusa_trace_record *r, const void *blob, size_t len, live_op op) {
     pthread_mutex_lock(&W.lock);
     if (W.mode && !W.broken && (W.opened || open_locked())) {
         if (op == LIVE_DEL)
-            live_del(r->u[0], &r->u[1], &r->u[3]);
+            live_del(r->u[0], freed_type(r), &r->u[1], &r->u[3]);
         append(r, blob, len);
         if (op == LIVE_ADD && r->result == 0)
-            live_add(r->u[0], r->u[1], r->seq, r->type == MEDUSA_EV_HOST_ALLOC);
+            live_add(r->u[0], r->u[1], r->seq, r->type);
         if (W.rec.n + W.blob.n >= BUF_LIMIT)
             flush_locked();
     }
@@ -353,8 +362,9 @@ void mi_snapshot_live(void) {
         medusa_trace_record r = {.type = MEDUSA_EV_CONTENT,
                                  .u = {take[i].key, take[i].size, take[i].seq}};
         void *buf = take[i].size <= SNAPSHOT_MAX ? malloc(take[i].size ? take[i].size : 1) : NULL;
-        bool ok = buf && (take[i].host ? (memcpy(buf, (void *)(uintptr_t)take[i].key, take[i].size), true)
-                                       : d->memcpyDtoH && !d->memcpyDtoH(buf, take[i].key, take[i].size));
+        bool host = take[i].type != MEDUSA_EV_ALLOC; /* pinned or registered: read directly */
+        bool ok = buf && (host ? (memcpy(buf, (void *)(uintptr_t)take[i].key, take[i].size), true)
+                               : d->memcpyDtoH && !d->memcpyDtoH(buf, take[i].key, take[i].size));
         if (!ok)
             r.result = -1; /* too large or unreadable: recorded without its bytes */
         mi_emit(&r, ok ? buf : NULL, ok ? take[i].size : 0, LIVE_NONE);

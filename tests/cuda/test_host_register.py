@@ -89,3 +89,9 @@ def test_memcheck_refuses_registered_memory_after_unregister(prog, run):
     res = run(prog, "after-unregister", env={"MEDUSA_SIM_MEMCHECK": "1", **VERBOSE})
     assert lines(res.stdout)["read after unregister"] == "cudaErrorIllegalAddress"
     assert "kernel vector_add argument 2" in res.stderr
+
+
+def test_the_driver_entry_points_register_too(prog, run):
+    out = lines(run(prog).stdout)
+    assert out["driver pointer"] == "1"
+    assert out["free host on registered"] == "cudaErrorInvalidValue"

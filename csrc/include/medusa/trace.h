@@ -43,7 +43,8 @@ typedef enum {
     MEDUSA_EV_ALLOC = 3,        /* u: addr, size, stream, flags */
     MEDUSA_EV_FREE = 4,         /* u: addr, size (0 if unknown), stream, alloc_seq */
     MEDUSA_EV_HOST_ALLOC = 5,   /* u: host, size, flags, device (its device address if mapped) */
-    MEDUSA_EV_HOST_FREE = 6,    /* u: host, size, 0, alloc_seq */
+    MEDUSA_EV_HOST_FREE = 6,    /* u: host, size, 0, alloc_seq (a HOST_ALLOC freed or, after a
+                                   successful unregister, a HOST_REGISTER ended) */
     MEDUSA_EV_HOST_REGISTER = 7,/* u: host, size, flags, device */
     MEDUSA_EV_VMM_RESERVE = 8,  /* u: addr, size, alignment, requested */
     MEDUSA_EV_VMM_FREE = 9,     /* u: addr, size */

@@ -73,8 +73,23 @@ static void overlaps(void) {
     CHECK(cudaHostAlloc(&pinned, 4096, cudaHostAllocMapped));
     SHOW("register pinned", cudaHostRegister(pinned, 4096, 0));
     SHOW("unregister pinned", cudaHostUnregister(pinned));
+    printf("pinned: %llu\nregistered: %llu\n", (unsigned long long)(uintptr_t)pinned,
+           (unsigned long long)(uintptr_t)(buf + 4096));
     CHECK(cudaFreeHost(pinned));
     munmap(buf, 4 * 4096);
+}
+
+/* The driver entry points directly, and frees of the wrong kind, which must end nothing. */
+static void driver_level(void) {
+    char *buf = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(cuMemHostRegister(buf, 4096, CU_MEMHOSTREGISTER_DEVICEMAP));
+    CUdeviceptr d = 0;
+    CHECK(cuMemHostGetDevicePointer(&d, buf, 0));
+    printf("driver pointer: %d\n", d == (CUdeviceptr)(uintptr_t)buf);
+    SHOW("free host on registered", cuMemFreeHost(buf));
+    CHECK(cuMemHostUnregister(buf));
+    printf("driver registered: %llu\n", (unsigned long long)(uintptr_t)buf);
+    munmap(buf, 4096);
 }
 
 static void attributes(float *ro, float *ro_dev) {
@@ -122,7 +137,9 @@ int main(int argc, char **argv) {
     CHECK(cudaHostGetDevicePointer((void **)&ro_dev, ro, 0));
     if (!strcmp(mode, "api")) {
         printf("same pointer: %d\n", ro_dev == ro);
+        printf("file: %llu\n", (unsigned long long)(uintptr_t)ro);
         overlaps();
+        driver_level();
         attributes(ro, ro_dev);
         float *rw = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         capture(rw);
