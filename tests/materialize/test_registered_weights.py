@@ -1,0 +1,45 @@
+"""Materialize and restore a graph that reads weights from a read-only file mapping registered for
+the device: restore, in a process where the mapping lies elsewhere, relocates the graph's pointers
+into the registration (and at an offset inside it) like any host-mapped allocation."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from medusa.artifact import load_artifact
+from medusa.trace import recorder_env
+from tests.materialize.conftest import clean_env, medusa
+
+PROGRAM = Path(__file__).parent / "programs" / "registered_weights.py"
+N, SKIP = 1024, 16
+
+
+def _run(*args: str, env: dict[str, str]) -> list[str]:
+    res = subprocess.run(
+        [sys.executable, str(PROGRAM), *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout.splitlines()
+
+
+def test_a_graph_reading_registered_weights_is_restored_at_another_address(tmp_path):
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(struct.pack(f"{N}f", *[0.5 * i for i in range(N)]))
+    at, sums = _run("record", str(weights), env=clean_env())
+    want = f"out {N + sum(0.5 * i for i in range(N)):.2f} "
+    want += f"tail {N - SKIP + sum(0.5 * i for i in range(SKIP, N)):.2f}"
+    assert sums == want
+    out = tmp_path / "art"
+    cmd = ["materialize", "--command", "--skip-phase", "graph_capture", "--out", str(out)]
+    res = medusa(*cmd, "--", sys.executable, str(PROGRAM), "record", str(weights))
+    assert res.returncode == 0, res.stderr
+    art = load_artifact(out)
+    assert art.manifest["relocations"]["host-mapped"] == 2
+    env = recorder_env(tmp_path / "r-%p.mtr", mode="restore", base=clean_env())
+    env["MEDUSA_SIM_MEMCHECK"] = "1"
+    restored_at, restored = _run("restore", str(weights), str(out), env=env)
+    assert restored == sums
+    assert restored_at != at  # the registration moved; the graph followed it
