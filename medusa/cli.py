@@ -176,6 +176,17 @@ def trust_option(f):  # type: ignore[no-untyped-def]
     type=click.IntRange(min=1024),
     help="Larger request bodies get 413.",
 )
+@click.option(
+    "--pool",
+    is_flag=True,
+    help="Warm up without a model and wait for the gateway to assign one (its warm pool).",
+)
+@click.option(
+    "--prepare",
+    multiple=True,
+    metavar="MODEL",
+    help="With --pool: open MODEL's file and tokenizer ahead (repeatable).",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -191,6 +202,8 @@ def run(
     validate: bool,
     verbose: bool,
     max_request_bytes: int,
+    pool: bool,
+    prepare: tuple[str, ...],
     **engine: object,
 ) -> None:
     """Serve MODEL (default: SmolLM2-135M-Instruct) with an OpenAI-compatible API.
@@ -215,12 +228,14 @@ def run(
         raise click.UsageError(
             f"unexpected arguments {' '.join(argv)} (only --engine vllm takes them)"
         )
+    if pool:
+        _check_pool_inputs(model, artifact, prepare)
     try:
         config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     _check_run_inputs(model, artifact, host, port)
-    if artifact and not os.environ.get("MEDUSA_TRACE"):
+    if (artifact or pool) and not os.environ.get("MEDUSA_TRACE"):
         # Restore maps allocations through the recorder in restore mode: re-exec under it.
         from medusa.child import medusa_cli
         from medusa.trace import recorder_env
@@ -229,10 +244,40 @@ def run(
         env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore")
         cmd = medusa_cli(*sys.argv[1:])
         os.execve(cmd[0], cmd, env)
+    if pool:
+        from medusa import env as medusa_env
+        from medusa.serve.pool_worker import serve_pooled
+
+        try:
+            serve_pooled(
+                click.get_current_context().command, host, port, medusa_env.WORKER_TOKEN.get(),
+                list(prepare), max_request_bytes,
+            )  # fmt: skip
+        finally:
+            _remove_restore_trace()
+        return
     _serve(
         config, model, host, port, served_model_name, demo, artifact, require_artifact, validate,
         trust=trust, max_request_bytes=max_request_bytes,
     )  # fmt: skip
+
+
+def _check_pool_inputs(model: str | None, artifact: str | None, prepare: tuple[str, ...]) -> None:
+    """A pooled worker gets its model from the gateway, on a route guarded by the worker token."""
+    from medusa import env
+    from medusa.engine.loader import ModelError, locate_model
+
+    if model or artifact:
+        raise click.UsageError("--pool takes no MODEL or --artifact: the gateway assigns them")
+    if not env.WORKER_TOKEN.get():
+        raise click.UsageError(
+            f"--pool needs {env.WORKER_TOKEN.name}: only the gateway that set it may assign a model"
+        )
+    for m in prepare:
+        try:
+            locate_model(m)
+        except ModelError as e:
+            raise click.ClickException(f"--prepare {e}") from None
 
 
 def _setup_logging(verbose: bool, quiet: bool) -> None:

@@ -88,6 +88,12 @@ def create_gateway(
     async def on_cold_start(inst: Instance) -> None:
         metrics.cold_starts.labels(inst.model).inc()
         metrics.cold_seconds.labels(inst.model).observe(inst.ready_seconds)
+        for stage, secs in inst.stages.items():
+            metrics.pooled_stage_seconds.labels(inst.model, stage).observe(secs)
+        for stage, secs in inst.timings.items():
+            metrics.stage_seconds.labels(inst.model, stage).set(secs)
+        if inst.timings:
+            return
         with contextlib.suppress(httpx.HTTPError, ValueError):
             r = await client.get(f"{inst.url}/metrics", headers=inst.headers, timeout=5)
             text = r.text
@@ -96,7 +102,9 @@ def create_gateway(
                     stage = line.split('"')[1]
                     metrics.stage_seconds.labels(inst.model, stage).set(float(line.split()[-1]))
 
-    manager = InstanceManager(config.models, slices, on_cold_start=on_cold_start)
+    manager = InstanceManager(
+        config.models, slices, on_cold_start=on_cold_start, pool_size=config.pool_size
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -168,6 +176,11 @@ def create_gateway(
             for state in ("starting", "warm", "draining"):
                 n = len([i for i in manager.instances[m] if i.state.value == state])
                 metrics.instances.labels(m, state).set(n)
+        for kind in {s.kind for s in slices}:
+            for state, idle in (("warming", False), ("idle", True)):
+                metrics.pool_workers.labels(kind, state).set(
+                    manager.pool.num_workers(kind, idle=idle)
+                )
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/admin/instances")
@@ -188,6 +201,22 @@ def create_gateway(
                 ]
                 for m, insts in manager.instances.items()
             }
+        )
+
+    @app.get("/admin/pool")
+    async def pool(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        return JSONResponse(
+            [
+                {
+                    "pid": w.proc.pid,
+                    "slice": w.slice.id,
+                    "slice_class": w.slice.kind,
+                    "state": "idle" if w.idle else "warming",
+                }
+                for w in manager.pool.workers
+            ]
         )
 
     async def forward(request: Request, route: str) -> Response:

@@ -64,6 +64,11 @@ class GatewayConfig:
     models: dict[str, ModelConfig]
     slices: str | None = None  # topology file for simulated slices (CPU machines)
     api_keys: tuple[str, ...] = ()
+    # pooled workers (warmed up, no model) per slice class; "*": every class
+    warm_pool: dict[str, int] = field(default_factory=dict)
+
+    def pool_size(self, kind: str) -> int:
+        return self.warm_pool.get(kind, self.warm_pool.get("*", 0))
 
 
 def _int(where: str, raw: dict[str, Any], key: str, default: int, minimum: int) -> int:
@@ -90,7 +95,7 @@ def load_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("models"), dict) or not raw["models"]:
         raise ConfigError(f"{path}: expected a 'models:' mapping of model name to settings")
-    unknown = set(raw) - {"models", "slices", "api_keys"}
+    unknown = set(raw) - {"models", "slices", "api_keys", "warm_pool"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level field(s) {sorted(unknown)}")
     models = {}
@@ -162,4 +167,17 @@ def load_config(path: str | Path) -> GatewayConfig:
     slices = raw.get("slices")
     if slices is not None:
         slices = str(path.parent / slices) if not Path(slices).is_absolute() else slices
-    return GatewayConfig(models, slices, tuple(keys))
+    return GatewayConfig(models, slices, tuple(keys), _warm_pool(path, raw.get("warm_pool", 0)))
+
+
+def _warm_pool(path: Path, raw: Any) -> dict[str, int]:
+    """`warm_pool: N` (every slice class) or `warm_pool: {1g.12gb: 2, "*": 1}`."""
+    sizes = raw if isinstance(raw, dict) else {"*": raw}
+    for kind, n in sizes.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            where = f"warm_pool.{kind}" if isinstance(raw, dict) else "warm_pool"
+            raise ConfigError(
+                f"{path}: {where}: expected an integer >= 0 (pooled workers per slice class), "
+                f"got {n!r}"
+            )
+    return {str(k): n for k, n in sizes.items()}

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -16,12 +13,12 @@ from functools import cached_property
 
 import httpx
 
-from medusa import env as medusa_env
-from medusa.child import medusa_cli
+from medusa.engine.loader import DEFAULT_MODEL
 from medusa.serve.gateway.config import ModelConfig
+from medusa.serve.gateway.pool import PooledWorker, WarmPool
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import Failure, StartPolicy
-from medusa.serve.gateway.worker_process import WorkerProcess
+from medusa.serve.gateway.worker_process import WorkerProcess, launch
 from medusa.serve.protocol import WORKER_TOKEN_HEADER
 
 log = logging.getLogger("medusa.gateway")
@@ -46,6 +43,9 @@ class Instance:
     started: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     ready_seconds: float = 0.0
+    pooled: bool = False  # started from the warm pool
+    stages: dict[str, float] = field(default_factory=dict)  # a pooled start's stages
+    timings: dict[str, float] = field(default_factory=dict)  # the engine's, when it sent them
 
     @property
     def url(self) -> str:
@@ -55,12 +55,6 @@ class Instance:
     def headers(self) -> dict[str, str]:
         """What every request to the worker carries: without the token it answers 401."""
         return {"content-type": "application/json", WORKER_TOKEN_HEADER: self.token}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Unavailable(Exception):
@@ -99,6 +93,7 @@ class InstanceManager:
         on_cold_start: Callable[[Instance], Awaitable[None]] | None = None,
         startup_timeout: float = 300.0,
         drain_timeout: float = 30.0,
+        pool_size: Callable[[str], int] = lambda kind: 0,
     ) -> None:
         self.models, self.slices = models, slices
         self.instances: dict[str, list[Instance]] = {m: [] for m in models}
@@ -110,6 +105,8 @@ class InstanceManager:
         self.startup_timeout, self.drain_timeout = startup_timeout, drain_timeout
         self._tasks: set[asyncio.Task[None]] = set()
         self._unreaped: set[WorkerProcess] = set()
+        prepare = sorted({m.model or DEFAULT_MODEL for m in models.values()})
+        self.pool = WarmPool(slices, pool_size, prepare, self._spawn, warm_timeout=startup_timeout)
 
     # ---- state ----
     def state(self, model: str) -> str:
@@ -127,6 +124,10 @@ class InstanceManager:
     def free_slice(self) -> Slice | None:
         return next((s for s in self.slices if not s.busy), None)
 
+    def can_place(self) -> bool:
+        """A worker can start now: from the warm pool or on a free slice."""
+        return self.pool.available() or self.free_slice() is not None
+
     def _spawn(self, task: Coroutine[object, object, None]) -> None:
         t = asyncio.get_running_loop().create_task(task)
         self._tasks.add(t)
@@ -139,28 +140,42 @@ class InstanceManager:
     # ---- starting and stopping ----
     def start(self, model: str) -> Instance:
         cfg = self.models[model]
+        pooled = self.pool.take()
+        if pooled is not None:
+            return self._start_pooled(model, pooled)
         slc = self.free_slice()
         if slc is None:
             raise NoCapacity(f"no free slice for {model}")
         slc.busy = True
-        port, token = _free_port(), secrets.token_urlsafe(32)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("MEDUSA_SIM_", "MEDUSA_TRACE", "MEDUSA_MODE"))
-        }
-        env.update(slc.env)
-        env[medusa_env.WORKER_TOKEN.name] = token
-        argv = medusa_cli(
-            "run", *cfg.worker_args(), "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", model,
-        )  # fmt: skip
-        inst = Instance(model, slc, port, WorkerProcess(argv, env), token)
+        proc, port, token = launch(slc.env, [*cfg.worker_args(), "--served-model-name", model])
+        inst = Instance(model, slc, port, proc, token)
         self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
         log.info("starting %s on slice %s (pid %d, port %d)", model, slc.id, inst.proc.pid, port)
         self._spawn(self._wait_ready(inst))
         return inst
+
+    def _start_pooled(self, model: str, w: PooledWorker) -> Instance:
+        inst = Instance(model, w.slice, w.port, w.proc, w.token, pooled=True)
+        self._unreaped.add(inst.proc)
+        self.instances[model].append(inst)
+        log.info("starting %s on %s from the warm pool (pid %d)", model, w.slice.id, w.proc.pid)
+        args = [*self.models[model].worker_args(), "--served-model-name", model]
+        self._spawn(self._assign(inst, w, args))
+        return inst
+
+    async def _assign(self, inst: Instance, w: PooledWorker, args: list[str]) -> None:
+        done = await self.pool.assign(w, args, self.startup_timeout)
+        self.pool.fill()  # NOTE: not before: a worker warming up would take CPU from this start
+        if inst.state != State.STARTING:  # stopped while it started (the gateway shuts down)
+            return
+        inst.stages, inst.timings = done.stages, done.timings
+        if done.error is None and inst.proc.poll() is None:
+            inst.started = time.monotonic() - done.stages["ready"]
+            await self._ready(inst)
+        else:
+            await self._start_failed(inst, done.error or inst.proc.last_error())
+        await self._notify()
 
     async def _wait_ready(self, inst: Instance) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -179,17 +194,17 @@ class InstanceManager:
             return
         if health is not None and health.status_code == 200 and inst.proc.poll() is None:
             await self._ready(inst)
-        else:
-            await self._start_failed(inst, health)
-        await self._notify()
-
-    async def _start_failed(self, inst: Instance, health: httpx.Response | None) -> None:
-        if health is None and inst.proc.poll() is None:
-            why = f"it did not answer /health within {self.startup_timeout:.0f} s"
+        elif health is None and inst.proc.poll() is None:
+            await self._start_failed(
+                inst, f"it did not answer /health within {self.startup_timeout:.0f} s"
+            )
         else:
             # NOTE: a worker whose engine failed exits with the reason as its last stderr line.
             await inst.proc.exited(5.0)
-            why = inst.proc.last_error()
+            await self._start_failed(inst, inst.proc.last_error())
+        await self._notify()
+
+    async def _start_failed(self, inst: Instance, why: str) -> None:
         self._retire(inst)
         failure = self.policy.start_failed(inst.model, why)
         if failure is not None:
@@ -215,6 +230,8 @@ class InstanceManager:
         if inst in self.instances[inst.model]:
             self.instances[inst.model].remove(inst)
         self._spawn(self._reap(inst.proc))
+        if not self.closing:
+            self.pool.fill()
 
     async def _reap(self, proc: WorkerProcess) -> None:
         await proc.reap()
@@ -249,7 +266,7 @@ class InstanceManager:
         active = [i for i in self.instances[model] if i.state in (State.WARM, State.STARTING)]
         load = sum(i.inflight for i in active) + self.waiting[model]
         if len(active) < cfg.max_instances and (not active or load > cfg.target * len(active)):
-            if self.free_slice() is not None and self.policy.can_start(model) and not self.closing:
+            if self.can_place() and self.policy.can_start(model) and not self.closing:
                 self.start(model)
 
     def _check_admission(self, model: str) -> None:
@@ -309,6 +326,7 @@ class InstanceManager:
     # ---- the autoscaler ----
     async def autoscale(self, period: float = 0.25) -> None:
         while not self.closing:
+            self.pool.fill()
             now = time.monotonic()
             for model, cfg in self.models.items():
                 warm = self._warm(model)
@@ -324,7 +342,7 @@ class InstanceManager:
                 ]
                 while (
                     len(starting_or_warm) < cfg.min_instances
-                    and self.free_slice()
+                    and self.can_place()
                     and self.policy.can_start(model)
                     and not self.closing
                 ):
@@ -337,7 +355,7 @@ class InstanceManager:
         requests `drain_timeout` seconds before their workers are stopped too."""
         if self.closing:
             return
-        self.closing = True
+        self.closing = self.pool.closing = True
         for insts in self.instances.values():
             for inst in [i for i in insts if i.state == State.STARTING]:
                 self._retire(inst)
@@ -353,6 +371,7 @@ class InstanceManager:
         """Every worker stopped and reaped (SIGKILL for one that ignores SIGTERM)."""
         self.begin_shutdown()
         await self._stop_all()
+        await self.pool.shutdown()
         await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
         for task in list(self._tasks):
             task.cancel()

@@ -24,6 +24,20 @@ class GatewayMetrics:
             ["model", "stage"],
             registry=r,
         )
+        self.pooled_stage_seconds = Histogram(
+            "medusa_gateway_pooled_start_stage_seconds",
+            "starts from the warm pool, by stage: wait (for a warming worker), assign, weights, "
+            "restore, ready (taken to serving)",
+            ["model", "stage"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8),
+        )
+        self.pool_workers = Gauge(
+            "medusa_gateway_pool_workers",
+            "pooled workers (no model) by slice class and state (warming, idle)",
+            ["slice_class", "state"],
+            registry=r,
+        )
         self.queue = Gauge(
             "medusa_gateway_queue_length", "requests waiting for an instance", ["model"], registry=r
         )

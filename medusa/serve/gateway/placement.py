@@ -76,6 +76,11 @@ def plan_chunks(config: GatewayConfig, slices: list[Slice]) -> GatewayConfig:
 
 def check_placement(config: GatewayConfig, slices: list[Slice]) -> None:
     check_c2c(config)
+    kinds = sorted({s.kind for s in slices})
+    for kind in set(config.warm_pool) - {"*", *kinds}:
+        raise ConfigError(
+            f"warm_pool.{kind}: no slice is of class {kind!r}; the slices' classes: {kinds}"
+        )
     largest = max(s.memory for s in slices)
     for m in config.models.values():
         need = required_bytes(m)

@@ -26,7 +26,8 @@ class Slice:
     memory: int  # bytes
     sms: int
     env: dict[str, str] = field(default_factory=dict)  # what binds a worker to this slice
-    busy: bool = False
+    busy: bool = False  # a worker (serving, starting or pooled) runs on it
+    kind: str = "sim"  # the slice class (MIG profile): the warm pool is sized per class
 
 
 def simulated_slices(topology: str | Path) -> list[Slice]:
@@ -47,13 +48,14 @@ def simulated_slices(topology: str | Path) -> list[Slice]:
             if not isinstance(gb, int | float) or gb <= 0:
                 raise ValueError(f"{topology}: slices[{i}]: give a profile or memory_gb")
         name = s.get("name", f"sim{i}")
+        kind = s.get("profile") or f"{gb:g}gb.{sms}sm"
         env = {
             "MEDUSA_DEVICE": "sim",
             "MEDUSA_SIM_MEMORY": f"{gb}G",
             "MEDUSA_SIM_SMS": str(sms),
             "MEDUSA_SIM_DEVICE_NAME": s.get("device_name", "simcuda H100 80GB HBM3 (CPU)"),
         }
-        out.append(Slice(name, int(gb * 2**30), int(sms), env))
+        out.append(Slice(name, int(gb * 2**30), int(sms), env, kind=kind))
     if not out:
         raise ValueError(f"{topology}: no slices listed")
     return out
@@ -89,12 +91,15 @@ def nvml_slices() -> list[Slice]:
                     sms = pynvml.nvmlDeviceGetAttributes(h).multiprocessorCount
                 except pynvml.NVMLError:
                     sms = 0
+                name = pynvml.nvmlDeviceGetName(h)
+                name = name.decode() if isinstance(name, bytes) else name
                 out.append(
                     Slice(
                         uuid,
                         int(mem),
                         int(sms),
                         {"CUDA_VISIBLE_DEVICES": uuid, "MEDUSA_DEVICE": "cuda"},
+                        kind=name.rsplit(" MIG ", 1)[-1],  # "NVIDIA H100 ... MIG 1g.10gb"
                     )
                 )
     finally:

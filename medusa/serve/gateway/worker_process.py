@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
+import secrets
+import socket
 import subprocess
 import threading
 import time
 from typing import IO
 
-from medusa.child import tied_to_this_process
+from medusa import env as medusa_env
+from medusa.child import medusa_cli, tied_to_this_process
 
 log = logging.getLogger("medusa.gateway")
 
@@ -78,3 +82,24 @@ class WorkerProcess:
             log.warning("worker pid %d ignored SIGTERM for %.0f s: killing it", self.pid, timeout)
             self.popen.kill()
             await asyncio.to_thread(self.popen.wait)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(slice_env: dict[str, str], args: list[str]) -> tuple[WorkerProcess, int, str]:
+    """`medusa run ARGS` bound to a slice (its env), on a free local port, with its own token:
+    (process, port, token)."""
+    port, token = free_port(), secrets.token_urlsafe(32)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MEDUSA_SIM_", "MEDUSA_TRACE", "MEDUSA_MODE"))
+    }
+    env.update(slice_env)
+    env[medusa_env.WORKER_TOKEN.name] = token
+    argv = medusa_cli("run", *args, "--host", "127.0.0.1", "--port", str(port))
+    return WorkerProcess(argv, env), port, token

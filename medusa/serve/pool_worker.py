@@ -1,0 +1,220 @@
+"""`medusa run --pool`: a worker of the gateway's warm pool. It does what every start does before it
+knows its model (imports, the device's runtime and kernels, the HTTP server, opening the catalog's
+model files and tokenizers), then waits for the gateway to assign a model on a route only the
+gateway can call (the per-worker token), restores it and serves it. It serves one model and exits
+with it: a second restore in one process would diverge from the recorded start-up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+import click
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from medusa.engine.config import EngineConfig
+from medusa.serve.async_engine import AsyncEngine
+from medusa.serve.protocol import APIError, TokenGuard, read_json
+from medusa.serve.worker import create_app
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from medusa.engine.device import Device
+    from medusa.engine.llm_engine import LLMEngine
+    from medusa.engine.loader import ModelSource
+    from medusa.engine.tokenizer import Tokenizer
+
+log = logging.getLogger("medusa.pool")
+
+ENGINE_FIELDS = {f.name for f in fields(EngineConfig)} - {"model"}
+
+
+class _Prepared:
+    """A model source opened ahead, its tokenizer built once (the engine asks for it on start)."""
+
+    def __init__(self, source: ModelSource) -> None:
+        self._source, self._tokenizer = source, source.tokenizer()
+        self._identity = source.identity()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    def identity(self) -> str:
+        return self._identity
+
+
+class Assignment:
+    """What `medusa run` would have been started with, parsed by its own command."""
+
+    def __init__(self, command: click.Command, argv: list[str]) -> None:
+        try:
+            ctx = command.make_context("medusa run", list(argv))
+        except click.ClickException as e:
+            raise ValueError(e.format_message()) from None
+        p = ctx.params
+        if p.get("engine_name") != "medusa" or p.get("argv") or p.get("pool"):
+            raise ValueError("a pooled worker serves the reference engine: drop --engine/--pool")
+        self.model: str | None = p["model"]
+        self.artifact: str | None = p["artifact"]
+        self.served_name = p["served_model_name"] or self.model or "smollm2"
+        self.require, self.validate, self.trust = p["require_artifact"], p["validate"], p["trust"]
+        self.config = EngineConfig(
+            model=self.model, **{k: v for k, v in p.items() if k in ENGINE_FIELDS}
+        )
+
+
+class PooledWorker:
+    """The ASGI app of a pooled worker: the pool's routes until a model is assigned, then the
+    worker API over that model's engine."""
+
+    def __init__(self, command: click.Command, prepare: list[str], max_body_bytes: int) -> None:
+        self.command, self.prepare, self.max_body_bytes = command, prepare, max_body_bytes
+        self.device: Device | None = None
+        self.sources: dict[str, _Prepared] = {}
+        self.error: str | None = None
+        self.prepared = threading.Event()
+        self.engine: AsyncEngine | None = None
+        self.server: uvicorn.Server | None = None
+        self._assigned = False
+        self.inner: Any = self._pool_app()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.inner(scope, receive, send)
+
+    def warm_up(self) -> None:
+        """Everything a start does before it knows its model (on a thread: the server listens
+        meanwhile, so the gateway sees the worker come up)."""
+        from medusa.engine.device import Device
+        from medusa.engine.llm_engine import LLMEngine  # noqa: F401 - its imports, done now
+        from medusa.engine.loader import locate_model, open_model
+
+        t0 = time.perf_counter()
+        try:
+            self.device = Device()
+            for model in self.prepare:
+                self.sources[str(locate_model(model))] = _Prepared(open_model(model))
+        except Exception as e:  # noqa: BLE001 - reported to the gateway, which replaces us
+            self.error = f"{type(e).__name__}: {e}"
+            log.error("pooled worker: warm-up failed: %s", self.error)
+        log.info("pooled worker: warm in %.2f s", time.perf_counter() - t0)
+        self.prepared.set()
+
+    def _pool_app(self) -> FastAPI:
+        app = FastAPI(title="medusa pooled worker")
+
+        @app.exception_handler(APIError)
+        async def api_error(_: Request, e: APIError) -> JSONResponse:
+            return e.response()
+
+        @app.get("/health")
+        async def health() -> JSONResponse:
+            return JSONResponse({"status": "pooled"}, status_code=503)
+
+        @app.get("/pool")
+        async def pool() -> JSONResponse:
+            if self.error:
+                return JSONResponse({"state": "failed", "error": self.error}, status_code=500)
+            state = "idle" if self.prepared.is_set() else "warming"
+            return JSONResponse({"state": state}, status_code=200 if state == "idle" else 503)
+
+        @app.post("/pool/assign")
+        async def assign(request: Request) -> JSONResponse:
+            body = await read_json(request, self.max_body_bytes)
+            if self._assigned:
+                raise APIError(409, "this pooled worker has a model already", code="assigned")
+            self._assigned = True
+            argv = body.get("argv") if isinstance(body, dict) else None
+            if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+                raise APIError(400, "send {'argv': [medusa run arguments]}", param="argv")
+            return await self._assign(argv)
+
+        return app
+
+    async def _assign(self, argv: list[str]) -> JSONResponse:
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.prepared.wait)
+        try:
+            if self.error:
+                raise ValueError(f"the pooled worker's warm-up failed: {self.error}")
+            job = Assignment(self.command, argv)
+        except ValueError as e:
+            return self._failed(str(e))
+        engine = self.engine = AsyncEngine(job.config, lambda: self._build(job))
+        engine.start()
+        await asyncio.to_thread(engine.ready.wait)
+        if engine.error:
+            return self._failed(engine.error)
+        self.inner = create_app(engine, job.served_name, max_body_bytes=self.max_body_bytes)
+        assert engine.engine is not None
+        timings = dict(engine.engine.timings)
+        log.info("pooled worker: serving %s, ready in %.3f s", job.served_name, timings["total"])
+        return JSONResponse(
+            {
+                "status": "ok",
+                "seconds": time.perf_counter() - t0,
+                "timings": timings,
+                "restored": engine.engine.restored,
+            }
+        )
+
+    def _build(self, job: Assignment) -> LLMEngine:
+        from medusa.engine.llm_engine import LLMEngine
+        from medusa.engine.loader import locate_model
+
+        source = self.sources.get(str(locate_model(job.model)))
+        return LLMEngine(
+            job.config,
+            source=source,  # type: ignore[arg-type]
+            artifact=job.artifact,
+            require_artifact=job.require,
+            validate=job.validate,
+            trust=job.trust,
+            device=self.device,
+        )
+
+    def _failed(self, reason: str) -> JSONResponse:
+        """The reason goes to the gateway and, as the last line, to stderr; then the worker exits
+        (its device state after a failed start is not worth trusting)."""
+        click.echo(f"medusa run: {reason}", err=True)
+        if self.server is not None:
+            self.server.should_exit = True
+        return JSONResponse({"status": "failed", "error": reason}, status_code=500)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def serve_pooled(
+    command: click.Command,
+    host: str,
+    port: int,
+    token: str,
+    prepare: list[str],
+    max_body_bytes: int,
+) -> None:
+    """Runs a pooled worker until it is stopped (SIGTERM) or its assignment fails."""
+    import uvicorn
+
+    worker = PooledWorker(command, prepare, max_body_bytes)
+    app = TokenGuard(worker, token)
+    server = worker.server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    )
+    threading.Thread(target=worker.warm_up, name="medusa-pool-warm-up", daemon=True).start()
+    try:
+        server.run()
+    finally:
+        worker.shutdown()
+    if worker.engine is not None and worker.engine.error:
+        raise SystemExit(1)

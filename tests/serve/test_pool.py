@@ -1,0 +1,119 @@
+"""The gateway's warm pool: pooled workers (`medusa run --pool`) wait without a model on free
+slices, a cold model takes one, the pool refills and replaces the dead, and only the gateway can
+assign a model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from medusa.child import medusa_cli
+from medusa.serve.gateway.config import ConfigError, load_config
+from medusa.serve.gateway.placement import check_placement
+from medusa.serve.gateway.slices import simulated_slices
+from tests.materialize.conftest import clean_env, engine_artifact  # noqa: F401
+from tests.serve.test_gateway import CHAT, ENGINE, _alive, _port, _start_gateway, _wait_gone
+
+
+def _pool(base: str, want: int, timeout: float = 60) -> list[dict]:
+    """The pool once `want` workers in it are idle."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        pool = httpx.get(f"{base}/admin/pool").json()
+        if sum(w["state"] == "idle" for w in pool) >= want:
+            return pool
+        time.sleep(0.1)
+    raise AssertionError(f"the pool did not warm {want} worker(s): {pool}")
+
+
+def test_a_cold_model_takes_a_pooled_worker_and_the_pool_refills(
+    tmp_path,
+    engine_artifact,  # noqa: F811
+):
+    (tmp_path / "slices.yaml").write_text(
+        "slices:\n  - {name: s0, memory_gb: 8}\n  - {name: s1, memory_gb: 8}\n"
+    )
+    (tmp_path / "models.yaml").write_text(
+        f"models:\n  a: {{artifact: {engine_artifact}, engine: {ENGINE}}}\n"
+        "warm_pool: 1\nslices: slices.yaml\n"
+    )
+    proc, base = _start_gateway(str(tmp_path / "models.yaml"))
+    try:
+        (first,) = _pool(base, 1)
+        r = httpx.post(f"{base}/v1/chat/completions", json={"model": "a", **CHAT}, timeout=120)
+        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+        (inst,) = httpx.get(f"{base}/admin/instances").json()["a"]
+        assert inst["pid"] == first["pid"] and inst["slice"] == first["slice"]
+
+        # the pool refills on the other slice; a pooled worker that dies is replaced
+        (second,) = _pool(base, 1)
+        assert second["slice"] != first["slice"]
+        metrics = httpx.get(f"{base}/metrics").text
+        for stage in ("wait", "assign", "weights", "restore", "ready"):
+            line = f'medusa_gateway_pooled_start_stage_seconds_count{{model="a",stage="{stage}"}} 1'
+            assert line in metrics
+        assert 'medusa_gateway_cold_start_stage_seconds{model="a",stage="graph_restore"}' in metrics
+        assert 'medusa_gateway_pool_workers{slice_class="8gb.132sm",state="idle"} 1.0' in metrics
+        os.kill(second["pid"], signal.SIGKILL)
+        (third,) = _pool(base, 1, timeout=90)
+        assert third["pid"] != second["pid"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert _wait_gone(third["pid"], 10) and _wait_gone(first["pid"], 10)
+
+
+def test_only_the_gateway_assigns_and_a_bad_assignment_ends_the_worker():
+    port = _port()
+    env = {**clean_env(), "MEDUSA_DEVICE": "sim"}
+    res = subprocess.run(medusa_cli("run", "--pool"), env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "--pool needs MEDUSA_WORKER_TOKEN" in res.stderr
+
+    env["MEDUSA_WORKER_TOKEN"] = "t0ken"
+    proc = subprocess.Popen(
+        medusa_cli("run", "--pool", "--port", str(port)), env=env, stderr=subprocess.PIPE, text=True
+    )
+    base, token = f"http://127.0.0.1:{port}", {"x-medusa-worker-token": "t0ken"}
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{base}/pool", headers=token).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        assert httpx.post(f"{base}/pool/assign", json={"argv": []}).status_code == 401
+        health = httpx.get(f"{base}/health", headers=token)
+        assert health.status_code == 503 and health.json() == {"status": "pooled"}
+        r = httpx.post(
+            f"{base}/pool/assign", json={"argv": ["--max-num-seqs", "0"]}, headers=token, timeout=60
+        )
+        assert r.status_code == 500 and "max_num_seqs=0: must be at least 1" in r.json()["error"]
+        _, err = proc.communicate(timeout=30)
+        assert "max_num_seqs=0" in err.strip().splitlines()[-1]
+    finally:
+        if _alive(proc.pid):
+            proc.kill()
+
+
+def test_warm_pool_config_errors_name_the_field(tmp_path):
+    (tmp_path / "slices.yaml").write_text("slices:\n  - {profile: 1g.12gb}\n")
+    cfg = tmp_path / "models.yaml"
+    cfg.write_text("models:\n  a: {}\nwarm_pool: -1\n")
+    with pytest.raises(ConfigError, match=r"models\.yaml: warm_pool: expected an integer >= 0"):
+        load_config(cfg)
+    cfg.write_text("models:\n  a: {}\nwarm_pool: {1g.12gb: x}\n")
+    with pytest.raises(ConfigError, match=r"warm_pool\.1g\.12gb: expected an integer >= 0"):
+        load_config(cfg)
+    cfg.write_text("models:\n  a: {}\nwarm_pool: {2g.24gb: 1}\nslices: slices.yaml\n")
+    loaded = load_config(cfg)
+    with pytest.raises(ConfigError, match=r"warm_pool\.2g\.24gb: no slice is of class .*1g\.12gb"):
+        check_placement(loaded, simulated_slices(tmp_path / "slices.yaml"))
+    cfg.write_text("models:\n  a: {}\nwarm_pool: {1g.12gb: 2, '*': 1}\n")
+    loaded = load_config(cfg)
+    assert loaded.pool_size("1g.12gb") == 2 and loaded.pool_size("7g.96gb") == 1
