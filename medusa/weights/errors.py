@@ -1,0 +1,6 @@
+from __future__ import annotations
+
+
+class WeightStoreError(ValueError):
+    """A weight store that cannot be used (missing, damaged, or of another model); the message
+    names the file (and the chunk) and what to do. The engine then loads the model file."""
