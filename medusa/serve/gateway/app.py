@@ -173,6 +173,8 @@ def create_gateway(
     async def prometheus() -> Response:
         for m in config.models:
             metrics.queue.labels(m).set(manager.waiting[m])
+            if config.models[m].engine.get("weights") == "host":
+                metrics.host_weight_bytes.labels(m).set(manager.host_weights.nbytes(m))
             for state in ("starting", "warm", "draining"):
                 n = len([i for i in manager.instances[m] if i.state.value == state])
                 metrics.instances.labels(m, state).set(n)

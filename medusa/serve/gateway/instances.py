@@ -15,6 +15,7 @@ import httpx
 
 from medusa.engine.loader import DEFAULT_MODEL
 from medusa.serve.gateway.config import ModelConfig
+from medusa.serve.gateway.host_weights import HostWeights
 from medusa.serve.gateway.pool import PooledWorker, WarmPool
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import Failure, StartPolicy
@@ -107,6 +108,7 @@ class InstanceManager:
         self._unreaped: set[WorkerProcess] = set()
         prepare = sorted({m.model or DEFAULT_MODEL for m in models.values()})
         self.pool = WarmPool(slices, pool_size, prepare, self._spawn, warm_timeout=startup_timeout)
+        self.host_weights = HostWeights(models)
 
     # ---- state ----
     def state(self, model: str) -> str:
@@ -140,6 +142,7 @@ class InstanceManager:
     # ---- starting and stopping ----
     def start(self, model: str) -> Instance:
         cfg = self.models[model]
+        self.host_weights.need(model)
         pooled = self.pool.take()
         if pooled is not None:
             return self._start_pooled(model, pooled)
@@ -327,6 +330,7 @@ class InstanceManager:
     async def autoscale(self, period: float = 0.25) -> None:
         while not self.closing:
             self.pool.fill()
+            self.host_weights.expire({m for m, insts in self.instances.items() if insts})
             now = time.monotonic()
             for model, cfg in self.models.items():
                 warm = self._warm(model)
@@ -372,6 +376,7 @@ class InstanceManager:
         self.begin_shutdown()
         await self._stop_all()
         await self.pool.shutdown()
+        await self.host_weights.close()
         await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
         for task in list(self._tasks):
             task.cancel()

@@ -38,6 +38,13 @@ class GatewayMetrics:
             ["slice_class", "state"],
             registry=r,
         )
+        self.host_weight_bytes = Gauge(
+            "medusa_gateway_host_weight_bytes",
+            "host memory of a host-weight model's weight store, mapped once and shared by its "
+            "workers",
+            ["model"],
+            registry=r,
+        )
         self.queue = Gauge(
             "medusa_gateway_queue_length", "requests waiting for an instance", ["model"], registry=r
         )

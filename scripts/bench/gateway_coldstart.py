@@ -1,0 +1,196 @@
+"""A cold model's first token through `medusa gateway`, with a warm pool and without, side by side
+in one run, for host-weight models (the gateway maps their weight stores once, shared).
+
+Per gateway, one slice and two models (two copies of one host-weight artifact, so two stores):
+  cold TTFT    a request for a cold model to its first streamed token (1-token prompt, 1 token)
+  warm TTFT    the same request once the model is warm: what generation alone costs
+  switch       the slice switches from model a to model b once a has scaled down: b's start,
+               taken (pool) or spawned (no pool) to serving, excluding generation (the gateway's
+               medusa_gateway_pooled_start_stage_seconds / cold_start_seconds)
+Targets (issue 17): with the pool, cold TTFT <= 300 ms and switch <= 50 ms on this machine.
+Run: python scripts/bench/gateway_coldstart.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ENGINE = {
+    "weights": "host",
+    "max_num_seqs": 4,
+    "max_model_len": 256,
+    "max_num_batched_tokens": 128,
+    "gpu_memory_utilization": 0.4,
+}
+BODY = {"prompt": [100], "max_tokens": 1, "temperature": 0, "stream": True}
+
+
+def _env() -> dict[str, str]:
+    keep = ("MEDUSA_LIB_DIR",)
+    return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_gateway(tmp: Path, name: str, arts: list[Path], pool: int, log) -> tuple:
+    (tmp / "slices.yaml").write_text("slices:\n  - {name: s0, memory_gb: 8}\n")
+    engine = "{" + ", ".join(f"{k}: {v}" for k, v in ENGINE.items()) + "}"
+    models = "".join(
+        f"  {m}: {{artifact: {a}, keep_alive: 1, engine: {engine}}}\n"
+        for m, a in zip("ab", arts, strict=True)
+    )
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(f"models:\n{models}warm_pool: {pool}\nslices: slices.yaml\n")
+    port = _port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "medusa.cli", "gateway", "--config", str(cfg), "--port", str(port)],
+        env=_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"the gateway did not start; see {log.name}")
+
+
+def settle(base: str, pool: int, timeout: float = 120) -> None:
+    """Every model cold and the pool warm."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = {m["state"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
+        idle = sum(w["state"] == "idle" for w in httpx.get(f"{base}/admin/pool").json())
+        if states == {"cold"} and idle >= pool:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the gateway did not settle (models cold, pool warm)")
+
+
+def ttft(client: httpx.Client, base: str, model: str) -> float:
+    t0 = time.perf_counter()
+    first = None
+    with client.stream("POST", f"{base}/v1/completions", json={"model": model, **BODY}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {") and first is None:
+                first = time.perf_counter() - t0
+    if first is None:
+        raise RuntimeError(f"{model}: no token")
+    return first
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    pat = re.compile(rf"^{name}\{{(.*)\}} (\S+)$")
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        m = pat.match(line)
+        if m and ",".join(sorted(m.group(1).split(","))) == want:
+            return float(m.group(2))
+    return 0.0
+
+
+def start_seconds(base: str, model: str, pool: int) -> float:
+    """The gateway's sum of `model`'s start seconds, taken (or spawned) to serving."""
+    if pool:
+        return metric(
+            base, "medusa_gateway_pooled_start_stage_seconds_sum", model=model, stage="ready"
+        )
+    return metric(base, "medusa_gateway_cold_start_seconds_sum", model=model)
+
+
+def run(tmp: Path, name: str, arts: list[Path], pool: int, repeats: int) -> dict[str, list]:
+    out: dict[str, list] = {"cold": [], "warm": [], "switch": [], "stages": []}
+    with open(tmp / f"{name}.log", "w") as log:
+        proc, base = start_gateway(tmp, name, arts, pool, log)
+        try:
+            with httpx.Client(timeout=300) as c:
+                for _ in range(repeats):
+                    settle(base, pool)
+                    out["cold"].append(ttft(c, base, "a"))
+                    out["warm"].append(statistics.median(ttft(c, base, "a") for _ in range(3)))
+                    settle(base, pool)  # a scaled down: its slice goes to b
+                    before = start_seconds(base, "b", pool)
+                    ttft(c, base, "b")
+                    out["switch"].append(start_seconds(base, "b", pool) - before)
+                    stages = {}
+                    for line in httpx.get(f"{base}/metrics").text.splitlines():
+                        m = re.match(
+                            r'medusa_gateway_cold_start_stage_seconds\{model="b",stage="(\w+)"\} '
+                            r"(\S+)",
+                            line,
+                        )
+                        if m:
+                            stages[m.group(1)] = float(m.group(2))
+                    out["stages"].append(stages)
+                out["host_bytes"] = [
+                    metric(base, "medusa_gateway_host_weight_bytes", model=m) for m in "ab"
+                ]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--keep", default=None, help="keep the artifacts and logs in this directory")
+    a = ap.parse_args()
+    tmp_ctx = tempfile.TemporaryDirectory()
+    tmp = Path(a.keep or tmp_ctx.name)
+    tmp.mkdir(parents=True, exist_ok=True)
+    art = tmp / "a"
+    if not art.is_dir():
+        opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+        subprocess.run(
+            [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out", str(art)],
+            env=_env(),
+            check=True,
+            capture_output=True,
+        )
+    if not (tmp / "b").is_dir():
+        shutil.copytree(art, tmp / "b")  # a second store: two models resident side by side
+    arts = [art, tmp / "b"]
+    rows = {
+        "no pool": run(tmp, "nopool", arts, 0, a.repeats),
+        "warm pool": run(tmp, "pool", arts, 1, a.repeats),
+    }
+    ms = lambda xs: statistics.median(xs) * 1000  # noqa: E731
+    print(f"host-weight model, 1 slice, median of {a.repeats}    {'no pool':>10} {'warm pool':>10}")
+    for key, label in (
+        ("cold", "cold model: request to first token"),
+        ("warm", "warm model: request to first token"),
+        ("switch", "slice switch a -> b, excl. generation"),
+    ):
+        no, yes = ms(rows["no pool"][key]), ms(rows["warm pool"][key])
+        print(f"  {label:40} {no:8.0f} ms {yes:8.0f} ms")
+    print("  targets with the pool: cold <= 300 ms, switch <= 50 ms")
+    hb = rows["warm pool"]["host_bytes"]
+    print(f"  host weight bytes mapped by the gateway: a {hb[0]:.0f}, b {hb[1]:.0f}")
+    for name, row in rows.items():
+        stages = ", ".join(f"{k} {v:.3f}" for k, v in row["stages"][-1].items())
+        print(f"  {name}: b's engine start-up stages (s): {stages}")
+
+
+if __name__ == "__main__":
+    main()
