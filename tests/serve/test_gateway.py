@@ -347,6 +347,7 @@ def test_the_runtime_examples_are_valid(tmp_path):
         (tmp_path / "runtime" / name).write_text((runtime / name).read_text())
     cfg = load_config(tmp_path / "runtime" / "models.yaml")
     assert cfg.models["smollm2"].max_queue == 32 and cfg.models["smollm2-eager"].engine
+    assert cfg.pool_size("8gb.26sm") == 1
     res = subprocess.run(
         ["sh", str(runtime / "entrypoint.sh")],
         env={"MEDUSA_ROLE": "nope"},
