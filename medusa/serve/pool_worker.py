@@ -96,16 +96,20 @@ class PooledWorker:
         meanwhile, so the gateway sees the worker come up)."""
         from medusa.engine.device import Device
         from medusa.engine.llm_engine import LLMEngine  # noqa: F401 - its imports, done now
-        from medusa.engine.loader import locate_model, open_model
+        from medusa.engine.loader import ModelError, locate_model, open_model
 
         t0 = time.perf_counter()
         try:
             self.device = Device()
-            for model in self.prepare:
-                self.sources[str(locate_model(model))] = _Prepared(open_model(model))
         except Exception as e:  # noqa: BLE001 - reported to the gateway, which replaces us
             self.error = f"{type(e).__name__}: {e}"
             log.error("pooled worker: warm-up failed: %s", self.error)
+        for model in self.prepare if self.error is None else []:
+            try:
+                self.sources[str(locate_model(model))] = _Prepared(open_model(model))
+            except (ModelError, OSError, ValueError) as e:
+                # NOTE: not fatal: a start of that model opens it itself and reports the error.
+                log.warning("pooled worker: cannot open %s ahead: %s", model, e)
         log.info("pooled worker: warm in %.2f s", time.perf_counter() - t0)
         self.prepared.set()
 

@@ -108,6 +108,10 @@ def create_gateway(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        kinds = sorted({s.kind for s in slices})
+        if manager.pool.enabled:
+            sizes = ", ".join(f"{k}: {config.pool_size(k)}" for k in kinds)
+            log.info("warm pool: pooled workers per slice class: %s", sizes)
         task = asyncio.get_running_loop().create_task(manager.autoscale())
         with _on_terminate(manager.begin_shutdown):
             yield
