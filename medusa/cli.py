@@ -619,7 +619,7 @@ def gateway(config_path: str, host: str, port: int, max_request_bytes: int) -> N
     default="gamma",
     help="gamma (bursts), poisson, or an Azure LLM trace CSV file.",
 )
-@click.option("--duration", default=60.0, help="Seconds of trace.")
+@click.option("--duration", type=float, help="Seconds of trace (default 60; --sharing: 300).")
 @click.option("--rate", default=1.0, help="Requests per second (synthetic traces).")
 @click.option("--cv", default=3.0, help="Burstiness of the gamma trace (coefficient of variation).")
 @click.option(
@@ -632,9 +632,18 @@ def gateway(config_path: str, host: str, port: int, max_request_bytes: int) -> N
 @click.option("--alpha", type=click.Choice(["tuned", "static"]), default="tuned")
 @click.option("--seed", default=0)
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
+@click.option(
+    "--sharing",
+    is_flag=True,
+    help="Instead: many models sharing devices, Prism vs static partitioning vs MuxServe-like "
+    "(max load at 99%% TTFT attainment, devices needed). Uses --models, --devices, --duration "
+    "and --seed.",
+)
+@click.option("--models", "n_models", default=16, help="--sharing: models in the catalog.")
+@click.option("--devices", "n_devices", default=8, help="--sharing: 80 GiB devices.")
 def simulate(
     trace_kind: str,
-    duration: float,
+    duration: float | None,
     rate: float,
     cv: float,
     slices: str,
@@ -643,10 +652,19 @@ def simulate(
     alpha: str,
     seed: int,
     as_json: bool,
+    sharing: bool,
+    n_models: int,
+    n_devices: int,
 ) -> None:
     """Simulate several models served on one superchip's MIG slices over the shared C2C link:
-    p50/p99 TTFT and TPOT, SLO attainment, C2C utilisation over time, for one policy choice."""
+    p50/p99 TTFT and TPOT, SLO attainment, C2C utilisation over time, for one policy choice.
+    With --sharing: a long-tailed catalog on several devices under three sharing policies."""
     import json
+
+    if sharing:
+        _simulate_sharing(n_models, n_devices, duration or 300.0, seed, as_json)
+        return
+    duration = duration or 60.0
 
     from medusa.c2c.model import GH200_MIG
     from medusa.c2c.scheduler import PlacementError
@@ -691,6 +709,42 @@ def simulate(
     click.echo(f"  prefill chunk   {r['chunk']}")
     click.echo(f"  final alpha     {r['alpha']}")
     click.echo(f"  C2C utilisation |{sparkline(r['c2c_utilisation'])}|")
+
+
+def _simulate_sharing(
+    n_models: int, n_devices: int, duration: float, seed: int, as_json: bool
+) -> None:
+    import json
+
+    from medusa.prism.placement import PlacementError
+    from medusa.prism.simulate import compare
+
+    if n_models < 1 or n_devices < 1 or duration <= 0:
+        raise click.UsageError("--models and --devices must be >= 1 and --duration > 0")
+    try:
+        r = compare(n_models, n_devices, duration, seed, progress=lambda m: click.echo(m, err=True))
+    except PlacementError as e:
+        raise click.ClickException(f"{e} (try more --devices or fewer --models)") from None
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    base, mux = r["static"]["max_rps"] or 0.0, r["muxserve"]["max_rps"] or 0.0
+    click.echo(
+        f"{n_models} models (Zipf popularity, bursty), {n_devices} x 80 GiB devices, "
+        f"{duration:.0f} s of trace, seed {seed}"
+    )
+    click.echo(f"{'policy':10} {'max load req/s':>15} {'vs static':>10} {'vs muxserve':>12} "
+               f"{'devices for muxserve max':>25}")  # fmt: skip
+    for name, row in r.items():
+        rps, dev = row["max_rps"] or 0.0, row["devices"]
+        click.echo(
+            f"{name:10} {rps:15.2f} {_ratio(rps, base):>10} {_ratio(rps, mux):>12} "
+            f"{dev if dev is not None else f'> {2 * n_devices}':>25}"
+        )
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
 
 
 @main.command(short_help="Print what an artifact holds.")

@@ -65,7 +65,38 @@ def place(
                 d = old
         on[d].append(m)
         out[m.name] = d
+    if not current:
+        _rebalance(on, memory)
+        out = {m.name: d for d in range(len(memory)) for m in on[d]}
     return out
+
+
+def _rebalance(on: list[list[ModelLoad]], memory: Sequence[int], rounds: int = 64) -> None:
+    """Moves or swaps models off the most pressured device while that lowers the higher of the
+    two devices' KVPR. The greedy pass places the large, rarely used models last, when memory
+    may be left only next to a hot model; this undoes that."""
+    for _ in range(rounds):
+        scores = [kvpr(ms, memory[d]) for d, ms in enumerate(on)]
+        worst = max(range(len(on)), key=lambda d: scores[d])
+        best: tuple[float, int, ModelLoad, ModelLoad | None] | None = None
+        for other in range(len(on)):
+            if other == worst:
+                continue
+            for m in on[worst]:
+                for x in [None, *on[other]]:
+                    a = [y for y in on[worst] if y is not m] + ([x] if x else [])
+                    b = [y for y in on[other] if y is not x] + [m]
+                    peak = max(kvpr(a, memory[worst]), kvpr(b, memory[other]))
+                    if peak < scores[worst] * 0.999 and (best is None or peak < best[0]):
+                        best = (peak, other, m, x)
+        if best is None:
+            return
+        _, other, m, x = best
+        on[worst].remove(m)
+        on[other].append(m)
+        if x is not None:
+            on[other].remove(x)
+            on[worst].append(x)
 
 
 def evict(models: Sequence[ModelLoad], idle: set[str], memory: int, need_bytes: int) -> list[str]:

@@ -21,7 +21,7 @@ jobs_st = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(jobs_st, st.integers(0, 192).map(lambda t: t / 64))
 def test_misses_equal_the_brute_force_minimum(jobs, start):
     on_time, late = moore_hodgson(jobs, start)
