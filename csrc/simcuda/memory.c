@@ -212,8 +212,18 @@ CUresult sim_check_range(uintptr_t p, size_t n, bool device_only) {
     if (r && (r->kind == A_DEVICE || r->kind == A_GLOBAL))
         return p + n <= r->base + r->size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     if (r && r->kind == A_RESERVE) {
-        sim_range *m = rs_find(&g_sim.maps, p);
-        return m && m->aux && p + n <= m->base + m->size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+        /* A reserved range may be backed by several mappings side by side (an elastic KV cache
+         * maps a page at a time); an access is fine if accessible mappings cover all of it. */
+        if (p + n > r->base + r->size)
+            return CUDA_ERROR_INVALID_VALUE;
+        uintptr_t at = p, end = p + (n ? n : 1);
+        while (at < end) {
+            sim_range *m = rs_find(&g_sim.maps, at);
+            if (!m || !m->aux)
+                return CUDA_ERROR_INVALID_VALUE;
+            at = m->base + m->size;
+        }
+        return CUDA_SUCCESS;
     }
     if (!device_only) {
         sim_range *h = rs_find(&g_sim.hosts, p);
