@@ -181,8 +181,7 @@ def _pick(
     if order == "fcfs":
         return cand[0]
     jobs = [
-        Job(r.arrival + r.slo, r.prompt / (models[r.model].prefill_tps * speed), r)
-        for r in cand
+        Job(r.arrival + r.slo, r.prompt / (models[r.model].prefill_tps * speed), r) for r in cand
     ]
     on_time, late = moore_hodgson(jobs, now)
     return (on_time or late)[0].key  # type: ignore[return-value]
