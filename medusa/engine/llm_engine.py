@@ -20,6 +20,7 @@ from medusa.engine.block_manager import BlockManager
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
 from medusa.engine.loader import ModelSource, open_model
+from medusa.engine.loader.stored import StoredModel, check_tensors
 from medusa.engine.model_runner import ModelRunner
 from medusa.engine.sampling import SamplingParams
 from medusa.engine.scheduler import Scheduler
@@ -28,6 +29,7 @@ from medusa.engine.tokenizer import IncrementalDecoder, Tokenizer
 from medusa.restore import RestoreError, Restorer
 from medusa.restore.compat import check_compatible, device_fingerprint
 from medusa.trace import control as trace
+from medusa.weights import WeightStore, WeightStoreError, open_store
 
 log = logging.getLogger("medusa.engine.startup")
 
@@ -51,26 +53,33 @@ class LLMEngine:
         validate: bool = False,
         trust: str | Path | None = None,
         device: Device | None = None,
+        store: str | Path | None = None,
     ) -> None:
         """device: a Device made earlier in this process (a pooled worker's, whose runtime and
-        kernels are already initialized); by default a new one."""
+        kernels are already initialized); by default a new one. store: a weight store to load
+        (by default the artifact's, if it has one)."""
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}
         self.restored = False
         self.restore_error: str | None = None
+        self.store: WeightStore | None = None
+        self.store_error: str | None = None  # why a weight store was not used
         self.restorer: Restorer | None = None
+        self._require = require_artifact
         t0 = time.perf_counter()
+        loaded = self._load_artifact(artifact, trust)
         with self._stage("runtime_init"):
-            self.source = source or open_model(config.model)
-            self.spec = self.source.spec
             self.device = device or Device()
-        art = self._open_artifact(artifact, require_artifact, trust)
+            self.store = self._open_store(store, loaded)
+            self.source = self._model_source(source)
+            self.spec = self.source.spec
+        art = self._check_artifact(loaded)
         self.runner = ModelRunner(config, self.spec, self.device)
         with self._stage("weights_alloc"):
-            self.runner.allocate_weights()
+            self.runner.allocate_weights(self.store)
         with self._stage("weights_load"):
-            self.runner.load_weights(self.source.weights())
+            self._load_weights()
         with self._stage("tokenizer"):
             self.tokenizer: Tokenizer = self.source.tokenizer()
         with self._stage("workspace"):
@@ -112,13 +121,19 @@ class LLMEngine:
         with self._stage("graph_capture"):
             self.runner.capture_graphs()
 
-    def _open_artifact(
-        self, path: str | Path | None, require: bool, trust: str | Path | None
-    ) -> Artifact | None:
+    def _load_artifact(self, path: str | Path | None, trust: str | Path | None) -> Artifact | None:
         if path is None:
             return None
         try:
-            art = load_artifact(Path(path), trust=trust)
+            return load_artifact(Path(path), trust=trust)
+        except Exception as e:  # NOTE: whatever is wrong, fall back (--require-artifact: exit)
+            self._fall_back(_reason(e), self._require)
+            return None
+
+    def _check_artifact(self, art: Artifact | None) -> Artifact | None:
+        if art is None:
+            return None
+        try:
             check_compatible(
                 art.manifest,
                 model_identity=self.source.identity(),
@@ -127,8 +142,69 @@ class LLMEngine:
             )
             return art
         except Exception as e:  # NOTE: whatever is wrong, fall back (--require-artifact: exit)
-            self._fall_back(_reason(e), require)
+            self._fall_back(_reason(e), self._require)
             return None
+
+    # ---- weights ----
+    def _open_store(self, path: str | Path | None, art: Artifact | None) -> WeightStore | None:
+        digest = None
+        if path is None and art is not None and "weights" in art.manifest:
+            path = art.path / art.manifest["weights"]["file"]
+            digest = art.manifest["weights"]["header_sha256"]
+        if path is None:
+            return None
+        try:
+            return open_store(path, digest=digest)
+        except WeightStoreError as e:
+            self._store_failed(str(e))
+            return None
+
+    def _model_source(self, given: ModelSource | None) -> ModelSource:
+        if self.store is not None:
+            try:
+                if given is None:
+                    return StoredModel.open(self.store, self.config.model)
+                check_tensors(self.store, given.spec)
+            except WeightStoreError as e:
+                self._store_failed(str(e))
+        return given or open_model(self.config.model)
+
+    def _load_weights(self) -> None:
+        with self.runner.staging():
+            if self.store is not None:
+                try:
+                    self.runner.load_store(self.store)
+                    return
+                except WeightStoreError as e:
+                    self._store_failed(str(e))
+            self.runner.load_weights(self._model_file().weights())
+
+    def _model_file(self) -> ModelSource:
+        """The model's own files (a store's model was only stat'ed)."""
+        if isinstance(self.source, StoredModel):
+            return open_model(self.source.path)
+        return self.source
+
+    def _store_failed(self, reason: str) -> None:
+        """Stops using the store: the weights come from the model file (into the same device
+        buffers; weights that pointed into the store's mapping get buffers of their own)."""
+        self.store_error = reason
+        if self._require:
+            raise RestoreError(f"{reason} (--require-artifact: not starting the normal way)")
+        log.warning("weight store not used, loading the model file: %s", reason)
+        if self.store is None:
+            return
+        if getattr(self, "runner", None) is not None and self.runner.maps_store:
+            if self.config.weights == "host":
+                log.warning(
+                    "weights=host: the model file's weights are allocated one by one instead of "
+                    "the store's one registration, so a restore of this artifact's graphs will "
+                    "be refused and the engine captures them"
+                )
+            self.runner.release_weights()
+            self.runner.allocate_weights(None)
+        self.store.close()
+        self.store = None
 
     def _fall_back(self, reason: str, require: bool) -> None:
         self.restore_error = reason
@@ -187,6 +263,9 @@ class LLMEngine:
         self.runner.release()
         if self.restorer is not None:
             self.restorer.release(graphs=False)
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
     def __enter__(self) -> LLMEngine:
         return self

@@ -4,7 +4,8 @@ start-up lines up with the next."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,8 @@ from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
+from medusa.weights import WeightStore
+from medusa.weights.loader import StagingRing
 
 F32 = 4
 # HybridGEMM tiles for the engine's projections (decode: M is the batch).
@@ -49,6 +52,9 @@ class ModelRunner:
         self.config, self.spec, self.dev = config, spec, device
         self.weights: dict[str, Buffer] = {}
         self.rope_table: Buffer | None = None  # float32 [rot_dim / 2]: RoPE's frequencies
+        self._mapped: set[str] = set()  # weights that point into a registered store mapping
+        self._registered: int | None = None  # the store mapping's host address, registered
+        self._ring: StagingRing | None = None
         self.ws: dict[str, Buffer] = {}
         self.kv: Buffer | None = None
         self.num_blocks = 0
@@ -57,23 +63,76 @@ class ModelRunner:
         self._own_graph_out: list[Buffer] = []
 
     # ---- start-up stages ----
-    def allocate_weights(self) -> None:
+    def allocate_weights(self, store: WeightStore | None = None) -> None:
         """On the device, or (weights="host") the projections and the embedding in host-mapped
-        memory, read over C2C by HybridGEMM; norms stay on the device either way."""
+        memory, read over C2C by HybridGEMM; norms stay on the device either way. With a store
+        and weights="host", the 2-D weights are the store's own pages: its whole (shared,
+        read-only) mapping is registered once and each weight points at its aligned offset."""
         host = self.config.weights == "host"
+        offsets: dict[str, int] = {}  # 2-D weight -> its device address in the registered store
+        if store is not None and host:
+            base = self.dev.host_register(store.address, store.nbytes, read_only=True)
+            self._registered = store.address
+            data = base + store.header.data_offset
+            offsets = {t.name: data + t.offset for t in store.header.tensors if len(t.shape) == 2}
         for name, shape in self.spec.weight_shapes().items():
             nbytes = int(np.prod(shape)) * F32
-            on_host = host and len(shape) == 2
-            self.weights[name] = self.dev.host_alloc(nbytes) if on_host else self.dev.alloc(nbytes)
+            if name in offsets:
+                self.weights[name] = Buffer(offsets[name], nbytes)
+                self._mapped.add(name)
+            elif host and len(shape) == 2:
+                self.weights[name] = self.dev.host_alloc(nbytes)
+            else:
+                self.weights[name] = self.dev.alloc(nbytes)
         self.rope_table = self.dev.alloc(self.spec.rope.rot_dim // 2 * F32)
         # Per-layer HybridGEMM split (the alpha controller may change them between steps).
         self.alphas = [self.config.alpha] * (self.spec.num_layers + 1)
 
+    @contextmanager
+    def staging(self) -> Iterator[None]:
+        """The pinned slots weight uploads pass through, for the weights_load stage."""
+        try:
+            with StagingRing(self.dev.b, self.dev.stream) as self._ring:
+                yield
+        finally:
+            self._ring = None
+
+    def load_store(self, store: WeightStore) -> None:
+        """Copies the device-resident weights from the store, every chunk checked (the mapped
+        ones too); WeightStoreError names a bad chunk, and the weights are then not usable."""
+        if self._ring is None:
+            raise RuntimeError("load_store runs inside staging()")
+        dsts = {n: b.ptr for n, b in self.weights.items() if n not in self._mapped}
+        self._ring.load_store(store, dsts)
+        self._upload_rope()
+
     def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> None:
+        if self._ring is None:
+            raise RuntimeError("load_weights runs inside staging()")
         for name, arr in weights:
-            self.dev.upload(self.weights[name], arr.astype(np.float32, copy=False))
+            self._ring.upload(self.weights[name].ptr, arr.astype(np.float32, copy=False))
+        self._ring.synchronize()
+        self._upload_rope()
+
+    def _upload_rope(self) -> None:
         if self.rope_table is not None:
             self.dev.upload(self.rope_table, self.spec.rope.inv_freq())
+
+    @property
+    def maps_store(self) -> bool:
+        """Whether weights point into a registered store mapping (weights="host" with a store)."""
+        return self._registered is not None
+
+    def release_weights(self) -> None:
+        """Frees the weights (and unregisters a mapped store); allocate_weights may run again."""
+        for name, buf in self.weights.items():
+            if name not in self._mapped:
+                self.dev.free(buf)
+        if self._registered is not None:
+            self.dev.host_unregister(self._registered)
+        if self.rope_table is not None:
+            self.dev.free(self.rope_table)
+        self.weights, self._mapped, self._registered, self.rope_table = {}, set(), None, None
 
     def allocate_workspace(self) -> None:
         c, s = self.config, self.spec
@@ -200,17 +259,11 @@ class ModelRunner:
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
         # NOTE: restored graphs' output buffers belong to the restorer, not to this runner.
-        bufs = [
-            *self._own_graph_out,
-            *([self.kv] if self.kv else []),
-            *self.ws.values(),
-            *self.weights.values(),
-            *([self.rope_table] if self.rope_table else []),
-        ]
+        bufs = [*self._own_graph_out, *([self.kv] if self.kv else []), *self.ws.values()]
         for buf in bufs:
             self.dev.free(buf)
-        self.graphs, self.graph_out, self.ws, self.weights, self.kv = {}, {}, {}, {}, None
-        self.rope_table = None
+        self.release_weights()
+        self.graphs, self.graph_out, self.ws, self.kv = {}, {}, {}, None
         self._own_graph_out = []
 
     # ---- steps ----

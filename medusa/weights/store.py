@@ -66,9 +66,13 @@ class WeightStore:
         return f"bytes {start}..{end} of the data: {shown or 'padding'}"
 
     def close(self) -> None:
-        """Unmaps the store; arrays from array() must be dropped first."""
+        """Unmaps the store (once no array from it is left: a view still held keeps the mapping
+        until it goes)."""
         self._data = np.empty(0, np.uint8)
-        self._mm.close()
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # NOTE: the views hold the mmap object; it unmaps when the last one is freed
 
     def __enter__(self) -> WeightStore:
         return self

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,6 +29,10 @@ class ModelSource(Protocol):
 
     def identity(self) -> str:
         """A stable identity of the weights (file name, size and a hash of its header)."""
+        ...
+
+    def tokenizer_record(self) -> dict[str, Any]:
+        """What a weight store keeps to build tokenizer() without the model's files."""
         ...
 
 

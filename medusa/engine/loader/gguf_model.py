@@ -68,6 +68,17 @@ class GGUFModel:
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_gguf(self.file.metadata, self.path)
 
+    def tokenizer_record(self) -> dict[str, Any]:
+        """What a weight store keeps to build the tokenizer without this file."""
+        from medusa.engine.loader.stored import GGUF_TOKENIZER_KEYS
+
+        meta = self.file.metadata
+        kept = {k: meta[k] for k in GGUF_TOKENIZER_KEYS if k in meta}
+        for k, v in kept.items():
+            if isinstance(v, np.ndarray):
+                kept[k] = v.tolist()
+        return {"kind": "gguf", "metadata": kept}
+
     def identity(self) -> str:
         h = hashlib.sha256()
         h.update(self.path.name.encode())

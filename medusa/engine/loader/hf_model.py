@@ -110,6 +110,20 @@ class HFModel:
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_directory(self.path)
 
+    def tokenizer_record(self) -> dict:
+        """What a weight store keeps to build the tokenizer without this directory."""
+        tok = self.tokenizer()
+        cfg_path = self.path / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        return {
+            "kind": "json",
+            "json": tok.tk.to_str(),
+            "eos_ids": list(tok.eos_ids),
+            "chat_template": cfg.get("chat_template"),
+            "bos": tok.bos,
+            "eos": tok.eos,
+        }
+
     def identity(self) -> str:
         h = hashlib.sha256((self.path / "config.json").read_bytes())
         for f in self.files:

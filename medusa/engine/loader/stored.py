@@ -1,0 +1,117 @@
+"""A model from its weight store: the spec and tokenizer the store carries, so a restored start
+never parses the model file. The model file is only stat'ed, to tell that it is the one the store
+was written from (and opened for its identity when its size or time changed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+
+from medusa.engine.loader import ModelSource, open_model
+from medusa.engine.spec import ModelSpec, RoPE
+from medusa.engine.tokenizer import Tokenizer
+from medusa.weights import WeightStore, WeightStoreError
+
+GGUF_TOKENIZER_KEYS = (
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.chat_template",
+)
+
+
+def fingerprint(path: Path) -> list[list[Any]]:
+    """Name, size and modification time of the model's files (cheap: no file is read)."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    return [[p.name, st.st_size, st.st_mtime_ns] for p in files for st in [os.stat(p)]]
+
+
+def model_record(source: ModelSource) -> dict[str, Any]:
+    """What a store says about its model: identity, spec, tokenizer, the files it came from."""
+    return {
+        "identity": source.identity(),
+        "name": source.spec.name,
+        "spec": dataclasses.asdict(source.spec),
+        "tokenizer": source.tokenizer_record(),
+        "source": fingerprint(source.path),
+    }
+
+
+def spec_from_record(d: dict[str, Any]) -> ModelSpec:
+    rope = RoPE(**{**d["rope"], "freq_divisors": tuple(d["rope"]["freq_divisors"])})
+    return ModelSpec(**{**d, "rope": rope})
+
+
+def tokenizer_from_record(r: dict[str, Any], path: Path) -> Tokenizer:
+    if r["kind"] == "gguf":
+        return Tokenizer.from_gguf(r["metadata"], path)
+    return Tokenizer(HFTokenizer.from_str(r["json"]), tuple(r["eos_ids"]), r["chat_template"],
+                     r["bos"], r["eos"])  # fmt: skip
+
+
+def check_tensors(store: WeightStore, spec: ModelSpec) -> None:
+    """The store holds exactly the weights the spec lists, in its load order."""
+    want = [(n, tuple(s)) for n, s in spec.weight_shapes().items()]
+    have = [(t.name, t.shape) for t in store.header.tensors]
+    if want != have:
+        raise WeightStoreError(
+            f"{store.path}: holds {len(have)} tensors that are not the {len(want)} the model's "
+            "spec lists, in its load order; materialize again"
+        )
+
+
+class StoredModel:
+    """A ModelSource whose spec, tokenizer and weights come from a weight store."""
+
+    def __init__(self, store: WeightStore, path: Path, identity: str) -> None:
+        self.store, self.path, self._identity = store, path, identity
+        where = f"{store.path}"
+        try:
+            self.spec = spec_from_record(store.model["spec"])
+            tok = store.model["tokenizer"]
+            if not isinstance(tok, dict) or tok.get("kind") not in ("gguf", "json"):
+                raise ValueError("no tokenizer record")
+        except (KeyError, TypeError, ValueError) as e:
+            raise WeightStoreError(f"{where}: its model record is not usable ({e!r}); "
+                                   "materialize again") from None  # fmt: skip
+        check_tensors(store, self.spec)
+
+    @classmethod
+    def open(cls, store: WeightStore, model: str | Path | None) -> StoredModel:
+        """The store's model, once the model MODEL names is known to be the store's."""
+        from medusa.engine.loader import locate_model
+
+        path = locate_model(model)
+        want = store.model.get("identity")
+        if store.model.get("source") == fingerprint(path):
+            return cls(store, path, str(want))
+        got = open_model(path).identity()  # the files changed on disk: compare what they hold
+        if got != want:
+            raise WeightStoreError(
+                f"{store.path}: holds the weights of {store.model.get('name')!r} "
+                f"({str(want)[:24]}…), the model here is {path} ({got[:24]}…)"
+            )
+        return cls(store, path, got)
+
+    def tokenizer(self) -> Tokenizer:
+        return tokenizer_from_record(self.store.model["tokenizer"], self.path)
+
+    def tokenizer_record(self) -> dict[str, Any]:
+        return dict(self.store.model["tokenizer"])
+
+    def identity(self) -> str:
+        return self._identity
+
+    def weights(self) -> Iterator[tuple[str, np.ndarray]]:
+        """The store's tensors, unchecked views of its mapping (the loader checks chunks)."""
+        for t in self.store.header.tensors:
+            yield t.name, self.store.array(t)
