@@ -486,6 +486,13 @@ def _run_vllm(
     default=None,
     help="Sign the artifact with this ed25519 private key (medusa keygen makes one).",
 )
+@click.option(
+    "--no-weights",
+    "no_weights",
+    is_flag=True,
+    help="Do not write the weight store (the weights as they lie in device memory, which a "
+    "restored start copies or, with --weights host, maps); restores then load the model file.",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def materialize(
     model: str | None,
@@ -494,6 +501,7 @@ def materialize(
     command: bool,
     skip_phase: tuple[str, ...],
     sign: str | None,
+    no_weights: bool,
     argv: tuple[str, ...],
     **engine: object,
 ) -> None:
@@ -518,7 +526,7 @@ def materialize(
             from medusa.integrations.vllm.materialize import materialize_vllm
 
             _refuse_reference_options(
-                [*engine, "skip_phase", "command"],
+                [*engine, "skip_phase", "command", "no_weights"],
                 "medusa materialize --engine vllm MODEL -- --max-model-len 4096",
             )
             vargs = [model, *argv] if model else list(argv)
@@ -542,7 +550,7 @@ def materialize(
             config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
             name = Path(model).stem if model else "smollm2"
             target = Path(out or f"artifacts/{name}-{kind}")
-            summary = materialize_engine(config, target, kind, echo)
+            summary = materialize_engine(config, target, kind, echo, weights=not no_weights)
         art = sign_artifact(target, sign) if sign else load_artifact(target)
     except (MaterializeError, ValueError, NoDeviceError) as e:  # ArtifactError is a ValueError
         raise click.ClickException(str(e)) from None

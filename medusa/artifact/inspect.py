@@ -45,6 +45,17 @@ def describe(art: Artifact) -> str:
         f"{len(perm)} permanent ({sum(a[3] for a in perm)} bytes, "
         f"{len(p['contents'])} with saved contents)"
     )
+    w = m.get("weights")
+    if m["kind"] != "engine":
+        pass
+    elif w:
+        lines.append(
+            f"  weights   {w['file']}: {w['tensors']} tensors, {w['data_bytes'] / 2**20:.0f} MiB "
+            f"in {w['chunks']} chunks of {w['chunk_size'] >> 10} KiB ({w['hash']}), header "
+            f"sha256 {w['header_sha256'][:16]}… (chunks checked while loading)"
+        )
+    else:
+        lines.append("  weights   no store (a restored start loads the model file)")
     lines.append("  files")
     for rel, f in sorted(m["files"].items()):
         lines.append(f"    {rel:70} {f['size']:>10}  sha256 {f['sha256'][:16]}…")

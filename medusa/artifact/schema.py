@@ -204,9 +204,24 @@ KV = Obj(
         "total?": Int(),
     }
 )
+# NOTE: the store is not in `files`: loading an artifact hashes every listed file, and the store
+# (hundreds of MiB to many GiB) is checked chunk by chunk while its weights load instead. The
+# manifest seals its header, which holds every chunk's checksum.
+WEIGHTS = Obj(
+    {
+        "file": Const(("weights.store",)),
+        "size": Int(),
+        "header_sha256": Str(HEX64),
+        "tensors": Int(),
+        "data_bytes": Int(),
+        "chunk_size": Int(),
+        "chunks": Int(),
+        "hash": Const(("xxh3_128",)),
+    }
+)
 # One schema per kind of artifact: what `medusa materialize` writes for each.
 MANIFEST = {
-    "engine": Obj({**COMMON, "kv": KV}),
+    "engine": Obj({**COMMON, "kv": KV, "weights?": WEIGHTS}),
     "command": Obj(COMMON),
     "vllm": Obj({**COMMON, "vllm": Map(JSON())}),
 }

@@ -24,7 +24,7 @@ from medusa.artifact.payload import MAX_RAW_SIZE, decode_plan, encode_plan
 from medusa.artifact.schema import HEX64, check_manifest
 from medusa.artifact.seal import Seal, key_id
 
-SCHEMA_VERSION = 3  # 3: kernel node attributes carry relocations (restore ABI 3)
+SCHEMA_VERSION = 4  # 4: an engine artifact may carry a weight store (manifest "weights")
 PLAN = "plan.msgpack.zst"
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SEAL_BYTES = 4096
@@ -68,9 +68,11 @@ class Artifact:
 
 
 def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],
-                  images: dict[str, bytes], *, sign: str | Path | None = None) -> Path:  # fmt: skip
+                  images: dict[str, bytes], *, sign: str | Path | None = None,
+                  store: Path | None = None) -> Path:  # fmt: skip
     """Writes the artifact into a fresh directory next to `out`, then swaps it in, so a crash
-    never leaves a half-written artifact under the final name. `sign`: a private key file."""
+    never leaves a half-written artifact under the final name. `sign`: a private key file.
+    `store`: a weight store (manifest["weights"] describes it), moved in."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -85,6 +87,8 @@ def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],
             if p.is_file():
                 files[str(p.relative_to(tmp))] = {"sha256": _sha256(p), "size": p.stat().st_size}
         files[PLAN]["raw_size"] = raw_size
+        if store is not None:
+            shutil.move(store, tmp / manifest["weights"]["file"])  # a rename on one filesystem
         full = {"schema": SCHEMA_VERSION, "medusa_version": __version__,
                 "created_unix": int(time.time()), **manifest, "files": files}  # fmt: skip
         check_manifest(full, f"the manifest for {out}")
@@ -189,5 +193,16 @@ def load_artifact(path: Path, trust: str | Path | None = None) -> Artifact:
 
 
 def verify_artifact(path: Path, trust: str | Path | None = None) -> Artifact:
-    """Every check loading runs (`medusa verify`); returns the artifact."""
-    return load_artifact(path, trust)
+    """Every check loading runs, and every chunk of the weight store (`medusa verify`); returns
+    the artifact."""
+    art = load_artifact(path, trust)
+    w = art.manifest.get("weights")
+    if w is not None:
+        from medusa.weights import WeightStoreError, open_store
+
+        try:
+            with open_store(art.path / w["file"], digest=w["header_sha256"]) as store:
+                store.verify()
+        except WeightStoreError as e:
+            raise ArtifactError(str(e)) from None
+    return art

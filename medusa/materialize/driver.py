@@ -19,6 +19,7 @@ from medusa.child import python_code
 from medusa.engine.config import EngineConfig
 from medusa.materialize.analysis import MaterializeError, RunView
 from medusa.materialize.plan import build_plan
+from medusa.materialize.weights import STORE, write_weights
 from medusa.trace import read_trace, recorder_env
 
 # Engine phases a restore skips (their work comes from the artifact instead).
@@ -30,7 +31,9 @@ import json, sys
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.restore.compat import device_fingerprint
-e = LLMEngine(EngineConfig(**json.loads(sys.argv[1])))
+e = LLMEngine(EngineConfig(**json.loads(sys.argv[1])), store=sys.argv[3] or None)
+if e.store_error:
+    sys.exit("the weight store was not used: " + e.store_error)
 json.dump({
     "model": {"identity": e.source.identity(), "name": e.spec.name, "path": str(e.source.path)},
     "kv": {"num_blocks": e.runner.num_blocks, "block_bytes": e.runner.block_bytes, **e.kv_profile},
@@ -98,12 +101,12 @@ def _device_of(run: RunView) -> dict[str, Any]:
     }
 
 
-def probe_kv(config: EngineConfig, work: Path, echo: Echo) -> dict[str, Any]:
+def probe_kv(config: EngineConfig, work: Path, store: str, echo: Echo) -> dict[str, Any]:
     """The KV cache a plain start-up sizes (eager: the profiling pass is all it needs)."""
     t0 = time.perf_counter()
     cfg = {**asdict(config), "enforce_eager": True}
     env = {k: v for k, v in os.environ.items() if k not in ("MEDUSA_TRACE", "MEDUSA_MODE")}
-    cmd = python_code(ENGINE_SCRIPT, json.dumps(cfg), str(work / "probe.json"))
+    cmd = python_code(ENGINE_SCRIPT, json.dumps(cfg), str(work / "probe.json"), store)
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode != 0:
         raise MaterializeError(f"the plain start-up exited {res.returncode}:\n{res.stderr[-3000:]}")
@@ -112,54 +115,86 @@ def probe_kv(config: EngineConfig, work: Path, echo: Echo) -> dict[str, Any]:
     return kv
 
 
-def materialize_engine(config: EngineConfig, out: Path, kind: str, echo: Echo) -> dict[str, Any]:
-    timings: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp:
-        work = Path(tmp)
-        sidecars: list[dict[str, Any]] = []
-        # NOTE: both recordings get the KV size of a plain start-up, as the vLLM path does. The
-        # shift's pad holds device memory (2 MiB + 4 KiB takes 4 MiB pages), so a profiling pass
-        # under it would size the cache differently; its real footprint is not ours to guess.
-        kv: dict[str, Any] = {}
-        if config.kv_cache_memory is None:
-            echo("[0/4] starting the engine once, unrecorded, to learn its KV-cache size")
-            t0 = time.perf_counter()
-            kv = probe_kv(config, work, echo)
-            timings["probe"] = time.perf_counter() - t0
-        kv_bytes = config.kv_cache_memory or kv["num_blocks"] * kv["block_bytes"]
-        for run in (0, 1):
-            cfg = {**asdict(config), "kv_cache_memory": kv_bytes}
-            cmd = python_code(ENGINE_SCRIPT, json.dumps(cfg), str(work / f"{run}.json"))
-            echo(f"[{run + 1}/4] recording the engine's start-up" + (" (shifted)" if run else ""))
-            timings[f"record_{run + 1}"] = record_run(cmd, work / f"{run}.mtr", run, kind, echo)
-            sidecars.append(json.loads((work / f"{run}.json").read_text()))
-        blocks = [s["kv"]["num_blocks"] for s in sidecars]
-        if blocks[0] != blocks[1]:
-            raise MaterializeError(
-                f"the two runs sized the KV cache differently ({blocks[0]} vs {blocks[1]} "
-                "blocks): is another process using the device?"
-            )
-        echo("[3/4] analyzing")
-        a, _, plan, timings["analyze"] = analyze_runs(
-            work / "0.mtr", work / "1.mtr", set(ENGINE_SKIPPED), echo
+def materialize_engine(
+    config: EngineConfig, out: Path, kind: str, echo: Echo, *, weights: bool = True
+) -> dict[str, Any]:
+    """weights: write the weight store first, and record start-ups that load from it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp,
+        tempfile.TemporaryDirectory(prefix=f".{out.name}.weights.", dir=out.parent) as near,
+    ):  # NOTE: beside `out`, so the store moves into the artifact by a rename
+        return _materialize_engine(
+            config, out, kind, echo, Path(tmp), Path(near) if weights else None
         )
-        side = sidecars[0]
-        manifest = {
-            "kind": "engine",
-            "model": side["model"],
-            "engine": asdict(config),
-            "device": side["device"],
-            "kv": {**side["kv"], **kv},
-            "graphs": {
-                "count": len(plan["graphs"]),
-                "keys": side["graphs"]["keys"],
-                "nodes": plan["num_nodes"],
-                "templates": len(plan["templates"]),
-            },
-            "relocations": plan["relocations"],
-            "baseline_startup": side["timings"],
-        }
-        return write_artifact(out, manifest, plan, saved_images(a, plan), timings, echo)
+
+
+def _materialize_engine(
+    config: EngineConfig, out: Path, kind: str, echo: Echo, work: Path, near: Path | None
+) -> dict[str, Any]:
+    timings: dict[str, float] = {}
+    total = 4 + (near is not None) + (config.kv_cache_memory is None)
+    steps = iter(range(1, total + 1))
+
+    def step(what: str) -> None:
+        echo(f"[{next(steps)}/{total}] {what}")
+
+    store, section = "", None
+    if near is not None:
+        step("writing the weight store")
+        t0 = time.perf_counter()
+        section = write_weights(config.model, near / STORE, echo)
+        store = str(near / STORE)
+        timings["weights"] = time.perf_counter() - t0
+    sidecars: list[dict[str, Any]] = []
+    # NOTE: both recordings get the KV size of a plain start-up, as the vLLM path does. The
+    # shift's pad holds device memory (2 MiB + 4 KiB takes 4 MiB pages), so a profiling pass
+    # under it would size the cache differently; its real footprint is not ours to guess.
+    kv: dict[str, Any] = {}
+    if config.kv_cache_memory is None:
+        step("starting the engine once, unrecorded, to learn its KV-cache size")
+        t0 = time.perf_counter()
+        kv = probe_kv(config, work, store, echo)
+        timings["probe"] = time.perf_counter() - t0
+    kv_bytes = config.kv_cache_memory or kv["num_blocks"] * kv["block_bytes"]
+    for run in (0, 1):
+        cfg = {**asdict(config), "kv_cache_memory": kv_bytes}
+        cmd = python_code(ENGINE_SCRIPT, json.dumps(cfg), str(work / f"{run}.json"), store)
+        step("recording the engine's start-up" + (" (shifted)" if run else ""))
+        timings[f"record_{run + 1}"] = record_run(cmd, work / f"{run}.mtr", run, kind, echo)
+        sidecars.append(json.loads((work / f"{run}.json").read_text()))
+    blocks = [s["kv"]["num_blocks"] for s in sidecars]
+    if blocks[0] != blocks[1]:
+        raise MaterializeError(
+            f"the two runs sized the KV cache differently ({blocks[0]} vs {blocks[1]} "
+            "blocks): is another process using the device?"
+        )
+    step("analyzing")
+    a, _, plan, timings["analyze"] = analyze_runs(
+        work / "0.mtr", work / "1.mtr", set(ENGINE_SKIPPED), echo
+    )
+    side = sidecars[0]
+    manifest = {
+        "kind": "engine",
+        "model": side["model"],
+        "engine": asdict(config),
+        "device": side["device"],
+        "kv": {**side["kv"], **kv},
+        "graphs": {
+            "count": len(plan["graphs"]),
+            "keys": side["graphs"]["keys"],
+            "nodes": plan["num_nodes"],
+            "templates": len(plan["templates"]),
+        },
+        "relocations": plan["relocations"],
+        "baseline_startup": side["timings"],
+        **({"weights": section} if section else {}),
+    }
+    label = f"[{next(steps)}/{total}]"
+    store_path = Path(store) if store else None
+    return write_artifact(
+        out, manifest, plan, saved_images(a, plan), timings, echo, label, store_path
+    )
 
 
 def materialize_command(command: list[str], out: Path, kind: str, echo: Echo,
@@ -202,8 +237,10 @@ def write_artifact(
     images: dict[str, bytes],
     timings: dict[str, float],
     echo: Echo,
+    label: str = "[4/4]",
+    store: Path | None = None,
 ) -> dict[str, Any]:
-    echo("[4/4] writing the artifact")
+    echo(f"{label} writing the artifact")
     t0 = time.perf_counter()
     manifest["kernels"] = {
         "count": len(plan["funcs"]),
@@ -212,7 +249,7 @@ def write_artifact(
         "images_saved": len(images),
     }
     manifest["materialize_seconds"] = timings
-    save_artifact(out, manifest, plan, images)
+    save_artifact(out, manifest, plan, images, store=store)
     timings["write"] = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return {"path": str(out), "bytes": size, "manifest": manifest, "timings": timings}
