@@ -321,6 +321,16 @@ def build_plan(a: RunView, b: RunView, skipped: Callable[[str], bool]) -> dict[s
         for r in n.get("relocs", ())
         if r[1] in (DEVICE, HOST)
     }
+    for i in sorted(referenced):
+        x = a.allocs[i]
+        if skipped(x.phase) and "HostRegister" in x.api:
+            # NOTE: the restore would replay it as an empty cudaHostAlloc, and the graphs would
+            # read zeros (or poison) where the caller's registered memory was.
+            raise MaterializeError(
+                f"a graph uses host memory registered ({x.api}) in skipped phase {x.phase!r}; "
+                "a restore cannot recreate memory the program owns (register it in a phase the "
+                "restore runs, e.g. while loading weights)"
+            )
     contents = _contents(a, b, ia, ib, unmoved, referenced, skipped)
     used_vmm = sorted(
         {r[2] for g in graphs for n in g["nodes"] for r in n.get("relocs", ()) if r[1] == VMM}

@@ -43,3 +43,15 @@ def test_a_graph_reading_registered_weights_is_restored_at_another_address(tmp_p
     restored_at, restored = _run("restore", str(weights), str(out), env=env)
     assert restored == sums
     assert restored_at != at  # the registration moved; the graph followed it
+
+
+def test_a_registration_in_a_phase_the_restore_skips_is_refused(tmp_path):
+    # the restore would replay it as an empty pinned buffer: the graph would read no weights
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(struct.pack(f"{N}f", *[0.5 * i for i in range(N)]))
+    cmd = ["materialize", "--command", "--skip-phase", "graph_capture", "--skip-phase", "setup"]
+    res = medusa(*cmd, "--out", str(tmp_path / "art"), "--", sys.executable, str(PROGRAM),
+                 "record", str(weights))  # fmt: skip
+    assert res.returncode != 0
+    assert "registered (cudaHostRegister) in skipped phase 'setup'" in res.stderr
+    assert not (tmp_path / "art").exists()
