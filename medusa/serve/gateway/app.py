@@ -222,6 +222,7 @@ def create_gateway(
                     "state": "idle" if w.idle else "warming",
                 }
                 for w in manager.pool.workers
+                if w.proc.poll() is None
             ]
         )
 

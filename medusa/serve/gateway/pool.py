@@ -88,7 +88,11 @@ class WarmPool:
         return any(self.size(s.kind) for s in self.slices)
 
     def num_workers(self, kind: str, *, idle: bool) -> int:
-        return sum(1 for w in self.workers if w.slice.kind == kind and w.idle == idle)
+        return sum(
+            1
+            for w in self.workers
+            if w.slice.kind == kind and w.idle == idle and w.proc.poll() is None
+        )
 
     # ---- filling ----
     def fill(self) -> None:
