@@ -774,20 +774,23 @@ def inspect(artifact: str) -> None:
 def verify(artifact: str, trust: str | None) -> None:
     """Run every check loading an artifact runs: the manifest's schema, its digest (and, with
     --trust, the signature), file names and types, every file's size and sha256, and the plan's
-    decoding within the sizes the manifest records."""
-    from medusa.artifact import ArtifactError, load_artifact
+    decoding within the sizes the manifest records; and every chunk of the weight store against
+    the checksums in its sealed header (a restored start checks them while it loads)."""
+    from medusa.artifact import ArtifactError, verify_artifact
     from medusa.restore.validate import validate_plan
 
     try:
-        art = load_artifact(Path(artifact), trust=trust)
+        art = verify_artifact(Path(artifact), trust=trust)
         validate_plan(art.plan, artifact)
     except ArtifactError as e:
         raise click.ClickException(str(e)) from None
     checked = " (trusted)" if trust else " (not checked: pass --trust PUBKEY)"
     signed = f", signed by {art.signer}{checked}" if art.signer else ", unsigned"
+    w = art.manifest.get("weights")
+    store = f", weight store: {w['chunks']} chunks checked" if w else ""
     click.echo(
-        f"{artifact}: ok ({len(art.manifest['files'])} files, schema {art.manifest['schema']}, "
-        f"digest sha256:{art.seal.digest}{signed})"
+        f"{artifact}: ok ({len(art.manifest['files'])} files{store}, schema "
+        f"{art.manifest['schema']}, digest sha256:{art.seal.digest}{signed})"
     )
 
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from medusa.weights import open_store
-from tests.weights.conftest import CONFIG, materialize, run_engine
+from tests.weights.conftest import CONFIG, materialize, medusa, run_engine
 
 
 @pytest.fixture(scope="module", params=["gguf", "hf"])
@@ -62,3 +62,16 @@ def test_a_missing_store_falls_back_with_the_reason(model_and_artifact, tmp_path
     assert "weights.store: missing" in got["store_error"]
     assert got["restored"] and got["source"] != "StoredModel"
     assert (got["tokens"], got["logits"]) == (normal["tokens"], normal["logits"])
+
+
+def test_medusa_verify_checks_every_chunk_and_inspect_shows_the_store(model_and_artifact, tmp_path):
+    _, art = model_and_artifact
+    ok = medusa("verify", str(art))
+    assert ok.returncode == 0 and "weight store: 2 chunks checked" in ok.stdout, ok.stderr
+    assert "weights   weights.store:" in medusa("inspect", str(art)).stdout
+    copy = shutil.copytree(art, tmp_path / "art")
+    raw = bytearray((copy / "weights.store").read_bytes())
+    raw[-1] ^= 0xFF
+    (copy / "weights.store").write_bytes(raw)
+    bad = medusa("verify", str(copy))
+    assert bad.returncode != 0 and "chunk 1 of 2" in bad.stderr
