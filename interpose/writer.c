@@ -185,7 +185,8 @@ static bool open_locked(void) {
                              .record_size = MEDUSA_TRACE_RECORD_SIZE,
                              .pid = (uint32_t)getpid(),
                              .start_unix_ns = now_ns(CLOCK_REALTIME),
-                             .mode = W.mode};
+                             .mode = W.mode,
+                             .minor = MEDUSA_TRACE_MINOR};
     if (!write_all(W.fd, &h, sizeof h) ||
         !write_all(W.bfd, MEDUSA_TRACE_BLOB_MAGIC, 8)) {
         mi_fail("cannot write the trace header");

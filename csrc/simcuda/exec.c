@@ -179,8 +179,11 @@ static CUresult graph_launch(CUgraphExec h, CUstream s, bool ptsz) {
     CUresult e = prepare_launch(h, s, ptsz, &x);
     for (size_t i = 0; !e && i < x->n; i++) {
         const sim_exec_node *n = &x->v[i];
-        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
+        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+            sim_acc_set_node(n->origin);
             e = sim_run_kernel(&n->k);
+            sim_acc_set_node(NULL);
+        }
         else if (n->type == CU_GRAPH_NODE_TYPE_MEMCPY)
             e = sim_run_memcpy(&n->c);
         else if (n->type == CU_GRAPH_NODE_TYPE_MEMSET)

@@ -222,6 +222,11 @@ CUresult sim_run_kernel(const sim_kernel_op *op);
 CUresult sim_run_memcpy(const sim_memcpy_op *op);
 CUresult sim_run_memset(const sim_memset_op *op);
 CUresult sim_check_range(uintptr_t p, size_t n, bool device_only);
+/* accesses.c: MEDUSA_SIM_ACCESSES=1 records the pages each kernel run touches. */
+bool sim_acc_begin(void);
+void sim_acc_end(const sim_func *f, bool completed);
+bool sim_acc_fault(uintptr_t addr, const void *uc); /* from the fault handler */
+void sim_acc_set_node(const void *node);            /* the graph node about to run, or NULL */
 CUresult sim_fail(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- memory ---- */

@@ -47,7 +47,8 @@ static struct {
 } g_guard; /* under g_sim.lock */
 
 static void on_fault(int sig, siginfo_t *info, void *uc) {
-    (void)uc;
+    if (sim_acc_fault((uintptr_t)info->si_addr, uc))
+        return;
     if (t_in_kernel) {
         t_fault_addr = (uintptr_t)info->si_addr;
         siglongjmp(t_jmp, 1);
@@ -211,8 +212,11 @@ CUresult sim_run_kernel(const sim_kernel_op *op) {
     bool guard = g_sim.cfg.memcheck;
     if (guard)
         ro_guard(true);
+    bool traced = sim_acc_begin();
     if (sigsetjmp(t_jmp, 1)) {
         t_in_kernel = 0;
+        if (traced)
+            sim_acc_end(f, false);
         if (guard)
             ro_guard(false);
         g_sim.sticky = kernel_fault(f, t_fault_addr);
@@ -221,6 +225,8 @@ CUresult sim_run_kernel(const sim_kernel_op *op) {
     t_in_kernel = 1;
     f->fn(&ctx, op->params);
     t_in_kernel = 0;
+    if (traced)
+        sim_acc_end(f, true);
     if (guard)
         ro_guard(false);
     return CUDA_SUCCESS;

@@ -1,4 +1,4 @@
-"""The trace format (csrc/include/medusa/trace.h, version 1) as numpy dtypes and constants."""
+"""The trace format (csrc/include/medusa/trace.h, version 1, minor 1) as numpy dtypes and constants."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 MAGIC = b"MEDUSATR"
 BLOB_MAGIC = b"MEDUSABL"
 VERSION = 1
+MINOR = 1  # minor 1 added ACCESS records; a minor-0 trace reads the same
 HEADER_SIZE = 64
 RECORD_SIZE = 96
 
@@ -49,6 +50,7 @@ class Ev(IntEnum):
     APIS = 31
     CONTENT = 32
     STOPPED = 33
+    ACCESS = 34
 
 
 class NodeType(IntEnum):
@@ -80,7 +82,7 @@ HEADER_DTYPE = np.dtype(
         ("pid", "<u4"),
         ("start_unix_ns", "<u8"),
         ("mode", "<u4"),
-        ("reserved0", "<u4"),
+        ("minor", "<u4"),
         ("reserved", "V24"),
     ]
 )

@@ -272,6 +272,18 @@ class Content(Event):
 
 
 @dataclass(slots=True)
+class Access(Event):
+    """A kernel run's accesses, reported by an instrumented back-end: extents (lo, hi, access)
+    with access 1 read, 2 written, 3 both, in whole granules (pages on simcuda)."""
+
+    func: int
+    node: int  # the graph node it ran as; 0 when eager (its LAUNCH record follows)
+    granularity: int
+    incomplete: bool
+    extents: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(slots=True)
 class Apis(Event):
     names: tuple[str, ...]
 
@@ -329,6 +341,12 @@ def _device(h: Head, u: list[int], blob: bytes) -> Device:
 def _launch(h: Head, u: list[int], blob: bytes) -> Launch:
     grid, block = _geometry(u[3], u[4], u[5])
     return Launch(*h, u[0], u[1], u[2], grid, block, u[6], blob)
+
+
+def _access(h: Head, u: list[int], blob: bytes) -> Access:
+    words = struct.unpack_from(f"<{3 * u[2]}Q", blob) if u[2] else ()
+    ext = tuple(tuple(words[i : i + 3]) for i in range(0, len(words), 3))
+    return Access(*h, u[0], u[1], u[3], bool(u[4] & 1), ext)  # type: ignore[arg-type]
 
 
 def _node(h: Head, u: list[int], blob: bytes) -> Node:
@@ -405,5 +423,6 @@ BUILDERS: dict[int, Builder] = {
     Ev.END: lambda h, u, b: End(*h),
     Ev.CONTENT: lambda h, u, b: Content(*h, u[0], u[1], u[2], b),
     Ev.STOPPED: lambda h, u, b: Stopped(*h, _s(b)),
+    Ev.ACCESS: _access,
     Ev.APIS: lambda h, u, b: Apis(*h, tuple(_s(a) for a in b.split(b"\0")[: u[0]])),
 }

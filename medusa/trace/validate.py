@@ -153,9 +153,11 @@ def _check_counts(path: Path, recs: np.ndarray, lens: np.ndarray) -> None:
     # CONTENT: the bytes of an allocation of u[1] bytes, when it was read (result 0).
     ok = recs["result"] == 0
     bad |= (types == Ev.CONTENT) & ok & (u[:, 1] != lens.astype(np.uint64))
+    # ACCESS: u[2] extents of 24 bytes.
+    bad |= (types == Ev.ACCESS) & (u[:, 2] * np.uint64(24) != lens.astype(np.uint64))
     i = int(np.argmax(bad)) if bad.any() else -1
     if i >= 0:
-        word = 3 if types[i] == Ev.FUNC else 1
+        word = {Ev.FUNC: 3, Ev.ACCESS: 2}.get(Ev(int(types[i])), 1)
         raise TraceError(
             f"{path}: {_at(i)} ({Ev(int(types[i])).name}) claims {int(u[i, word])} in u[{word}], "
             f"which its blob of {int(lens[i])} bytes cannot hold; the file is corrupt"

@@ -1,4 +1,4 @@
-/* The Medusa trace format, version 1. Written by libmedusa_interpose.so, read by medusa/trace/.
+/* The Medusa trace format, version 1 (minor 1: ACCESS records). Written by libmedusa_interpose.so, read by medusa/trace/.
  *
  * A trace is three things side by side (PATH is the value of MEDUSA_TRACE):
  *   PATH         a 64-byte file header, then fixed-size 96-byte records (medusa_trace_record);
@@ -13,11 +13,14 @@
 #ifndef MEDUSA_TRACE_H
 #define MEDUSA_TRACE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define MEDUSA_TRACE_MAGIC "MEDUSATR"
 #define MEDUSA_TRACE_BLOB_MAGIC "MEDUSABL"
 #define MEDUSA_TRACE_VERSION 1u
+#define MEDUSA_TRACE_MINOR 1u /* in the header's `minor`: 0 had no ACCESS records; readers of
+                                 minor 0 refuse a record type they do not know */
 #define MEDUSA_TRACE_HEADER_SIZE 64u
 #define MEDUSA_TRACE_RECORD_SIZE 96u
 
@@ -29,7 +32,7 @@ typedef struct {
     uint32_t pid;
     uint64_t start_unix_ns; /* wall clock when recording started */
     uint32_t mode;          /* medusa_trace_mode */
-    uint32_t reserved0;
+    uint32_t minor;         /* MEDUSA_TRACE_MINOR: record types added without breaking old traces */
     uint8_t reserved[24];
 } medusa_trace_header;
 
@@ -79,6 +82,10 @@ typedef enum {
                                    the "ready" phase is marked, for allocations made since the
                                    capture phase began (a graph's permanent buffers) */
     MEDUSA_EV_STOPPED = 33,     /* blob: why the recorder stopped: the trace cannot make an artifact */
+    MEDUSA_EV_ACCESS = 34,      /* u: func, node (the graph node the kernel ran as, 0 when eager:
+                                   then its LAUNCH record follows), num_extents, granularity (bytes;
+                                   extents are whole granules), flags (1: incomplete);
+                                   blob: num_extents x u64 (lo, hi, access: 1 read | 2 write) */
 } medusa_event_type;
 
 /* MEDUSA_EV_LAUNCH payload, in u[]: func, stream, node (the graph node it became while capturing,
@@ -114,5 +121,8 @@ int medusa_trace_flush(void);            /* 0 when buffered records reached the 
  * first device allocation, hold that many bytes so that later addresses move: the second
  * recording of a materialization shifts the layout this way). */
 const char *medusa_trace_api_name(unsigned api); /* the name of a record's `api` */
+/* An instrumented back-end reports a kernel run's accesses: extents as (lo, hi, access) triples. */
+void medusa_trace_access(const void *func, const void *node, const uint64_t *extents,
+                         size_t num_extents, uint64_t granularity, uint64_t flags);
 
 #endif
