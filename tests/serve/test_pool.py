@@ -4,6 +4,7 @@ assign a model."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -30,6 +31,13 @@ def _pool(base: str, want: int, timeout: float = 60, other_than: int = 0) -> lis
             return pool
         time.sleep(0.1)
     raise AssertionError(f"the pool did not warm {want} worker(s): {pool}")
+
+
+def _metric(base: str, series: str) -> float:
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def test_a_cold_model_takes_a_pooled_worker_and_the_pool_refills(
@@ -117,3 +125,50 @@ def test_warm_pool_config_errors_name_the_field(tmp_path):
     cfg.write_text("models:\n  a: {}\nwarm_pool: {1g.12gb: 2, '*': 1}\n")
     loaded = load_config(cfg)
     assert loaded.pool_size("1g.12gb") == 2 and loaded.pool_size("7g.96gb") == 1
+
+
+@pytest.fixture(scope="module")
+def host_artifact(tmp_path_factory):
+    from tests.materialize.conftest import ENGINE_OPTS, medusa
+
+    out = tmp_path_factory.mktemp("host") / "smollm2-host"
+    res = medusa("materialize", *ENGINE_OPTS, "--weights", "host", "--out", str(out), timeout=600)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_a_host_weight_model_is_mapped_once_by_the_gateway_for_all_its_workers(
+    tmp_path, host_artifact
+):
+    from medusa.artifact.store import read_manifest
+
+    store = host_artifact / read_manifest(host_artifact)["weights"]["file"]
+    (tmp_path / "slices.yaml").write_text(
+        "slices:\n  - {name: s0, memory_gb: 8}\n  - {name: s1, memory_gb: 8}\n"
+    )
+    engine = ENGINE[:-1] + ", weights: host}"
+    (tmp_path / "models.yaml").write_text(
+        f"models:\n  h: {{artifact: {host_artifact}, max_instances: 2, target: 1, "
+        f"engine: {engine}}}\nwarm_pool: 1\nslices: slices.yaml\n"
+    )
+    proc, base = _start_gateway(str(tmp_path / "models.yaml"))
+    try:
+        _pool(base, 1)
+        body = {"model": "h", "prompt": "The capital of France", "max_tokens": 2, "temperature": 0}
+
+        def ask(_: int) -> httpx.Response:
+            return httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(ask, range(2)))
+        assert [r.status_code for r in answers] == [200, 200]
+        assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"]
+        assert len(httpx.get(f"{base}/admin/instances").json()["h"]) == 2  # two workers ...
+        deadline = time.time() + 30
+        while (mapped := _metric(base, 'medusa_gateway_host_weight_bytes{model="h"}')) == 0:
+            assert time.time() < deadline, "the gateway did not map h's weight store"
+            time.sleep(0.2)
+        assert mapped == store.stat().st_size  # ... one mapping, counted once
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)

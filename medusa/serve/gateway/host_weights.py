@@ -1,6 +1,7 @@
 """Host-resident weights (`engine: {weights: host}`) the gateway owns: each such model's weight
-store is mapped once here, read-only and shared, when the model first starts, its pages read in
-so every worker of the model (each maps the same file, MAP_SHARED, and registers it for device
+store is mapped once here, read-only and shared, when the model first starts, and read through
+once (every chunk checked against its checksum, so a damaged store is reported here) so every
+worker of the model (each maps the same file, MAP_SHARED, and registers it for device
 reads) finds them in memory: starting another worker, or switching a slice to the model, loads
 nothing from disk. The mapping lives while a worker of the model does and for its keep_alive
 after; its bytes are counted once per model however many workers map it."""
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("medusa.gateway")
 
-PAGE = 4096
-
 
 def store_of(m: ModelConfig) -> tuple[Path, str | None] | None:
     """The weight store a host-weight model's workers map (and the header digest its artifact's
@@ -38,13 +37,6 @@ def store_of(m: ModelConfig) -> tuple[Path, str | None] | None:
         return None
     digest = entry.get("header_sha256")
     return Path(m.artifact) / entry["file"], digest if isinstance(digest, str) else None
-
-
-def _read_in(store: WeightStore) -> None:
-    """Reads a byte of every page, so the page cache holds the whole store."""
-    for start in range(0, store.header.data_size, 64 << 20):
-        end = min(start + (64 << 20), store.header.data_size)
-        int(store.data(start, end)[::PAGE].sum())
 
 
 class HostWeights:
@@ -74,10 +66,14 @@ class HostWeights:
         from medusa.weights import WeightStoreError, open_store
 
         t0 = time.monotonic()
+        store = None
         try:
             store = await asyncio.to_thread(open_store, path, digest=digest)
-            await asyncio.to_thread(_read_in, store)
+            await asyncio.to_thread(store.verify)  # reads every page in, too
         except (WeightStoreError, OSError) as e:
+            if store is not None:
+                store.close()
+            # NOTE: logged once; the workers check the store too and load the model file instead.
             self.errors[model] = str(e)
             log.warning("%s: its weight store is not mapped by the gateway: %s", model, e)
             return
@@ -85,7 +81,7 @@ class HostWeights:
             self._opening.pop(model, None)
         self.stores[model] = store
         log.info(
-            "%s: weight store mapped (%.0f MiB, read in %.2f s)",
+            "%s: weight store mapped (%.0f MiB, read and checked in %.2f s)",
             model,
             store.nbytes / 2**20,
             time.monotonic() - t0,
