@@ -1,12 +1,15 @@
-"""Replays a bursty multi-model request trace against `medusa gateway`, once with workers that
-restore Medusa artifacts and once with workers that start the normal way, side by side, and
-reports cold-start TTFT separately from warm TTFT with `vllm bench serve`'s field names. Also
-measures the gateway's overhead per warm request against calling a worker directly.
+"""Replays a bursty multi-model request trace against `medusa gateway`, side by side: workers that
+start the normal way (baseline), workers that restore Medusa artifacts without a weight store
+(they load the model file), and workers that restore artifacts with a weight store taken from a
+warm pool (`warm_pool: 1`). Reports cold-start TTFT separately from warm TTFT with `vllm bench
+serve`'s field names. Also measures the gateway's overhead per warm request against calling a
+worker directly.
 
 Traces: --trace poisson | gamma (bursts; --cv sets burstiness) | a CSV in the Azure LLM trace
 format (TIMESTAMP,ContextTokens,GeneratedTokens). Lengths of synthetic requests follow a
 ShareGPT-like log-normal distribution.
-Targets (issue 6): p99 TTFT >= 2x lower with Medusa; gateway overhead < 2 ms p50.
+Targets (issue 6): p99 TTFT >= 2x lower with Medusa; gateway overhead < 2 ms p50. Issue 17: the
+store and the pool lower it further.
 Run: python scripts/bench/serverless.py [--duration 60] [--rate 0.5] [--models 3]
 """
 
@@ -83,7 +86,9 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_gateway(tmp: Path, name: str, artifact: Path | None, models: int, keep_alive: float):
+def start_gateway(
+    tmp: Path, name: str, artifact: Path | None, models: int, keep_alive: float, pool: int = 0
+):
     cfg = tmp / f"{name}.yaml"
     art = f"artifact: {artifact}, " if artifact else ""
     lines = ["models:"] + [
@@ -93,7 +98,7 @@ def start_gateway(tmp: Path, name: str, artifact: Path | None, models: int, keep
     (tmp / "slices.yaml").write_text(
         "slices:\n" + "".join(f"  - {{name: s{i}, memory_gb: 8}}\n" for i in range(models))
     )
-    cfg.write_text("\n".join(lines) + "\nslices: slices.yaml\n")
+    cfg.write_text("\n".join(lines) + f"\nwarm_pool: {pool}\nslices: slices.yaml\n")
     port = _port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
     env["OPENBLAS_NUM_THREADS"] = "1"  # several workers share few cores: no oversubscription
@@ -224,18 +229,24 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         tmp_p = Path(tmp)
-        art = tmp_p / "art"
+        art, stored = tmp_p / "art", tmp_p / "stored"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
-        subprocess.run(
-            [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out", str(art)],
-            env=env,
-            check=True,
-            capture_output=True,
-        )
+        for out, extra in ((art, ["--no-weights"]), (stored, [])):
+            cmd = [sys.executable, "-m", "medusa.cli", "materialize", *opts, *extra]
+            subprocess.run(
+                [*cmd, "--out", str(out)],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
         rows = {}
-        for name, artifact in (("baseline", None), ("medusa", art)):
-            proc, base = start_gateway(tmp_p, name, artifact, a.models, a.keep_alive)
+        for name, artifact, pool in (
+            ("baseline", None, 0),
+            ("medusa", art, 0),
+            ("store+pool", stored, 1),
+        ):
+            proc, base = start_gateway(tmp_p, name, artifact, a.models, a.keep_alive, pool)
             try:
                 results, wall = asyncio.run(replay(base, reqs))
             finally:
@@ -243,11 +254,12 @@ def main() -> None:
                 proc.wait(timeout=120)
             rows[name] = report(results, wall, a.slo_ttft)
         direct, via = overhead(tmp_p, art)
-    print(f"{'metric':24} {'baseline':>12} {'medusa':>12}")
+    print(f"{'metric':24}" + "".join(f" {name:>12}" for name in rows))
     for k in rows["baseline"]:
-        print(f"{k:24} {rows['baseline'][k]:12.2f} {rows['medusa'][k]:12.2f}")
-    ratio = rows["baseline"]["p99_ttft_ms"] / rows["medusa"]["p99_ttft_ms"]
-    print(f"p99 TTFT: {ratio:.2f}x lower with Medusa (target >= 2x)")
+        print(f"{k:24}" + "".join(f" {row[k]:12.2f}" for row in rows.values()))
+    for name in ("medusa", "store+pool"):
+        ratio = rows["baseline"]["p99_ttft_ms"] / rows[name]["p99_ttft_ms"]
+        print(f"p99 TTFT: {ratio:.2f}x lower with {name} than the baseline (target >= 2x)")
     print(
         f"gateway overhead per warm request: {via - direct:.2f} ms p50 "
         f"(direct {direct:.2f} ms, via gateway {via:.2f} ms; target < 2 ms)"
