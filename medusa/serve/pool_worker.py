@@ -61,6 +61,8 @@ class Assignment:
             ctx = command.make_context("medusa run", list(argv))
         except click.ClickException as e:
             raise ValueError(e.format_message()) from None
+        except click.exceptions.Exit:  # --help or --version: not an assignment
+            raise ValueError("send the options of `medusa run`, not --help/--version") from None
         p = ctx.params
         if p.get("engine_name") != "medusa" or p.get("argv") or p.get("pool"):
             raise ValueError("a pooled worker serves the reference engine: drop --engine/--pool")
