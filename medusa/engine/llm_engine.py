@@ -195,12 +195,11 @@ class LLMEngine:
         if self.store is None:
             return
         if getattr(self, "runner", None) is not None and self.runner.maps_store:
-            if self.config.weights == "host":
-                log.warning(
-                    "weights=host: the model file's weights are allocated one by one instead of "
-                    "the store's one registration, so a restore of this artifact's graphs will "
-                    "be refused and the engine captures them"
-                )
+            log.warning(
+                "weights=host: the model file's weights are allocated one by one instead of the "
+                "store's one registration, so a restore of graphs recorded with the store will "
+                "be refused and the engine captures them"
+            )
             self.runner.release_weights()
             self.runner.allocate_weights(None)
         self.store.close()

@@ -46,9 +46,9 @@ class WeightStore:
         """Tensor t as a read-only float32 view of the mapping (not checked)."""
         return self.data(t.offset, t.end).view(np.float32).reshape(t.shape)
 
-    def check_chunk(self, i: int, data: np.ndarray | memoryview) -> None:
+    def check_chunk(self, i: int, data: np.ndarray) -> None:
         """Raises WeightStoreError naming chunk i (and its tensors) unless `data` is its bytes."""
-        if xxhash.xxh3_128_digest(data) != self.header.chunk_digest(i):
+        if xxhash.xxh3_128_digest(data.data) != self.header.chunk_digest(i):
             raise WeightStoreError(
                 f"{self.path}: chunk {i} of {self.header.num_chunks} ({self.describe_chunk(i)}) "
                 "does not match its checksum (corrupted); materialize again to rewrite the store"

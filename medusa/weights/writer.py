@@ -97,7 +97,7 @@ def _write_data(
             got = f"{name} {None if arr is None else arr.shape}"
             raise ValueError(f"the weight store expects {t.name} {t.shape} next, got {got}")
         pad = bytes(t.offset - pos)
-        raw = memoryview(np.ascontiguousarray(arr, np.float32)).cast("B")
+        raw = np.ascontiguousarray(arr, np.float32).data.cast("B")
         for part in (memoryview(pad), raw):
             f.write(part)
             hasher.feed(part)

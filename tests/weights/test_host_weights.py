@@ -88,5 +88,5 @@ def test_a_bad_host_store_falls_back_and_the_graphs_are_captured(
     got, log = run_engine(cfg, tmp_path, copy)
     assert "chunk 1 of" in got["store_error"]
     assert not got["restored"] and "diverges" in got["restore_error"], got
-    assert "graphs will be refused" in log
+    assert "recorded with the store will be refused" in log
     assert (got["tokens"], got["logits"]) == (normal["tokens"], normal["logits"])
