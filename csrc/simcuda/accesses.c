@@ -1,5 +1,5 @@
-/* Access recording (MEDUSA_SIM_ACCESSES=1): which device memory each kernel run reads and writes,
- * found without any help from the kernel. Before a kernel runs, the pages of every live device
+/* Access recording (MEDUSA_SIM_ACCESSES=1, or =graphs for kernels run by a graph launch only):
+ * which device memory each kernel run reads and writes, found without any help from the kernel. Before a kernel runs, the pages of every live device
  * allocation and module global are protected (PROT_NONE); a fault on one is recorded (read or
  * write, from the fault's error code) and the page opened just enough (PROT_READ for a read, so a
  * later write faults again), and the access goes on. When the kernel ends the pages are opened
@@ -31,7 +31,7 @@ typedef void (*acc_report_fn)(const void *func, const void *node, const uint64_t
 
 static struct {
     pthread_once_t once;
-    bool on;
+    int on; /* 0 off, 1 every kernel run, 2 graph nodes only */
     uintptr_t page;
     acc_report_fn report;
     pthread_mutex_t lock; /* one instrumented kernel at a time */
@@ -49,7 +49,8 @@ static void acc_init(void) {
     const char *env = getenv("MEDUSA_SIM_ACCESSES");
     g_acc.page = (uintptr_t)sysconf(_SC_PAGESIZE);
     g_acc.touches = malloc(ACC_MAX_TOUCHES * sizeof *g_acc.touches);
-    g_acc.on = env && *env && strcmp(env, "0") != 0 && g_acc.touches;
+    if (env && *env && strcmp(env, "0") != 0 && g_acc.touches)
+        g_acc.on = strcmp(env, "graphs") == 0 ? 2 : 1;
     g_acc.report = (acc_report_fn)dlsym(RTLD_DEFAULT, "medusa_trace_access");
 }
 
@@ -112,7 +113,7 @@ static void add_run(uintptr_t base, size_t size) {
 /* Protects the live device memory; true when the kernel is being recorded (sim_acc_end follows). */
 bool sim_acc_begin(void) {
     pthread_once(&g_acc.once, acc_init);
-    if (!g_acc.on)
+    if (!g_acc.on || (g_acc.on == 2 && !t_node))
         return false;
     pthread_mutex_lock(&g_acc.lock);
     g_acc.num_runs = 0;

@@ -144,16 +144,25 @@ def analyze(run: RunView) -> list[list[NodeAccesses | None]]:
             ptrs = _pointers(bytes(n.params), index, seq)
             extents, indirect = _attribute(acc, index, seq, ptrs)
             name = run.funcs[n.func].name if n.func in run.funcs else f"{n.func:#x}"
-            row.append(NodeAccesses(g, i, name, source, acc.incomplete, acc.granularity,
-                                    extents, ptrs, indirect))  # fmt: skip
+            row.append(
+                NodeAccesses(
+                    g, i, name, source, acc.incomplete, acc.granularity, extents, ptrs, indirect
+                )
+            )
         out.append(row)
     return out
 
 
-def copy_accesses(node: R.Node, index: AddressIndex, seq: int) -> dict[Key, list[tuple[int, int, int]]]:
+def copy_accesses(
+    node: R.Node, index: AddressIndex, seq: int
+) -> dict[Key, list[tuple[int, int, int]]]:
     """A memcpy or memset node's accesses, by its API semantics (1-D, as simcuda records them)."""
     out: dict[Key, list[tuple[int, int, int]]] = {}
-    nbytes = node.width * max(node.height, 1) * (node.element_size if node.type == NodeType.MEMSET else 1)
+    nbytes = (
+        node.width
+        * max(node.height, 1)
+        * (node.element_size if node.type == NodeType.MEMSET else 1)
+    )
     for addr, mode in ((node.dst, WRITE), (node.src, READ)):
         if node.type == NodeType.MEMSET and mode == READ:
             continue

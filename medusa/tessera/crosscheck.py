@@ -1,6 +1,7 @@
 """The access analysis against the two-run pointer classification: a parameter word the diff
 calls a pointer must be dereferenced by the kernel, and a parameter word the kernel dereferences
-must be one the diff calls a pointer. Materialize warns on a disagreement (refuses with --strict)."""
+must be one the diff calls a pointer. Materialize warns on a disagreement (refuses with
+--strict)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ class Disagreement:
             if self.pointer
             else "is dereferenced by the kernel but stays put between the runs (a constant)"
         )
-        return (f"graph {self.graph}, node {self.node} ({self.kernel}), parameter byte "
-                f"{self.byte} -> {self.target}: {what}")  # fmt: skip
+        return (
+            f"graph {self.graph}, node {self.node} ({self.kernel}), parameter byte "
+            f"{self.byte} -> {self.target}: {what}"
+        )
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,19 @@ class CrossCheck:
         return not self.disagreements
 
 
-def _pointer_words(a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, g: int, i: int,
-                   unmoved: Unmoved) -> set[int]:  # fmt: skip
+def _pointer_words(
+    a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, g: int, i: int, unmoved: Unmoved
+) -> set[int]:
     na, nb = a.graphs[g]["nodes"][i], b.graphs[g]["nodes"][i]
     sa, sb = a.graphs[g]["launch_seq"][i], b.graphs[g]["launch_seq"][i]
-    relocs = relocate_words(na.params, nb.params, lambda v: ia.find(v, sa),
-                            lambda v: ib.find(v, sb), f"graph {g}, node {i}", unmoved)  # fmt: skip
+    relocs = relocate_words(
+        na.params,
+        nb.params,
+        lambda v: ia.find(v, sa),
+        lambda v: ib.find(v, sb),
+        f"graph {g}, node {i}",
+        unmoved,
+    )
     return {r[0] for r in relocs}
 
 
@@ -58,8 +68,11 @@ def _node(acc: NodeAccesses, pointers: set[int]) -> list[Disagreement]:
         if (off in pointers) != (off in deref):
             k, idx, addend = acc.pointers.get(off, (0, -1, 0))
             target = f"{KIND_NAMES[k]} #{idx} + {addend}" if idx >= 0 else "no live allocation"
-            out.append(Disagreement(acc.graph, acc.node, acc.kernel, off, off in pointers,
-                                    off in deref, target))  # fmt: skip
+            out.append(
+                Disagreement(
+                    acc.graph, acc.node, acc.kernel, off, off in pointers, off in deref, target
+                )
+            )
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from medusa.tessera.accesses import READ, WRITE, Key, NodeAccesses
+from medusa.tessera.accesses import READ, WRITE, Key
 
 Extents = dict[Key, list[tuple[int, int, int]]]
 
@@ -84,8 +84,11 @@ def build(accesses: list[Extents | None], indirect: list[set[Key]] | None = None
         # Kernels that reach memory through pointers held in memory stay with that memory's writers.
         reach = {k for ks in indirect for k in ks}
         members = {i for i, ks in enumerate(indirect) if ks}
-        members |= {i for i, ext in enumerate(accesses) if ext and any(
-            k in reach and any(m & WRITE for _, _, m in ext[k]) for k in ext)}  # fmt: skip
+        members |= {
+            i
+            for i, ext in enumerate(accesses)
+            if ext and any(k in reach and any(m & WRITE for _, _, m in ext[k]) for k in ext)
+        }
         if len(members) > 1:
             groups.append(members)
     return DepGraph(

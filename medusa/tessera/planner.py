@@ -91,8 +91,9 @@ class _Builder:
         return LinearConstraint(a.tocsr(), np.array(self.lo), np.array(self.hi))
 
 
-def solve(p: Problem, objective: str = "throughput", time_limit: float = 10.0,
-          gap: float = 1e-3) -> Plan:  # fmt: skip
+def solve(
+    p: Problem, objective: str = "throughput", time_limit: float = 10.0, gap: float = 1e-3
+) -> Plan:
     if objective not in ("throughput", "latency"):
         raise ValueError(f"objective {objective!r}: use 'throughput' or 'latency'")
     nk, nd, ne = p.times.shape[0], len(p.devices), len(p.edges)
@@ -136,8 +137,13 @@ def solve(p: Problem, objective: str = "throughput", time_limit: float = 10.0,
     integrality = np.zeros(nvars)
     integrality[: nk * nd] = 1
     t0 = time.perf_counter()
-    res = milp(c, constraints=b.constraint(), integrality=integrality, bounds=Bounds(lo, hi),
-               options={"time_limit": time_limit, "mip_rel_gap": gap})  # fmt: skip
+    res = milp(
+        c,
+        constraints=b.constraint(),
+        integrality=integrality,
+        bounds=Bounds(lo, hi),
+        options={"time_limit": time_limit, "mip_rel_gap": gap},
+    )
     dt = time.perf_counter() - t0
     if res.x is None:
         raise ValueError(f"no placement fits: {res.message} (check device memory and pins)")

@@ -61,8 +61,13 @@ def decode_kernels(m: Llama, batch: int, context: int) -> list[tuple[str, float,
     out = [("embed", act, 0.0, m.vocab * h * e)]
     for layer in range(m.layers):
         cache = 2 * m.kv_heads * m.head_dim * e * context * b
-        for name, w in (("qkv", h * (h + 2 * kv)), ("attn", 0), ("o", h * h),
-                        ("gate_up", 2 * h * m.intermediate), ("down", h * m.intermediate)):  # fmt: skip
+        for name, w in (
+            ("qkv", h * (h + 2 * kv)),
+            ("attn", 0),
+            ("o", h * h),
+            ("gate_up", 2 * h * m.intermediate),
+            ("down", h * m.intermediate),
+        ):
             if name == "attn":
                 out.append((f"{layer}.attn", cache + 2 * act, 4.0 * b * context * h, cache))
             else:
@@ -71,8 +76,9 @@ def decode_kernels(m: Llama, batch: int, context: int) -> list[tuple[str, float,
     return out
 
 
-def decode_problem(gpus: list[GPU], link: Link, m: Llama, batch: int, context: int,
-                   utilization: float = 0.9) -> Problem:  # fmt: skip
+def decode_problem(
+    gpus: list[GPU], link: Link, m: Llama, batch: int, context: int, utilization: float = 0.9
+) -> Problem:
     ks = decode_kernels(m, batch, context)
     times = np.array([[g.time(nb, fl) for g in gpus] for _, nb, fl, _ in ks])
     act = float(batch * m.hidden * m.dtype_bytes)

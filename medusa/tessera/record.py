@@ -47,7 +47,9 @@ def record_engine(config: EngineConfig, work: Path) -> tuple[RunView, RunView]:
         cmd = python_code(SCRIPT, json.dumps(asdict(config)), "probe" if run == 0 else "-")
         saved = {k: os.environ.get(k) for k in ("MEDUSA_SIM_ACCESSES", "OPENBLAS_NUM_THREADS")}
         # NOTE: one BLAS thread: faults from many threads serialize on the address-space lock.
-        os.environ.update(MEDUSA_SIM_ACCESSES="graphs" if run == 0 else "0", OPENBLAS_NUM_THREADS="1")
+        os.environ.update(
+            MEDUSA_SIM_ACCESSES="graphs" if run == 0 else "0", OPENBLAS_NUM_THREADS="1"
+        )
         try:
             record_run(cmd, work / f"{run}.mtr", run, "sim", lambda _: None)
         finally:

@@ -1,4 +1,4 @@
-"""The trace format (csrc/include/medusa/trace.h, version 1, minor 1) as numpy dtypes and constants."""
+"""The trace format (csrc/include/medusa/trace.h, version 1, minor 1): numpy dtypes, constants."""
 
 from __future__ import annotations
 
