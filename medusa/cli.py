@@ -12,6 +12,7 @@ import click
 
 from medusa import __version__
 from medusa.serve import MAX_BODY_BYTES
+from medusa.tessera.command import tessera  # cheap: it imports its work where used
 
 if TYPE_CHECKING:
     from medusa.engine.config import EngineConfig
@@ -866,6 +867,8 @@ def trace_summarize(file: str, allow_truncated: bool) -> None:
         raise click.ClickException(str(e)) from None
     click.echo(summarize(t))
 
+
+main.add_command(tessera)
 
 if __name__ == "__main__":
     main(prog_name="medusa")

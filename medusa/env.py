@@ -54,6 +54,12 @@ SIM_DRIVER_VERSION = EnvVar(
     "",
     "simcuda: CUDA version the driver claims (e.g. 12030); newer entry points are hidden",
 )
+SIM_ACCESSES = EnvVar(
+    "MEDUSA_SIM_ACCESSES",
+    "",
+    "simcuda: record the pages each kernel reads and writes (1: every kernel, graphs: graph "
+    "launches only); for Tessera's access analysis",
+)
 TRACE = EnvVar(
     "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
 )
@@ -94,6 +100,7 @@ ALL: tuple[EnvVar, ...] = (
     SIM_VERBOSE,
     SIM_POISON,
     SIM_DRIVER_VERSION,
+    SIM_ACCESSES,
     TRACE,
     MODE,
     LOG_LEVEL,
