@@ -1,0 +1,199 @@
+"""The receiver: a cold model's worker that holds the KV of a hot model's offloaded sequences and
+runs their attention between its own kernels, with the engine's own kernels
+(reshape_and_cache_kernel to append k/v, paged_attention_kernel over its blocks).
+
+Its KV cache uses the model runner's layout, [layer][k|v][block][slot][kv head][dim], so a layer's
+K and V caches are two pointers and a block table is a list of block ids. q, k, v, the sequence
+lengths and query starts are read, and the output written, straight in the registered exchange
+region, as a GPU kernel would read peer or C2C host memory."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from medusa.engine.device import Buffer, Device
+from medusa.weaver.region import (
+    ATTEND,
+    DONE,
+    FETCH,
+    HEARTBEAT,
+    RECEIVER_PID,
+    RELEASE,
+    STOP,
+    TASK,
+    ExchangeRegion,
+)
+
+F32 = 4
+
+
+class ReceiverError(RuntimeError):
+    """A task the receiver cannot run (out of KV blocks, a sequence it does not hold)."""
+
+
+class WeaverReceiver:
+    """Polls one exchange region and serves its tasks on `device` with `num_blocks` KV blocks of
+    `block_size` tokens (all layers) for the offloaded sequences."""
+
+    def __init__(
+        self, region: ExchangeRegion, device: Device, num_blocks: int, block_size: int
+    ) -> None:
+        g = region.geometry
+        self.region, self.dev, self.block_size = region, device, block_size
+        self.num_blocks = self.max_blocks = num_blocks
+        self.kv = device.alloc(num_blocks * 2 * g.num_layers * block_size * g.kv_size * F32)
+        self._layer_bytes = self.kv.nbytes // (2 * g.num_layers)
+        self._free = list(range(num_blocks - 1, -1, -1))
+        self.tables: dict[int, list[int]] = {}  # offloaded sequence -> its block ids here
+        self.lengths: dict[int, int] = {}  # tokens of it held here
+        self._ws = {
+            "slots": device.alloc(4 * region.geometry.max_tokens),
+            "block_tables": device.alloc(4 * g.max_seqs * self.max_blocks),
+        }
+        self._dev_region = device.host_register(
+            region.address, region.layout["end"], read_only=False
+        )
+        self.served = 0
+        region.set_counter(RECEIVER_PID, os.getpid())
+        self.beat()
+
+    def beat(self) -> None:
+        self.region.set_counter(HEARTBEAT, time.monotonic_ns())
+
+    def poll(self) -> bool:
+        """One polling step (what the .cu polling kernel does after each kernel): runs the
+        pending task if there is one. Returns False once the sender asked to stop."""
+        self.beat()
+        r = self.region
+        task = r.counter(TASK)
+        if task <= r.counter(DONE):
+            return True
+        kind, layer, num_seqs, num_tokens = r.task_head()
+        try:
+            if kind == ATTEND:
+                self._attend(layer, num_seqs, num_tokens)
+            elif kind == RELEASE:
+                self._release(r.array("seq_ids")[:num_seqs].tolist())
+            elif kind == FETCH:
+                self._fetch(layer, int(r.array("seq_ids")[0]))
+            elif kind != STOP:
+                raise ReceiverError(f"task kind {kind} is unknown to this receiver")
+        except ReceiverError as e:
+            r.fail(str(e))
+        self.served += 1
+        r.set_counter(DONE, task)
+        return kind != STOP
+
+    def serve(self, kernels: list[Callable[[], None]] | None = None, idle: float = 20e-6) -> None:
+        """The receiver's loop: each of `kernels` (its own model's work), a poll after each; with
+        no kernels, polls alone. Returns when the sender sends STOP."""
+        while True:
+            for k in kernels or []:
+                k()
+                if not self.poll():
+                    return
+            if not kernels:
+                if not self.poll():
+                    return
+                time.sleep(idle)
+
+    def close(self) -> None:
+        self.dev.synchronize()
+        self.dev.host_unregister(self.region.address)
+        for buf in (*self._ws.values(), self.kv):
+            self.dev.free(buf)
+
+    # ---- tasks ----
+    def _attend(self, layer: int, num_seqs: int, num_tokens: int) -> None:
+        r, g, d = self.region, self.region.geometry, self.dev
+        ids = r.array("seq_ids")[:num_seqs].tolist()
+        lens = r.array("seq_lens")[:num_seqs].tolist()
+        qs = r.array("query_start")[: num_seqs + 1].tolist()
+        self._reserve(dict(zip(ids, lens, strict=True)), layer)
+        slots = []
+        for sid, total, q0, q1 in zip(ids, lens, qs[:-1], qs[1:], strict=True):
+            table = self.tables[sid]
+            slots += [table[p // self.block_size] * self.block_size + p % self.block_size
+                      for p in range(total - (q1 - q0), total)]  # fmt: skip
+        bt = np.zeros((num_seqs, self.max_blocks), np.int32)
+        for i, sid in enumerate(ids):
+            bt[i, : len(self.tables[sid])] = self.tables[sid]
+        d.upload(self._ws["slots"], np.asarray(slots, np.int32))
+        d.upload(self._ws["block_tables"], bt)
+        kc = self.kv.ptr + 2 * layer * self._layer_bytes
+        vc = kc + self._layer_bytes
+        a = {name: self._dev_region + r.layout[name] for name in r.layout}
+        d.launch("reshape_and_cache_kernel", kc, vc, a["k"], a["v"], self._ws["slots"].ptr,
+                 num_tokens, g.num_kv_heads, g.head_dim, g.kv_size)  # fmt: skip
+        d.launch("paged_attention_kernel", a["out"], a["q"], kc, vc, self._ws["block_tables"].ptr,
+                 a["seq_lens"], a["query_start"], num_seqs, g.num_heads, g.num_kv_heads,
+                 g.head_dim, self.block_size, self.max_blocks, g.q_size,
+                 g.head_dim**-0.5)  # fmt: skip
+        d.synchronize()
+        if layer == g.num_layers - 1:
+            for sid, total in zip(ids, lens, strict=True):
+                self.lengths[sid] = total
+
+    def _reserve(self, lens: dict[int, int], layer: int) -> None:
+        """Blocks for every sequence to reach its new length, all or none."""
+        need = {}
+        for sid, total in lens.items():
+            held = self.lengths.get(sid, 0)
+            if layer == 0 and total <= held:
+                raise ReceiverError(f"sequence {sid}: {total} tokens sent, {held} held already")
+            need[sid] = -(-total // self.block_size) - len(self.tables.get(sid, []))
+            if len(self.tables.get(sid, [])) + need[sid] > self.max_blocks:
+                raise ReceiverError(f"sequence {sid}: {total} tokens exceed this receiver's KV")
+        if sum(need.values()) > len(self._free):
+            raise ReceiverError(
+                f"out of KV blocks for sequences {sorted(lens)} ({sum(need.values())} more "
+                f"needed, {len(self._free)} free): offload fewer sequences to this receiver"
+            )
+        for sid, n in need.items():
+            self.tables.setdefault(sid, []).extend(self._free.pop() for _ in range(n))
+
+    def _release(self, ids: list[int]) -> None:
+        for sid in ids:
+            self._free += reversed(self.tables.pop(sid, []))
+            self.lengths.pop(sid, None)
+
+    def _fetch(self, layer: int, sid: int) -> None:
+        """Copies sequence `sid`'s K and V rows of `layer` into the region's k and v (handing it
+        back to the sender)."""
+        r, g = self.region, self.region.geometry
+        if sid not in self.tables:
+            raise ReceiverError(f"sequence {sid} is not held by this receiver")
+        n = self.lengths[sid]
+        if n > g.max_tokens:
+            raise ReceiverError(f"sequence {sid} holds {n} tokens, the region {g.max_tokens}")
+        rows = self.num_blocks * self.block_size
+        kc = Buffer(self.kv.ptr + 2 * layer * self._layer_bytes, self._layer_bytes)
+        k = self.dev.download(kc, np.float32, rows * g.kv_size).reshape(rows, g.kv_size)
+        v = self.dev.download(kc.ptr + self._layer_bytes, np.float32, rows * g.kv_size)
+        slots = [self.tables[sid][p // self.block_size] * self.block_size + p % self.block_size
+                 for p in range(n)]  # fmt: skip
+        r.array("k")[:n] = k[slots]
+        r.array("v")[:n] = v.reshape(rows, g.kv_size)[slots]
+        r.array("seq_lens")[0] = n
+
+
+def main() -> None:  # pragma: no cover - the receiver process of tests and scripts
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Serve one Weaver exchange region on simcuda.")
+    ap.add_argument("region")
+    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--block-size", type=int, default=4)
+    args = ap.parse_args()
+    region = ExchangeRegion(args.region)
+    rec = WeaverReceiver(region, Device(), args.blocks, args.block_size)
+    rec.serve()
+    rec.close()
+
+
+if __name__ == "__main__":
+    main()
