@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class ReceiverLost(RuntimeError):
     """The receiver died or stopped polling. `seq_ids` are the sequences whose KV it held: the
     hot worker must recompute them (prefill again from their tokens) or fail them."""
 
-    def __init__(self, message: str, seq_ids: Sequence[int]) -> None:
+    def __init__(self, message: str, seq_ids: Iterable[int]) -> None:
         super().__init__(f"{message}; its offloaded sequences {sorted(seq_ids)} must be recomputed")
         self.seq_ids = sorted(seq_ids)
 
