@@ -650,6 +650,16 @@ def gateway(config_path: str, host: str, port: int, max_request_bytes: int) -> N
 )
 @click.option("--models", "n_models", default=16, help="--sharing: models in the catalog.")
 @click.option("--devices", "n_devices", default=8, help="--sharing: 80 GiB devices.")
+@click.option(
+    "--weaving",
+    is_flag=True,
+    help="Instead: a hot model offloading attention to a cold model's device (Weaver): "
+    "dedicated vs multiplexing vs weaving per device profile.",
+)
+@click.option("--profiles", default="simcuda,a100,l40s", help="--weaving: device profiles.")
+@click.option(
+    "--ratio", "weave_ratio", default=0.45, help="--weaving: offloaded share of the hot batch."
+)
 def simulate(
     trace_kind: str,
     duration: float | None,
@@ -664,12 +674,24 @@ def simulate(
     sharing: bool,
     n_models: int,
     n_devices: int,
+    weaving: bool,
+    profiles: str,
+    weave_ratio: float,
 ) -> None:
     """Simulate several models served on one superchip's MIG slices over the shared C2C link:
     p50/p99 TTFT and TPOT, SLO attainment, C2C utilisation over time, for one policy choice.
-    With --sharing: a long-tailed catalog on several devices under three sharing policies."""
+    With --sharing: a long-tailed catalog on several devices under three sharing policies.
+    With --weaving: a hot model offloading attention to a cold model's device (Weaver)."""
     import json
 
+    if weaving:
+        from medusa.weaver.command import simulate_weaving
+
+        try:
+            simulate_weaving(profiles, weave_ratio, as_json=as_json, echo=click.echo)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        return
     if sharing:
         _simulate_sharing(n_models, n_devices, duration or 300.0, seed, as_json)
         return
