@@ -1,5 +1,5 @@
 """Host-resident weights (`engine: {weights: host}`) the gateway owns: each such model's weight
-store is mapped once here, read-only and shared, when the model first starts, and read through
+store is mapped once here, read-only and shared, once its first worker serves, and read through
 once (every chunk checked against its checksum, so a damaged store is reported here) so every
 worker of the model (each maps the same file, MAP_SHARED, and registers it for device
 reads) finds them in memory: starting another worker, or switching a slice to the model, loads
@@ -52,7 +52,7 @@ class HostWeights:
         return s.nbytes if s is not None else 0
 
     def need(self, model: str) -> None:
-        """A worker of `model` starts: map its store (in the background) unless mapped."""
+        """A worker of `model` serves: map its store (in the background) unless mapped."""
         self._last_live[model] = time.monotonic()
         if model in self.stores or model in self._opening or model in self.errors:
             return

@@ -142,7 +142,6 @@ class InstanceManager:
     # ---- starting and stopping ----
     def start(self, model: str) -> Instance:
         cfg = self.models[model]
-        self.host_weights.need(model)
         pooled = self.pool.take()
         if pooled is not None:
             return self._start_pooled(model, pooled)
@@ -220,6 +219,8 @@ class InstanceManager:
         inst.ready_seconds = time.monotonic() - inst.started
         inst.last_used = time.monotonic()
         self.policy.started(inst.model)
+        # NOTE: once it serves, not before: reading the store in would take CPU from its start.
+        self.host_weights.need(inst.model)
         log.info("%s ready on %s in %.2f s", inst.model, inst.slice.id, inst.ready_seconds)
         if self._on_cold_start:
             await self._on_cold_start(inst)
