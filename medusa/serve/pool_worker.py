@@ -106,6 +106,8 @@ class PooledWorker:
         except Exception as e:  # noqa: BLE001 - reported to the gateway, which replaces us
             self.error = f"{type(e).__name__}: {e}"
             log.error("pooled worker: warm-up failed: %s", self.error)
+        # The first app costs ~25 ms (FastAPI and pydantic build their models), later ones ~2 ms.
+        create_app(AsyncEngine(EngineConfig()), "warm-up", max_body_bytes=self.max_body_bytes)
         for model in self.prepare if self.error is None else []:
             try:
                 self.sources[str(locate_model(model))] = _Prepared(open_model(model))

@@ -168,16 +168,18 @@ class InstanceManager:
 
     async def _assign(self, inst: Instance, w: PooledWorker, args: list[str]) -> None:
         done = await self.pool.assign(w, args, self.startup_timeout)
-        self.pool.fill()  # NOTE: not before: a worker warming up would take CPU from this start
-        if inst.state != State.STARTING:  # stopped while it started (the gateway shuts down)
-            return
-        inst.stages, inst.timings = done.stages, done.timings
-        if done.error is None and inst.proc.poll() is None:
-            inst.started = time.monotonic() - done.stages["ready"]
-            await self._ready(inst)
-        else:
-            await self._start_failed(inst, done.error or inst.proc.last_error())
-        await self._notify()
+        if inst.state == State.STARTING:  # else stopped while it started (the gateway shuts down)
+            inst.stages, inst.timings = done.stages, done.timings
+            if done.error is None and inst.proc.poll() is None:
+                inst.started = time.monotonic() - done.stages["ready"]
+                await self._ready(inst)
+            else:
+                await self._start_failed(inst, done.error or inst.proc.last_error())
+            await self._notify()
+        # NOTE: refill after the start, and once the requests waiting for it have gone on: a
+        # worker warming up would take CPU from the start, and spawning one holds the loop.
+        await asyncio.sleep(0.05)
+        self.pool.fill()
 
     async def _wait_ready(self, inst: Instance) -> None:
         deadline = time.monotonic() + self.startup_timeout
