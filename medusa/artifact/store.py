@@ -87,6 +87,10 @@ def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],
             if p.is_file():
                 files[str(p.relative_to(tmp))] = {"sha256": _sha256(p), "size": p.stat().st_size}
         files[PLAN]["raw_size"] = raw_size
+        if ("weights" in manifest) != (store is not None):
+            raise ArtifactError(
+                f"{out}: a weight store and the manifest's weights section go together"
+            )
         if store is not None:
             shutil.move(store, tmp / manifest["weights"]["file"])  # a rename on one filesystem
         full = {"schema": SCHEMA_VERSION, "medusa_version": __version__,

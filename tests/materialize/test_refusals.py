@@ -50,7 +50,8 @@ def _resave(art, fn):
         for k, v in a.manifest.items()
         if k not in ("files", "schema", "medusa_version", "created_unix")
     }
-    save_artifact(art, keep, plan, images)
+    store = art / "weights.store"
+    save_artifact(art, keep, plan, images, store=store if store.exists() else None)
 
 
 def _first_engine_alloc(plan):

@@ -85,7 +85,8 @@ def _resave(src: Path, dst: Path, edit) -> None:  # type: ignore[no-untyped-def]
         for k, v in a.manifest.items()
         if k not in ("files", "schema", "medusa_version", "created_unix")
     }
-    save_artifact(dst, keep, plan, images)
+    store = dst / "weights.store"
+    save_artifact(dst, keep, plan, images, store=store if store.exists() else None)
 
 
 @pytest.mark.parametrize("shape", [{"height": 2}, {"depth": 2}])

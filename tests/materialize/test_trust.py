@@ -44,7 +44,9 @@ def _resave(src: Path, dst: Path, edit_plan, images: dict[str, bytes] | None = N
     edit_plan(plan)
     all_images = {p.stem: p.read_bytes() for p in (dst / "images").iterdir()} | (images or {})
     drop = ("files", "schema", "medusa_version", "created_unix")
-    save_artifact(dst, {k: v for k, v in art.manifest.items() if k not in drop}, plan, all_images)
+    store = dst / "weights.store"
+    save_artifact(dst, {k: v for k, v in art.manifest.items() if k not in drop}, plan, all_images,
+                  store=store if store.exists() else None)  # fmt: skip
     return dst
 
 
