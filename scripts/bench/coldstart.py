@@ -46,7 +46,9 @@ print(json.dumps({"timings": e.timings, "first_token_unix": first, "restored": e
 def child(cfg: dict, artifact: str, env: dict[str, str]) -> tuple[dict, float]:
     t0 = time.time()
     res = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg), artifact], env=env,
-                         capture_output=True, text=True, check=True)  # fmt: skip
+                         capture_output=True, text=True)  # fmt: skip
+    if res.returncode:
+        sys.exit(f"a {'restored' if artifact else 'baseline'} start failed:\n{res.stderr[-3000:]}")
     out = json.loads(res.stdout.strip().splitlines()[-1])
     out["before_engine"] = out["imported_unix"] - t0  # interpreter start and imports
     out["first_step"] = out["first_token_unix"] - out["ready_unix"]
