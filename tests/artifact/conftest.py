@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import ENGINE_OPTS, medusa
+from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa
 
 
 @pytest.fixture(scope="session")
@@ -36,8 +35,7 @@ def signed_artifact(tmp_path_factory, key) -> Path:
 @pytest.fixture
 def art(signed_artifact, tmp_path) -> Path:
     dst = tmp_path / "art"
-    shutil.copytree(signed_artifact, dst, symlinks=True)
-    return dst
+    return copy_artifact(signed_artifact, dst)
 
 
 def manifest_of(art: Path) -> dict[str, Any]:

@@ -4,6 +4,7 @@ memory. Mutations are resealed (an unsigned digest anyone can write) so they rea
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import shutil
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from medusa.artifact import ArtifactError, load_artifact
 from medusa.artifact.seal import Seal
+from tests.materialize.conftest import copy_artifact
 
 PEAK_LIMIT = 64 << 20
 SETTINGS = settings(
@@ -78,8 +80,9 @@ class Workspace:
     """A copy of the real artifact reset before each example."""
 
     def __init__(self, src: Path) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="medusa-fuzz-")) / "art"
-        shutil.copytree(src, self.dir)
+        top = Path(tempfile.mkdtemp(prefix="medusa-fuzz-"))
+        atexit.register(shutil.rmtree, top, True)
+        self.dir = copy_artifact(src, top / "art")
         self.manifest = json.loads((src / "manifest.json").read_text())
         self.plan = (src / "plan.msgpack.zst").read_bytes()
         self.raw = zstandard.ZstdDecompressor().decompress(self.plan)

@@ -4,13 +4,12 @@ normal way (or, with --require-artifact, exits with the reason)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from medusa.artifact import SCHEMA_VERSION, load_artifact, save_artifact
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import ENGINE_OPTS, medusa, run_restored
+from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, run_restored
 
 FALLBACK = """
 import json, sys
@@ -26,9 +25,7 @@ print(json.dumps({"restored": e.restored, "error": e.restore_error, "text": text
 
 
 def _copy(src, tmp):
-    dst = tmp / "art"
-    shutil.copytree(src, dst)
-    return dst
+    return copy_artifact(src, tmp / "art")
 
 
 def _edit_manifest(art, fn):

@@ -6,7 +6,6 @@ stage (phases that have not run yet when the restore does)."""
 from __future__ import annotations
 
 import copy
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from medusa.artifact import ArtifactError, load_artifact, save_artifact
 from medusa.restore.layout import ATTR, NODE, RELOC
 from medusa.restore.validate import validate_plan
 from medusa.trace import NodeType, recorder_env
-from tests.materialize.conftest import clean_env, materialize_general
+from tests.materialize.conftest import clean_env, copy_artifact, materialize_general
 
 PROGRAMS = Path(__file__).parent / "programs"
 ATTRS = PROGRAMS / "launch_attrs.py"
@@ -75,7 +74,7 @@ def test_the_window_base_is_relocated_to_the_allocation_it_lies_in(attrs_artifac
 
 
 def _resave(src: Path, dst: Path, edit) -> None:  # type: ignore[no-untyped-def]
-    shutil.copytree(src, dst)
+    copy_artifact(src, dst)
     a = load_artifact(dst)
     plan = copy.deepcopy(a.plan)
     edit(plan)

@@ -5,7 +5,6 @@ normal way (with --require-artifact it exits with the reason); `medusa verify` r
 from __future__ import annotations
 
 import hashlib
-import shutil
 import struct
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import numpy as np
 from medusa.artifact import load_artifact, save_artifact
 from medusa.cuda.toolchain import compile_program
 from medusa.restore.layout import NODE
-from tests.materialize.conftest import ENGINE_OPTS, medusa, run_restored
+from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, run_restored
 
 FALLBACK = """
 import json, sys
@@ -38,7 +37,7 @@ __attribute__((constructor)) static void run_at_load(void) {
 def _resave(src: Path, dst: Path, edit_plan, images: dict[str, bytes] | None = None) -> Path:
     """A copy of the artifact with its plan edited (and images added), sealed again: what someone
     who can write artifacts, but not sign them with a trusted key, can make."""
-    shutil.copytree(src, dst)
+    copy_artifact(src, dst)
     art = load_artifact(dst)
     plan = art.plan
     edit_plan(plan)
