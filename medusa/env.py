@@ -108,6 +108,7 @@ ALL: tuple[EnvVar, ...] = (
     SIM_DRIVER_VERSION,
     SIM_ACCESSES,
     TRACE,
+    KV_LEDGER,
     MODE,
     LOG_LEVEL,
     WORKER_TOKEN,
