@@ -73,6 +73,9 @@ def test_the_artifact_records_the_reservation(elastic_artifact):
     assert kv["memory"] == "elastic" and kv["reserve_bytes"] >= KV_BYTES
     assert kv["page_bytes"] == 2 << 20 and kv["budget_pages"] == kv["reserve_bytes"] >> 21
     assert m["relocations"]["vmm"] > 0  # the graphs' KV pointers: relative to the reservation
+    res = subprocess.run([sys.executable, "-m", "medusa.cli", "inspect", str(elastic_artifact)],
+                         capture_output=True, text=True, env=clean_env())  # fmt: skip
+    assert res.returncode == 0 and "elastic: 7680 MiB reserved" in res.stdout, res.stdout
 
 
 def test_a_restored_elastic_worker_gives_the_tokens_of_a_normal_start(elastic_artifact, tmp_path):
