@@ -75,6 +75,14 @@ def engine_options(f):  # type: ignore[no-untyped-def]
             type=int,
             help="KV-cache bytes; skips the profiling pass.",
         ),
+        click.option(
+            "--kv-memory",
+            type=click.Choice(["static", "elastic"]),
+            default="static",
+            help="elastic: reserve the KV range and map 2 MiB pages as requests need them, drawn "
+            "from the device's page ledger (MEDUSA_KV_LEDGER) that workers sharing a device use; "
+            "an idle model gives its pages back at once.",
+        ),
         click.option("--enforce-eager", is_flag=True, help="Do not capture decode graphs."),
         click.option("--seed", default=0, type=int, help="Seed for requests that bring none."),
         click.option(

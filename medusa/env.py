@@ -63,6 +63,12 @@ SIM_ACCESSES = EnvVar(
 TRACE = EnvVar(
     "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
 )
+KV_LEDGER = EnvVar(
+    "MEDUSA_KV_LEDGER",
+    "",
+    "elastic KV: the device's page ledger file, shared by the workers on one device or slice "
+    "(whoever starts them makes it); unset: a private budget of the worker's KV size",
+)
 ARTIFACT = EnvVar("MEDUSA_ARTIFACT", "", "vLLM plugin: restore from this artifact directory")
 REQUIRE_ARTIFACT = EnvVar(
     "MEDUSA_REQUIRE_ARTIFACT",
@@ -102,6 +108,7 @@ ALL: tuple[EnvVar, ...] = (
     SIM_DRIVER_VERSION,
     SIM_ACCESSES,
     TRACE,
+    KV_LEDGER,
     MODE,
     LOG_LEVEL,
     WORKER_TOKEN,

@@ -227,6 +227,10 @@ bool sim_acc_begin(void);
 void sim_acc_end(const sim_func *f, bool completed);
 bool sim_acc_fault(uintptr_t addr, const void *uc); /* from the fault handler */
 void sim_acc_set_node(const void *node);            /* the graph node about to run, or NULL */
+/* memcheck of a kernel's pointer argument: inside a live allocation, or anywhere in a reserved
+ * range. NOTE: an elastic KV cache's per-layer pointers lie in a page that may not be mapped; as on
+ * a GPU, only an access to an unmapped page is an error, and the fault guard reports that one. */
+CUresult sim_check_pointer(uintptr_t p);
 CUresult sim_fail(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- memory ---- */

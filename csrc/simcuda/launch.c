@@ -175,7 +175,7 @@ static CUresult memcheck(const sim_kernel_op *op) {
     for (uint32_t i = 0; i < f->num_ptr_words && !e; i++) {
         uint64_t v;
         memcpy(&v, op->params + f->ptr_words[i], 8);
-        if (v && sim_check_range(v, 1, false)) {
+        if (v && sim_check_pointer(v)) {
             uint32_t arg = 0;
             while (arg + 1 < f->num_params && f->params[arg + 1].offset <= f->ptr_words[i])
                 arg++;

@@ -233,6 +233,11 @@ CUresult sim_check_range(uintptr_t p, size_t n, bool device_only) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+CUresult sim_check_pointer(uintptr_t p) {
+    sim_range *r = rs_find(&g_sim.allocs, p);
+    return r && r->kind == A_RESERVE ? CUDA_SUCCESS : sim_check_range(p, 1, false);
+}
+
 SIM_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
     CUresult e = sim_ensure_init();
     if (e)

@@ -25,6 +25,11 @@ def describe(art: Artifact) -> str:
             f"  kv cache  {kv['num_blocks']} blocks x {kv['block_bytes']} bytes "
             f"= {kv['num_blocks'] * kv['block_bytes'] / 2**20:.0f} MiB (profiled)"
         )
+        if kv.get("memory") == "elastic":
+            lines.append(
+                f"            elastic: {kv['reserve_bytes'] / 2**20:.0f} MiB reserved, pages of "
+                f"{kv['page_bytes'] >> 10} KiB mapped on demand, budget {kv['budget_pages']} pages"
+            )
     g = m["graphs"]
     lines.append(
         f"  graphs    {g['count']} (keys {g['keys']}), {g['nodes']} nodes, "

@@ -202,6 +202,12 @@ KV = Obj(
         "kv_budget?": Int(),
         "non_kv_bytes?": Int(),
         "total?": Int(),
+        # kv_memory="elastic": the reserved range the graphs point into, its page size, and the
+        # page budget the materializing start-up had (the ledger's capacity, else the range's).
+        "memory?": Const(("static", "elastic")),
+        "reserve_bytes?": Int(),
+        "page_bytes?": Int(),
+        "budget_pages?": Int(),
     }
 )
 # NOTE: the store is not in `files`: loading an artifact hashes every listed file, and the store

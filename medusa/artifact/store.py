@@ -24,7 +24,10 @@ from medusa.artifact.payload import MAX_RAW_SIZE, decode_plan, encode_plan
 from medusa.artifact.schema import HEX64, check_manifest
 from medusa.artifact.seal import Seal, key_id
 
-SCHEMA_VERSION = 4  # 4: an engine artifact may carry a weight store (manifest "weights")
+# 4: an engine artifact may carry a weight store (manifest "weights"). 5: the KV cache is
+# block-major (its kernels take a block stride), VMM relocations are relative to reservations, and
+# an elastic KV cache is described under "kv".
+SCHEMA_VERSION = 5
 PLAN = "plan.msgpack.zst"
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SEAL_BYTES = 4096

@@ -3,8 +3,26 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Protocol
 
 from medusa.engine.sequence import Sequence
+
+
+class Blocks(Protocol):
+    """What the scheduler needs of a block manager: this one, or Prism's elastic one."""
+
+    block_size: int
+    num_blocks: int
+
+    @property
+    def num_free_blocks(self) -> int: ...
+    def can_allocate(self, seq: Sequence) -> bool: ...
+    def allocate(self, seq: Sequence) -> None: ...
+    def deallocate(self, seq: Sequence) -> None: ...
+    def can_append(self, seq: Sequence) -> bool: ...
+    def may_append(self, seq: Sequence) -> None: ...
+    def trim(self) -> None: ...
+    def refill(self) -> None: ...
 
 
 class BlockManager:
@@ -38,3 +56,9 @@ class BlockManager:
     def may_append(self, seq: Sequence) -> None:
         if self._needs_block(seq):
             seq.block_table.append(self.free_blocks.popleft())
+
+    def trim(self) -> None:
+        """Nothing to give back: a static cache keeps its memory."""
+
+    def refill(self) -> None:
+        """Nothing to prepare: every block is always backed."""

@@ -28,6 +28,9 @@ class EngineConfig:
     alpha: float = 0.0  # HybridGEMM's output-stationary share, every layer's start value
     tune_alpha: bool = False  # with weights="host": the alpha controller adjusts it per interval
     slice_profile: str = "7g.96gb"  # the GH200 MIG profile the model's utilisations refer to
+    # "elastic": the KV cache is a reserved range whose pages are mapped under live blocks and
+    # drawn from the device's page ledger (MEDUSA_KV_LEDGER); "static": one allocation.
+    kv_memory: str = "static"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -49,6 +52,8 @@ class EngineConfig:
             raise ValueError(f"max_prefill_chunk={self.max_prefill_chunk}: must be at least 1")
         if self.weights not in ("device", "host"):
             raise ValueError(f"weights={self.weights!r}: use 'device' or 'host'")
+        if self.kv_memory not in ("static", "elastic"):
+            raise ValueError(f"kv_memory={self.kv_memory!r}: use 'static' or 'elastic'")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha={self.alpha}: must be in [0, 1]")
         bad = [s for s in self.capture_sizes if not 1 <= s <= self.max_num_seqs]

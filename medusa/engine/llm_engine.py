@@ -16,7 +16,6 @@ import numpy as np
 from medusa.artifact import Artifact, ArtifactError, load_artifact
 from medusa.cuda import CudaError
 from medusa.engine.alpha_tuner import AlphaTuner
-from medusa.engine.block_manager import BlockManager
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
 from medusa.engine.loader import ModelSource, open_model
@@ -103,7 +102,9 @@ class LLMEngine:
             len(self.runner.graphs),
             ", restored" if self.restored else "",
         )
-        self.blocks = BlockManager(num_blocks, config.block_size)
+        if self.runner.kv_cache is None:
+            raise RuntimeError("the KV cache was not allocated")
+        self.blocks = self.runner.kv_cache.blocks
         self.scheduler = Scheduler(config, self.blocks, self.tokenizer.eos_ids)
         self._rng = random.Random(config.seed)
         self._decoders: dict[int, IncrementalDecoder] = {}
@@ -219,13 +220,7 @@ class LLMEngine:
     def _restore(self, art: Artifact, validate: bool) -> None:
         kv = art.manifest["kv"]
         with self._stage("kv_restore"):
-            need = kv["num_blocks"] * self.runner.block_bytes
-            free, _ = self.device.mem_info()
-            if need > free:
-                raise RestoreError(
-                    f"the artifact's KV cache needs {need / 2**20:.0f} MiB and {free / 2**20:.0f} "
-                    "MiB are free: another process holds device memory"
-                )
+            self._check_kv_memory(kv)
         with self._stage("kv_alloc"):
             self.runner.allocate_kv(kv["num_blocks"])
         with self._stage("graph_restore"):
@@ -248,6 +243,26 @@ class LLMEngine:
                             f"validation: the restored decode graph for batch {size} gives other "
                             "outputs than eager execution on the probe input"
                         )
+
+    def _check_kv_memory(self, kv: dict[str, int]) -> None:
+        """A static cache needs all of its memory free now; an elastic one only reserves its
+        range, and maps what the ledger (or the device) gives as requests come."""
+        need = kv["num_blocks"] * self.runner.block_bytes
+        free, _ = self.device.mem_info()
+        if need <= free:
+            return
+        if self.config.kv_memory == "elastic":
+            log.warning(
+                "the artifact's KV cache was %.0f MiB and %.0f MiB are free: starting elastic, "
+                "requests queue while pages are short",
+                need / 2**20,
+                free / 2**20,
+            )
+            return
+        raise RestoreError(
+            f"the artifact's KV cache needs {need / 2**20:.0f} MiB and {free / 2**20:.0f} MiB are "
+            "free: another process holds device memory (kv_memory='elastic' starts anyway)"
+        )
 
     @contextmanager
     def _stage(self, name: str) -> Iterator[None]:
@@ -314,6 +329,8 @@ class LLMEngine:
         if seq.status.name != "FINISHED":
             self.scheduler.finish(seq, "abort")
         self._decoders.pop(seq.seq_id, None)
+        if not self.has_unfinished():
+            self.blocks.trim()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
@@ -321,6 +338,8 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
+            if not self.has_unfinished():
+                self.blocks.trim()  # NOTE: an idle model's pages go back to the device at once
             return []
         t0 = time.perf_counter()
         tokens = self.runner.execute(seqs, is_prefill)
@@ -344,6 +363,10 @@ class LLMEngine:
             if done:
                 self._decoders.pop(seq.seq_id, None)
             outs.append(StepOutput(seq, tok, text, done))
+        if self.has_unfinished():
+            self.blocks.refill()
+        else:
+            self.blocks.trim()
         return outs
 
     def generate(

@@ -13,6 +13,7 @@ import numpy as np
 from medusa.c2c.model import Tiles
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
+from medusa.engine.kv_cache import KVCache, make_kv_cache
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
 from medusa.weights import WeightStore
@@ -57,6 +58,7 @@ class ModelRunner:
         self._ring: StagingRing | None = None
         self.ws: dict[str, Buffer] = {}
         self.kv: Buffer | None = None
+        self.kv_cache: KVCache | None = None
         self.num_blocks = 0
         self.graphs: dict[int, int] = {}  # batch size -> graph exec
         self.graph_out: dict[int, Buffer] = {}
@@ -164,8 +166,13 @@ class ModelRunner:
 
     @property
     def block_bytes(self) -> int:
-        s = self.spec
-        return 2 * s.num_layers * self.config.block_size * s.kv_size * F32
+        """One block of every layer's K and V: the cache is [block][layer][k|v][slot][head][dim]."""
+        return 2 * self.spec.num_layers * self.layer_part
+
+    @property
+    def layer_part(self) -> int:
+        """One layer's K (or V) rows of one block."""
+        return self.config.block_size * self.spec.kv_size * F32
 
     def profile_kv_blocks(self) -> tuple[int, dict[str, int]]:
         """Runs a forward pass at the largest batch, measures what it leaves free, and returns the
@@ -196,8 +203,10 @@ class ModelRunner:
         return int(num), stats
 
     def allocate_kv(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self.kv = self.dev.alloc(num_blocks * self.block_bytes)
+        """A static allocation, or (kv_memory="elastic") a reserved range of that size whose
+        pages are mapped as blocks are used."""
+        self.kv_cache = make_kv_cache(self.config, self.dev, num_blocks, self.block_bytes)
+        self.kv, self.num_blocks = self.kv_cache.buffer, num_blocks
 
     def capture_graphs(self) -> None:
         """Warms up and captures the decode step at each configured batch size."""
@@ -230,16 +239,21 @@ class ModelRunner:
     def probe(self, size: int) -> tuple[np.ndarray, np.ndarray]:
         """One decode step on a probe input, eagerly and by graph replay: (tokens, logits), each
         stacked as [eager, graph]."""
-        batch = self._padding_batch(size)
-        batch.ids[:] = np.arange(size) + 17
-        batch.seq_lens[:] = 1
-        batch.slots[:] = np.arange(size) % self.config.block_size
-        eager = self._run(batch, self.kv, self.ws["tokens"])
-        eager_logits = self.last_logits(size).copy()
-        self._upload(batch)
-        self.dev.replay(self.graphs[size])
-        self.dev.synchronize()
-        graph = self.dev.download(self.graph_out[size], np.int32, size).tolist()
+        if self.kv_cache is None:
+            raise RuntimeError("the KV cache is not allocated yet")
+        bs = self.config.block_size
+        with self.kv_cache.scratch_block() as block:  # NOTE: never a live sequence's block
+            batch = self._padding_batch(size)
+            batch.ids[:] = np.arange(size) + 17
+            batch.seq_lens[:] = 1
+            batch.block_tables[:, 0] = block
+            batch.slots[:] = block * bs + np.arange(size) % bs
+            eager = self._run(batch, self.kv, self.ws["tokens"])
+            eager_logits = self.last_logits(size).copy()
+            self._upload(batch)
+            self.dev.replay(self.graphs[size])
+            self.dev.synchronize()
+            graph = self.dev.download(self.graph_out[size], np.int32, size).tolist()
         return np.array([eager, graph]), np.stack([eager_logits, self.last_logits(size)])
 
     def drop_graphs(self) -> None:
@@ -250,20 +264,21 @@ class ModelRunner:
         self.graphs, self.graph_out, self._own_graph_out = {}, {}, []
 
     def free_kv(self) -> None:
-        if self.kv is not None:
-            self.dev.free(self.kv)
-        self.kv = None
+        if self.kv_cache is not None:
+            self.kv_cache.release()
+        self.kv, self.kv_cache = None, None
 
     def release(self) -> None:
         """Frees everything this runner allocated (graphs, KV cache, workspace, weights)."""
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
         # NOTE: restored graphs' output buffers belong to the restorer, not to this runner.
-        bufs = [*self._own_graph_out, *([self.kv] if self.kv else []), *self.ws.values()]
+        self.free_kv()
+        bufs = [*self._own_graph_out, *self.ws.values()]
         for buf in bufs:
             self.dev.free(buf)
         self.release_weights()
-        self.graphs, self.graph_out, self.ws, self.kv = {}, {}, {}, None
+        self.graphs, self.graph_out, self.ws = {}, {}, {}
         self._own_graph_out = []
 
     # ---- steps ----
@@ -427,7 +442,7 @@ class ModelRunner:
         if self.rope_table is None:
             raise RuntimeError("the weights are not allocated yet")
         dim, qkv, eps = s.hidden_size, s.qkv_size, s.rms_eps
-        layer_bytes = kv.nbytes // (2 * s.num_layers)  # [layer][k|v][block][slot][kv head][dim]
+        part, block_stride = self.layer_part, self.block_bytes // F32
         q, k, v = (
             a["qkv"].ptr,
             a["qkv"].ptr + s.q_size * F32,
@@ -435,8 +450,8 @@ class ModelRunner:
         )
         d.launch("embed_tokens", a["x"].ptr, w["embed"].ptr, a["ids"].ptr, t, dim)
         for i in range(s.num_layers if num_layers is None else num_layers):
-            kc = kv.ptr + 2 * i * layer_bytes
-            vc = kc + layer_bytes
+            kc = kv.ptr + 2 * i * part  # layer i's K in block 0; blocks are block_stride apart
+            vc = kc + part
             d.launch(
                 "rms_norm_kernel",
                 a["h"].ptr,
@@ -475,6 +490,8 @@ class ModelRunner:
                 s.num_kv_heads,
                 s.head_dim,
                 qkv,
+                c.block_size,
+                block_stride,
             )
             d.launch(
                 "paged_attention_kernel",
@@ -493,6 +510,7 @@ class ModelRunner:
                 c.max_blocks_per_seq,
                 qkv,
                 s.head_dim**-0.5,
+                block_stride,
             )
             self._linear(i, a["x"].ptr, a["attn"].ptr, f"layers.{i}.o", t, dim, s.q_size, True)
             d.launch(

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections import deque
 
-from medusa.engine.block_manager import BlockManager
+from medusa.engine.block_manager import Blocks
 from medusa.engine.config import EngineConfig
 from medusa.engine.sequence import Sequence, Status
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_ids: tuple[int, ...]):
+    def __init__(self, config: EngineConfig, block_manager: Blocks, eos_ids: tuple[int, ...]):
         self.config = config
         self.blocks = block_manager
         self.eos_ids = set(eos_ids)

@@ -61,7 +61,10 @@ class RunView:
     contents: dict[int, tuple[int, bytes]]  # alloc seq -> (content seq, bytes)
     device: R.Device | None
     vmm: list[tuple[str, int, int, int, int, int]] = field(default_factory=list)
-    # (phase, ordinal, addr, size, map seq, unmap seq) of each cuMemMap
+    # (phase, ordinal, addr, size, reserve seq, free seq) of each cuMemAddressReserve. NOTE: a
+    # pointer into VMM memory is relative to its reservation, not to a mapping: an elastic KV
+    # cache's graphs point into pages that are mapped and unmapped as requests come and go, while
+    # the reservation (what the restore re-reserves) stays for the process's lifetime.
     unsaved: set[int] = field(default_factory=set)  # alloc seqs the recorder could not snapshot
 
     @classmethod
@@ -74,14 +77,14 @@ class RunView:
         vmm: list[tuple[str, int, int, int, int, int]] = []
         vmm_ordinals: dict[str, int] = defaultdict(int)
         kinds = (Ev.MARK, Ev.ALLOC, Ev.FREE, Ev.HOST_ALLOC, Ev.HOST_REGISTER, Ev.HOST_FREE,
-                 Ev.VMM_MAP, Ev.VMM_UNMAP)  # fmt: skip
+                 Ev.VMM_RESERVE, Ev.VMM_FREE)  # fmt: skip
         for e in trace.events(*kinds):
             if isinstance(e, R.Mark):
                 phase = e.phase
-            elif isinstance(e, R.VmmMap) and e.result == 0:
+            elif isinstance(e, R.VmmReserve) and e.result == 0:
                 vmm.append((phase, vmm_ordinals[phase], e.addr, e.size, e.seq, NEVER))
                 vmm_ordinals[phase] += 1
-            elif isinstance(e, R.VmmUnmap):
+            elif isinstance(e, R.VmmFree) and e.result == 0:
                 for j, m in enumerate(vmm):
                     if m[2] == e.addr and m[5] == NEVER:
                         vmm[j] = (*m[:5], e.seq)

@@ -36,7 +36,8 @@ if e.store_error:
     sys.exit("the weight store was not used: " + e.store_error)
 json.dump({
     "model": {"identity": e.source.identity(), "name": e.spec.name, "path": str(e.source.path)},
-    "kv": {"num_blocks": e.runner.num_blocks, "block_bytes": e.runner.block_bytes, **e.kv_profile},
+    "kv": {"num_blocks": e.runner.num_blocks, "block_bytes": e.runner.block_bytes,
+           **e.runner.kv_cache.describe(), **e.kv_profile},
     "graphs": {"keys": sorted(e.runner.graphs, reverse=True)},
     "timings": e.timings, "device": device_fingerprint(e.device),
 }, open(sys.argv[2], "w"))

@@ -338,11 +338,11 @@ def build_plan(a: RunView, b: RunView, skipped: Callable[[str], bool]) -> dict[s
     for i in used_vmm:
         m, mb = a.vmm[i], b.vmm[i] if i < len(b.vmm) else None
         if mb is None or (m[0], m[1], m[3]) != (mb[0], mb[1], mb[3]):
-            raise MaterializeError(f"VMM mapping #{i} differs between the runs")
+            raise MaterializeError(f"VMM reservation #{i} differs between the runs")
         if skipped(m[0]):
             raise MaterializeError(
-                f"a graph uses VMM mapping #{i} made in skipped phase {m[0]!r}; restore does not "
-                "replay VMM mappings (map it in a phase the restore runs)"
+                f"a graph uses VMM reservation #{i} made in skipped phase {m[0]!r}; restore does "
+                "not replay VMM reservations (reserve it in a phase the restore runs)"
             )
     used_globals = sorted(
         {r[2] for g in graphs for n in g["nodes"] for r in n.get("relocs", ()) if r[1] == GLOBAL}

@@ -36,6 +36,10 @@ class PagePool:
         return len(self._handles)
 
     @property
+    def num_spare(self) -> int:
+        return len(self._spare)
+
+    @property
     def num_held(self) -> int:
         """Pages this worker holds: mapped and spare (what its ledger row says)."""
         return len(self._handles) + len(self._spare)

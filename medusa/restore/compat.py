@@ -16,6 +16,7 @@ CONFIG_KEYS = (
     "gpu_memory_utilization",
     "enforce_eager",
     "capture_sizes",
+    "kv_memory",
 )
 
 

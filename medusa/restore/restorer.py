@@ -291,7 +291,7 @@ class Restorer:
             m = mine.get((v["phase"], v["ordinal"]))
             if m is None or m[3] != v["size"]:
                 raise RestoreError(
-                    f"VMM mapping #{v['ordinal']} of phase {v['phase']!r} "
+                    f"VMM reservation #{v['ordinal']} of phase {v['phase']!r} "
                     f"({v['size']} bytes) was not made alike in this start-up"
                 )
             base[v["index"]] = m[2]

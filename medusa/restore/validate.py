@@ -4,7 +4,7 @@ A plan comes from a file. Every index in it is checked against the table it inde
 offset against the size it lies in, with numpy over all nodes at once (no Python per node: this
 runs on every restore). Beyond bounds, what a plan may make the restorer do is limited: it replays
 allocations only of the phases the plan skips, saved contents go only into those replayed
-allocations, and a relocation points only into an allocation (module global, VMM mapping) of the
+allocations, and a relocation points only into an allocation (module global, VMM reservation) of the
 kind it names, within that allocation's recorded size. The graph arrays are checked in
 medusa.restore.graph_check."""
 
@@ -123,7 +123,7 @@ class PlanTables:
 
 
 def check_tables(plan: Any) -> PlanTables:
-    """The plan's top level, allocations, replay, kernels, globals and VMM mappings."""
+    """The plan's top level, allocations, replay, kernels, globals and VMM reservations."""
     if type(plan) is not dict or plan.keys() != KEYS.keys():
         raise ArtifactError(f"expected an object with fields {list(KEYS)}")
     for k, t in KEYS.items():

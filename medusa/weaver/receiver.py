@@ -2,8 +2,9 @@
 runs their attention between its own kernels, with the engine's own kernels
 (reshape_and_cache_kernel to append k/v, paged_attention_kernel over its blocks).
 
-Its KV cache uses the model runner's layout, [layer][k|v][block][slot][kv head][dim], so a layer's
-K and V caches are two pointers and a block table is a list of block ids. q, k, v, the sequence
+Its KV cache uses the model runner's layout, [block][layer][k|v][slot][kv head][dim], so a layer's
+K and V caches are two pointers into block 0 (blocks a block stride apart) and a block table is a
+list of block ids. q, k, v, the sequence
 lengths and query starts are read, and the output written, straight in the registered exchange
 region, as a GPU kernel would read peer or C2C host memory."""
 
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from medusa.engine.device import Buffer, Device
+from medusa.engine.device import Device
 from medusa.weaver.region import (
     ATTEND,
     DONE,
@@ -45,8 +46,9 @@ class WeaverReceiver:
         g = region.geometry
         self.region, self.dev, self.block_size = region, device, block_size
         self.num_blocks = self.max_blocks = num_blocks
-        self.kv = device.alloc(num_blocks * 2 * g.num_layers * block_size * g.kv_size * F32)
-        self._layer_bytes = self.kv.nbytes // (2 * g.num_layers)
+        self._part = block_size * g.kv_size * F32  # one layer's K (or V) rows of one block
+        self._block_bytes = 2 * g.num_layers * self._part
+        self.kv = device.alloc(num_blocks * self._block_bytes)
         self._free = list(range(num_blocks - 1, -1, -1))
         self.tables: dict[int, list[int]] = {}  # offloaded sequence -> its block ids here
         self.lengths: dict[int, int] = {}  # tokens of it held here
@@ -124,15 +126,17 @@ class WeaverReceiver:
             bt[i, : len(self.tables[sid])] = self.tables[sid]
         d.upload(self._ws["slots"], np.asarray(slots, np.int32))
         d.upload(self._ws["block_tables"], bt)
-        kc = self.kv.ptr + 2 * layer * self._layer_bytes
-        vc = kc + self._layer_bytes
+        kc = self.kv.ptr + 2 * layer * self._part
+        vc = kc + self._part
+        stride = self._block_bytes // F32
         a = {name: self._dev_region + r.layout[name] for name in r.layout}
         d.launch("reshape_and_cache_kernel", kc, vc, a["k"], a["v"], self._ws["slots"].ptr,
-                 num_tokens, g.num_kv_heads, g.head_dim, g.kv_size)  # fmt: skip
+                 num_tokens, g.num_kv_heads, g.head_dim, g.kv_size, self.block_size,
+                 stride)  # fmt: skip
         d.launch("paged_attention_kernel", a["out"], a["q"], kc, vc, self._ws["block_tables"].ptr,
                  a["seq_lens"], a["query_start"], num_seqs, g.num_heads, g.num_kv_heads,
                  g.head_dim, self.block_size, self.max_blocks, g.q_size,
-                 g.head_dim**-0.5)  # fmt: skip
+                 g.head_dim**-0.5, stride)  # fmt: skip
         d.synchronize()
         if layer == g.num_layers - 1:
             for sid, total in zip(ids, lens, strict=True):
@@ -170,14 +174,14 @@ class WeaverReceiver:
         n = self.lengths[sid]
         if n > g.max_tokens:
             raise ReceiverError(f"sequence {sid} holds {n} tokens, the region {g.max_tokens}")
-        rows = self.num_blocks * self.block_size
-        kc = Buffer(self.kv.ptr + 2 * layer * self._layer_bytes, self._layer_bytes)
-        k = self.dev.download(kc, np.float32, rows * g.kv_size).reshape(rows, g.kv_size)
-        v = self.dev.download(kc.ptr + self._layer_bytes, np.float32, rows * g.kv_size)
-        slots = [self.tables[sid][p // self.block_size] * self.block_size + p % self.block_size
-                 for p in range(n)]  # fmt: skip
-        r.array("k")[:n] = k[slots]
-        r.array("v")[:n] = v.reshape(rows, g.kv_size)[slots]
+        rows = self.block_size * g.kv_size
+        k, v = [], []
+        for b in self.tables[sid]:  # this layer's K and V rows of each of the sequence's blocks
+            kc = self.kv.ptr + b * self._block_bytes + 2 * layer * self._part
+            k.append(self.dev.download(kc, np.float32, rows))
+            v.append(self.dev.download(kc + self._part, np.float32, rows))
+        r.array("k")[:n] = np.concatenate(k).reshape(-1, g.kv_size)[:n]
+        r.array("v")[:n] = np.concatenate(v).reshape(-1, g.kv_size)[:n]
         r.array("seq_lens")[0] = n
 
 

@@ -70,6 +70,8 @@ def layer_ops(dev: Device, b: int, bufs: dict) -> dict:  # type: ignore[type-arg
             KVH,
             HD,
             QKV,
+            BLOCK,
+            BLOCK * KV,  # one layer's cache: blocks BLOCK rows apart
         ),  # fmt: skip
         "o_proj": lambda: dev.linear(p["x"], p["attn"], p["wo"], b, H, Q, accumulate=True),
         "gate_up": lambda: dev.linear(p["gu"], p["h"], p["wgu"], b, 2 * FF, H),
@@ -82,7 +84,7 @@ def attention(dev: Device, bufs: dict, m: dict, b: int, per_seq: int):  # type: 
     p = {k: v.ptr for k, v in bufs.items()}
     return lambda: dev.launch(
         "paged_attention_kernel", p["attn"], p["qkv"], p["kc"], p["vc"], m["bt"].ptr,
-        m["lens"].ptr, m["qs"].ptr, b, NH, KVH, HD, BLOCK, per_seq, QKV, HD**-0.5,
+        m["lens"].ptr, m["qs"].ptr, b, NH, KVH, HD, BLOCK, per_seq, QKV, HD**-0.5, BLOCK * KV,
     )  # fmt: skip
 
 

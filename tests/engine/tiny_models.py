@@ -95,12 +95,13 @@ def write_gguf(
     metadata: dict[str, Any] | None = None,
     extra: dict[str, np.ndarray] | None = None,
     seed: int = 0,
+    dims: dict[str, int] | None = None,
 ) -> dict[str, np.ndarray]:
     """A tiny llama GGUF; the matrices take the types in turn (norms stay F32). metadata: more or
-    other llama.* keys (without the prefix); extra: more F32 tensors. Returns the canonical
-    weights."""
+    other llama.* keys (without the prefix); extra: more F32 tensors; dims: other DIMS. Returns
+    the canonical weights."""
     rng = np.random.default_rng(seed)
-    d = DIMS
+    d = DIMS | (dims or {})
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny")
     base: dict[str, Any] = {"block_count": d["layers"], "context_length": 256,

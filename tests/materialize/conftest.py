@@ -83,13 +83,16 @@ def engine_artifact(tmp_path_factory) -> Path:
     return out
 
 
-def run_restored(script: str, tmp: Path, *args: str, memcheck: bool = True) -> dict:
-    """Runs a Python script under the recorder in restore mode; returns the JSON it prints last."""
+def run_restored(
+    script: str, tmp: Path, *args: str, memcheck: bool = True, config: dict | None = None
+) -> dict:
+    """Runs a Python script under the recorder in restore mode (argv: the engine configuration as
+    JSON, then ARGS); returns the JSON it prints last."""
     env = recorder_env(tmp / "restore-%p.mtr", mode="restore", base=clean_env())
     if memcheck:
         env["MEDUSA_SIM_MEMCHECK"] = "1"
     res = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(CONFIG), *args],
+        [sys.executable, "-c", script, json.dumps(config or CONFIG), *args],
         env=env,
         capture_output=True,
         text=True,

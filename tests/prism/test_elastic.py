@@ -35,12 +35,13 @@ def seq(tokens):
 
 
 def check(mgr, ledger, vmm):
-    assert ledger.held() == mgr.pool.num_held
-    assert mgr.pool.num_mapped >= mgr.pages_in_use()
+    live = mgr.pages_of([b for s in mgr.live for b in s.block_table])
+    assert ledger.held() == mgr.pool.num_held == len(live) + mgr.pool.num_spare
+    assert mgr.pool.num_mapped == mgr.pages_in_use() == len(live)  # nothing mapped ahead
     b = vmm.b
     for s in mgr.live:
         for blk in s.block_table:  # every live block is device memory the kernels can write
-            b.memset(mgr.pool.base + blk * BLOCK, 0, BLOCK)
+            b.memset(mgr.pool.base + blk * mgr.block_bytes, 0, mgr.block_bytes)
 
 
 def test_pages_follow_live_blocks_and_the_ledger_follows_pages(vmm, tmp_path):
@@ -109,3 +110,26 @@ def test_an_idle_models_pages_go_to_a_busy_one(vmm, tmp_path):
         b.allocate(s)
         grown.append(s)
     assert lb.held() == 8 > 4 and b.pages_in_use() == 8
+
+
+def test_blocks_larger_than_a_page_span_pages_and_the_range_holds_only_its_blocks(vmm, tmp_path):
+    path = tmp_path / "ledger"
+    PageLedger.create(path, 16, vmm.granularity)
+    ledger = PageLedger(path)
+    ledger.join("big")
+    big = vmm.granularity * 3 // 2  # 1.5 pages: every block straddles, some touch three pages
+    mgr = ElasticBlockManager(PagePool(vmm, 8, ledger=ledger, spare=0), 16, big, num_blocks=5)
+    mgr.live = []
+    assert mgr.num_blocks == 5
+    for _ in range(5):
+        s = seq(16)
+        assert mgr.can_allocate(s)
+        mgr.allocate(s)
+        mgr.live.append(s)
+        check(mgr, ledger, vmm)
+    assert not mgr.can_allocate(seq(16))  # pages remain in the range, blocks do not
+    check(mgr, ledger, vmm)
+    for s in mgr.live[::2]:
+        mgr.deallocate(s)
+    mgr.live = mgr.live[1::2]
+    check(mgr, ledger, vmm)

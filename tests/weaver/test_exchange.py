@@ -29,8 +29,9 @@ class LocalAttention:
 
     def __init__(self, dev: Device) -> None:
         self.dev = dev
-        self.layer_bytes = BLOCKS * BLOCK * GEO.kv_size * 4
-        self.kv = dev.alloc(2 * GEO.num_layers * self.layer_bytes)
+        self.part = BLOCK * GEO.kv_size * 4  # block-major: [block][layer][k|v][slot][head][dim]
+        self.stride = 2 * GEO.num_layers * self.part // 4
+        self.kv = dev.alloc(BLOCKS * self.stride * 4)
         self.tables: dict[int, list[int]] = {}
         self.free = list(range(BLOCKS))
         self.ws = {n: dev.alloc(s) for n, s in (("q", 64 * GEO.q_size * 4),
@@ -50,13 +51,15 @@ class LocalAttention:
         for name, arr in (("q", q), ("k", k), ("v", v), ("slots", np.int32(slots)), ("bt", bt),
                           ("lens", np.int32(lens)), ("qs", np.int32(qs))):  # fmt: skip
             d.upload(w[name], arr)
-        kc = self.kv.ptr + 2 * layer * self.layer_bytes
-        vc = kc + self.layer_bytes
+        kc = self.kv.ptr + 2 * layer * self.part
+        vc = kc + self.part
         d.launch("reshape_and_cache_kernel", kc, vc, w["k"].ptr, w["v"].ptr, w["slots"].ptr,
-                 len(q), GEO.num_kv_heads, GEO.head_dim, GEO.kv_size)  # fmt: skip
+                 len(q), GEO.num_kv_heads, GEO.head_dim, GEO.kv_size, BLOCK,
+                 self.stride)  # fmt: skip
         d.launch("paged_attention_kernel", w["out"].ptr, w["q"].ptr, kc, vc, w["bt"].ptr,
                  w["lens"].ptr, w["qs"].ptr, len(ids), GEO.num_heads, GEO.num_kv_heads,
-                 GEO.head_dim, BLOCK, BLOCKS, GEO.q_size, GEO.head_dim**-0.5)  # fmt: skip
+                 GEO.head_dim, BLOCK, BLOCKS, GEO.q_size, GEO.head_dim**-0.5,
+                 self.stride)  # fmt: skip
         d.synchronize()
         return d.download(w["out"], np.float32, len(q) * GEO.q_size).reshape(len(q), GEO.q_size)
 

@@ -73,11 +73,17 @@ static void rope(const simcuda_kctx *ctx, const void *p) {
     }
 }
 
-/* Cache layout: [num_blocks, block_size, num_kv_heads, head_dim]; slot = block * block_size + i. */
+/* Cache layout, block-major: block b's K rows of one layer start at k_cache + b * block_stride
+ * (floats), one row of num_kv_heads * head_dim per slot, slot = block * block_size + i. A block
+ * holds every layer's K and V (k_cache/v_cache point at one layer's part of block 0), so pages of
+ * an elastic cache hold whole blocks of all layers. */
 struct cache_args {
     float *k_cache, *v_cache; const float *k, *v; const int *slots;
-    int num_tokens, num_kv_heads, head_dim, stride;
+    int num_tokens, num_kv_heads, head_dim, stride, block_size, block_stride;
 };
+static size_t slot_at(int block, int i, int block_stride, size_t row) {
+    return (size_t)block * (size_t)block_stride + (size_t)i * row;
+}
 static void reshape_and_cache(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct cache_args *a = p;
@@ -85,8 +91,10 @@ static void reshape_and_cache(const simcuda_kctx *ctx, const void *p) {
     for (int t = 0; t < a->num_tokens; t++) {
         if (a->slots[t] < 0)
             continue; /* a padding token */
-        memcpy(a->k_cache + (size_t)a->slots[t] * row, a->k + (size_t)t * a->stride, row * 4);
-        memcpy(a->v_cache + (size_t)a->slots[t] * row, a->v + (size_t)t * a->stride, row * 4);
+        size_t at = slot_at(a->slots[t] / a->block_size, a->slots[t] % a->block_size,
+                            a->block_stride, row);
+        memcpy(a->k_cache + at, a->k + (size_t)t * a->stride, row * 4);
+        memcpy(a->v_cache + at, a->v + (size_t)t * a->stride, row * 4);
     }
 }
 
@@ -95,6 +103,7 @@ static void reshape_and_cache(const simcuda_kctx *ctx, const void *p) {
 struct attn_args {
     float *out; const float *q, *k_cache, *v_cache; const int *block_tables, *seq_lens, *query_start;
     int num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks, q_stride; float scale;
+    int block_stride;
 };
 static void attend(const struct attn_args *a, int b, int qi, int pos, float *scores) {
     int d = a->head_dim, group = a->num_heads / a->num_kv_heads;
@@ -105,8 +114,8 @@ static void attend(const struct attn_args *a, int b, int qi, int pos, float *sco
         int kvh = h / group;
         float mx = -INFINITY;
         for (int j = 0; j <= pos; j++) {
-            const float *k = a->k_cache + ((size_t)table[j / a->block_size] * a->block_size +
-                                           j % a->block_size) * row + (size_t)kvh * d;
+            size_t at = slot_at(table[j / a->block_size], j % a->block_size, a->block_stride, row);
+            const float *k = a->k_cache + at + (size_t)kvh * d;
             float s = 0;
             for (int i = 0; i < d; i++)
                 s += q[i] * k[i];
@@ -119,8 +128,8 @@ static void attend(const struct attn_args *a, int b, int qi, int pos, float *sco
         float *o = a->out + (size_t)qi * a->num_heads * d + (size_t)h * d;
         memset(o, 0, (size_t)d * 4);
         for (int j = 0; j <= pos; j++) {
-            const float *v = a->v_cache + ((size_t)table[j / a->block_size] * a->block_size +
-                                           j % a->block_size) * row + (size_t)kvh * d;
+            size_t at = slot_at(table[j / a->block_size], j % a->block_size, a->block_stride, row);
+            const float *v = a->v_cache + at + (size_t)kvh * d;
             float w = scores[j] / sum;
             for (int i = 0; i < d; i++)
                 o[i] += w * v[i];
@@ -263,8 +272,9 @@ static const simcuda_kernel_desc kernels[] = {
     {"embed_tokens", "p p p i i", embed, embed_tokens},
     {"rms_norm_kernel", "p p p i i f", rms_norm, rms_norm_kernel},
     {"rotary_embedding", "p p p i i i i i p i f i", rope, rotary_embedding},
-    {"reshape_and_cache_kernel", "p p p p p i i i i", reshape_and_cache, reshape_and_cache_kernel},
-    {"paged_attention_kernel", "p p p p p p p i i i i i i i f", paged_attention,
+    {"reshape_and_cache_kernel", "p p p p p i i i i i i", reshape_and_cache,
+     reshape_and_cache_kernel},
+    {"paged_attention_kernel", "p p p p p p p i i i i i i i f i", paged_attention,
      paged_attention_kernel},
     {"silu_and_mul_kernel", "p p i i", silu_and_mul, silu_and_mul_kernel},
     {"add_bias_kernel", "p p i i", add_bias, add_bias_kernel},

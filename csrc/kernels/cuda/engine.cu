@@ -62,17 +62,21 @@ KERNEL void rotary_embedding(float *q, float *k, const int *positions,
     }
 }
 
+// Block-major cache: block b's rows of one layer start at cache + b * block_stride (floats); the
+// cache pointers are one layer's K or V part of block 0 (csrc/kernels/cpu/engine.c says why).
 KERNEL void reshape_and_cache_kernel(float *k_cache, float *v_cache, const float *k,
                                                     const float *v, const int *slots,
                                                     int num_tokens, int num_kv_heads, int head_dim,
-                                                    int stride) {
+                                                    int stride, int block_size, int block_stride) {
     int row = num_kv_heads * head_dim;
     GRID_STRIDE(t, num_tokens) {
         if (slots[t] < 0)
             continue;
+        size_t at = (size_t)(slots[t] / block_size) * block_stride +
+                    (size_t)(slots[t] % block_size) * row;
         BLOCK_STRIDE(i, row) {
-            k_cache[(size_t)slots[t] * row + i] = k[(size_t)t * stride + i];
-            v_cache[(size_t)slots[t] * row + i] = v[(size_t)t * stride + i];
+            k_cache[at + i] = k[(size_t)t * stride + i];
+            v_cache[at + i] = v[(size_t)t * stride + i];
         }
     }
 }
@@ -81,7 +85,7 @@ KERNEL void reshape_and_cache_kernel(float *k_cache, float *v_cache, const float
 KERNEL void paged_attention_kernel(
     float *out, const float *q, const float *k_cache, const float *v_cache, const int *block_tables,
     const int *seq_lens, const int *query_start, int num_seqs, int num_heads, int num_kv_heads,
-    int head_dim, int block_size, int max_blocks, int q_stride, float scale) {
+    int head_dim, int block_size, int max_blocks, int q_stride, float scale, int block_stride) {
     int rows = query_start[num_seqs] * num_heads, group = num_heads / num_kv_heads;
     int kv_row = num_kv_heads * head_dim;
     for (int w = blockIdx.x * blockDim.x + threadIdx.x; w < rows; w += gridDim.x * blockDim.x) {
@@ -96,9 +100,10 @@ KERNEL void paged_attention_kernel(
         const int *table = block_tables + (size_t)b * max_blocks;
         float m = -INFINITY, l = 0.0f;
         for (int j = 0; j <= pos; j++) {
-            size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
-            const float *kv = k_cache + slot * kv_row + (size_t)(h / group) * head_dim;
-            const float *vv = v_cache + slot * kv_row + (size_t)(h / group) * head_dim;
+            size_t at = (size_t)table[j / block_size] * block_stride +
+                        (size_t)(j % block_size) * kv_row + (size_t)(h / group) * head_dim;
+            const float *kv = k_cache + at;
+            const float *vv = v_cache + at;
             float s = 0.0f;
             for (int i = 0; i < head_dim; i++)
                 s += qv[i] * kv[i];

@@ -4,7 +4,7 @@ process of its own so that a crash shows as a signal, not as a dead test runner.
   python build_graphs.py PLANS.msgpack [--no-validate]
 
 PLANS holds a list of plans of the general program's artifact (its kernels are simcuda's test
-kernels). Each allocation, module global and VMM mapping a plan declares gets a fresh device
+kernels). Each allocation, module global and VMM reservation a plan declares gets a fresh device
 allocation of its recorded size; saved contents are relocated (not written); graphs are built,
 instantiated and uploaded (not launched). Prints one JSON line per plan: its C return codes."""
 
