@@ -44,7 +44,7 @@ def main() -> None:
         ref = KVCACHED_A100_US[k]
         print(f"{k:12} {us:13.1f} {ref if ref is not None else '-':>17}")
     crit = t["map"] + t["set_access"]
-    print(f"critical path of a new page (map + set access): {crit:.1f} us here, 37.5 us on the A100")
+    print(f"critical path of a new page (map + set access): {crit:.1f} us here, 37.5 on the A100")
 
 
 if __name__ == "__main__":
