@@ -256,12 +256,16 @@ def python_storages(device_type: str = "cuda") -> list[tuple[int, int]]:
     reach. A block torch handed out that none of these lies in is held by native code only, such
     as the cuBLAS/cuBLASLt workspaces below."""
     import gc
+    import warnings
 
     import torch
 
     out = set()
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.device.type == device_type:
+    with warnings.catch_warnings():  # isinstance on deprecated module objects warns
+        warnings.simplefilter("ignore")
+        objs = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    for obj in objs:
+        if obj.device.type == device_type:
             try:
                 st = obj.untyped_storage()
             except (RuntimeError, NotImplementedError):  # e.g. a tensor without storage
