@@ -17,7 +17,6 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
+from serverless import launch_gateway  # scripts/bench/, next to this file
 
 ENGINE = {
     "weights": "host",
@@ -42,12 +42,6 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_gateway(tmp: Path, name: str, arts: list[Path], pool: int, log) -> tuple:
     (tmp / "slices.yaml").write_text("slices:\n  - {name: s0, memory_gb: 8}\n")
     engine = "{" + ", ".join(f"{k}: {v}" for k, v in ENGINE.items()) + "}"
@@ -57,21 +51,7 @@ def start_gateway(tmp: Path, name: str, arts: list[Path], pool: int, log) -> tup
     )
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(f"models:\n{models}warm_pool: {pool}\nslices: slices.yaml\n")
-    port = _port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "medusa.cli", "gateway", "--config", str(cfg), "--port", str(port)],
-        env=_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise RuntimeError(f"the gateway did not start; see {log.name}")
+    return launch_gateway(cfg, _env(), log)
 
 
 def settle(base: str, pool: int, timeout: float = 120) -> None:

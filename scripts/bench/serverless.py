@@ -99,14 +99,20 @@ def start_gateway(
         "slices:\n" + "".join(f"  - {{name: s{i}, memory_gb: 8}}\n" for i in range(models))
     )
     cfg.write_text("\n".join(lines) + f"\nwarm_pool: {pool}\nslices: slices.yaml\n")
-    port = _port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
     env["OPENBLAS_NUM_THREADS"] = "1"  # several workers share few cores: no oversubscription
+    return launch_gateway(cfg, env, subprocess.DEVNULL)
+
+
+def launch_gateway(cfg: Path, env: dict[str, str], log) -> tuple:  # type: ignore[no-untyped-def]
+    """`medusa gateway --config CFG` on a free port, output to `log`; (process, base URL) once
+    it answers /health."""
+    port = _port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "medusa.cli", "gateway", "--config", str(cfg), "--port", str(port)],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     for _ in range(300):
@@ -115,7 +121,8 @@ def start_gateway(
                 return proc, base
         except httpx.TransportError:
             time.sleep(0.1)
-    raise RuntimeError("the gateway did not start")
+    proc.kill()
+    raise RuntimeError(f"the gateway did not start ({getattr(log, 'name', 'no log kept')})")
 
 
 async def one(client: httpx.AsyncClient, base: str, r: Req, t0: float) -> dict:
