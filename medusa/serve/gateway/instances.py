@@ -9,7 +9,6 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import cached_property
 
 import httpx
 
@@ -19,8 +18,7 @@ from medusa.serve.gateway.host_weights import HostWeights
 from medusa.serve.gateway.pool import PooledWorker, WarmPool
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import Failure, StartPolicy
-from medusa.serve.gateway.worker_process import WorkerProcess, launch
-from medusa.serve.protocol import WORKER_TOKEN_HEADER
+from medusa.serve.gateway.worker_process import WorkerAddress, WorkerProcess, launch
 
 log = logging.getLogger("medusa.gateway")
 
@@ -33,7 +31,7 @@ class State(Enum):
 
 
 @dataclass
-class Instance:
+class Instance(WorkerAddress):
     model: str
     slice: Slice
     port: int
@@ -47,15 +45,6 @@ class Instance:
     pooled: bool = False  # started from the warm pool
     stages: dict[str, float] = field(default_factory=dict)  # a pooled start's stages
     timings: dict[str, float] = field(default_factory=dict)  # the engine's, when it sent them
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @cached_property
-    def headers(self) -> dict[str, str]:
-        """What every request to the worker carries: without the token it answers 401."""
-        return {"content-type": "application/json", WORKER_TOKEN_HEADER: self.token}
 
 
 class Unavailable(Exception):

@@ -13,19 +13,17 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import httpx
 
 from medusa.serve.gateway.slices import Slice
-from medusa.serve.gateway.worker_process import WorkerProcess, launch
-from medusa.serve.protocol import WORKER_TOKEN_HEADER
+from medusa.serve.gateway.worker_process import WorkerAddress, WorkerProcess, launch
 
 log = logging.getLogger("medusa.gateway")
 
 
 @dataclass
-class PooledWorker:
+class PooledWorker(WorkerAddress):
     slice: Slice
     port: int
     proc: WorkerProcess
@@ -33,14 +31,6 @@ class PooledWorker:
     started: float = field(default_factory=time.monotonic)
     idle: bool = False  # warmed up: a model can be assigned at once
     failed: str | None = None  # why its warm-up failed
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @cached_property
-    def headers(self) -> dict[str, str]:
-        return {"content-type": "application/json", WORKER_TOKEN_HEADER: self.token}
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,31 @@ import socket
 import subprocess
 import threading
 import time
+from functools import cached_property
 from typing import IO
 
 from medusa import env as medusa_env
 from medusa.child import medusa_cli, tied_to_this_process
+from medusa.serve.protocol import WORKER_TOKEN_HEADER
 
 log = logging.getLogger("medusa.gateway")
+
+
+class WorkerAddress:
+    """Where a worker listens and what every request to it carries (a mixin for the records of
+    started and pooled workers, which have `port` and `token`)."""
+
+    port: int
+    token: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @cached_property
+    def headers(self) -> dict[str, str]:
+        """Without the token the worker answers 401."""
+        return {"content-type": "application/json", WORKER_TOKEN_HEADER: self.token}
 
 
 class WorkerProcess:
