@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from medusa.trace import recorder_env
+from medusa.weights import open_store
 from tests.engine.tiny_models import write_gguf, write_hf
 from tests.materialize.conftest import clean_env, medusa
 
@@ -79,3 +81,17 @@ def tiny_hf(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("hf") / "tiny"
     write_hf(path, {})
     return path
+
+
+def copy_with_bad_chunk(art: Path, dst: Path, offset: int, bit: int) -> Path:
+    """A copy of artifact ART whose weight store has one bit flipped, `offset` bytes into its
+    chunk 1 (the store must have at least two chunks)."""
+    copy = shutil.copytree(art, dst)
+    path = copy / "weights.store"
+    with open_store(path) as store:
+        assert store.header.num_chunks >= 2
+        at = store.header.data_offset + store.header.chunk_range(1)[0] + offset
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= bit
+    path.write_bytes(raw)
+    return copy

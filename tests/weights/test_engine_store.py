@@ -8,8 +8,7 @@ import shutil
 
 import pytest
 
-from medusa.weights import open_store
-from tests.weights.conftest import CONFIG, materialize, medusa, run_engine
+from tests.weights.conftest import CONFIG, copy_with_bad_chunk, materialize, medusa, run_engine
 
 
 @pytest.fixture(scope="module", params=["gguf", "hf"])
@@ -34,15 +33,7 @@ def test_a_corrupt_chunk_is_found_while_loading_and_the_model_file_is_used(
     model_and_artifact, tmp_path
 ):
     model, art = model_and_artifact
-    copy = shutil.copytree(art, tmp_path / "art")
-    store_path = copy / "weights.store"
-    with open_store(store_path) as store:
-        h = store.header
-        assert h.num_chunks >= 2
-        at = h.data_offset + h.chunk_range(1)[0] + 100
-    raw = bytearray(store_path.read_bytes())
-    raw[at] ^= 0x01
-    store_path.write_bytes(raw)
+    copy = copy_with_bad_chunk(art, tmp_path / "art", offset=100, bit=0x01)
     cfg = {**CONFIG, "model": str(model)}
     normal, _ = run_engine(cfg, tmp_path)
     got, log = run_engine(cfg, tmp_path, copy)

@@ -5,14 +5,20 @@ registration, and a bad store falls back (the graphs are then captured, said in 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 
 import pytest
 
 from medusa.weights import open_store
-from tests.weights.conftest import CONFIG, clean_env, engine_cmd, materialize, run_engine
+from tests.weights.conftest import (
+    CONFIG,
+    clean_env,
+    copy_with_bad_chunk,
+    engine_cmd,
+    materialize,
+    run_engine,
+)
 
 HOST = {**CONFIG, "weights": "host"}
 
@@ -76,13 +82,7 @@ def test_a_host_weight_restore_replays_the_one_registration(tiny_gguf, host_arti
 def test_a_bad_host_store_falls_back_and_the_graphs_are_captured(
     tiny_gguf, host_artifact, tmp_path
 ):
-    copy = shutil.copytree(host_artifact, tmp_path / "art")
-    path = copy / "weights.store"
-    with open_store(path) as s:
-        at = s.header.data_offset + s.header.chunk_range(1)[0] + 7
-    raw = bytearray(path.read_bytes())
-    raw[at] ^= 0x10
-    path.write_bytes(raw)
+    copy = copy_with_bad_chunk(host_artifact, tmp_path / "art", offset=7, bit=0x10)
     cfg = {**HOST, "model": str(tiny_gguf)}
     normal, _ = run_engine(cfg, tmp_path)
     got, log = run_engine(cfg, tmp_path, copy)
