@@ -43,6 +43,21 @@ def copy_artifact(src: Path, dst: Path) -> Path:
     return dst
 
 
+def reseal(art: Path, edit_plan, images: dict[str, bytes] | None = None) -> Path:  # type: ignore[no-untyped-def]
+    """Artifact ART with its plan edited in place (and images added), sealed again unsigned:
+    what someone who can write artifacts, but not sign them with a trusted key, can make."""
+    from medusa.artifact import load_artifact, save_artifact
+
+    a = load_artifact(art)
+    edit_plan(a.plan)
+    all_images = {p.stem: p.read_bytes() for p in (art / "images").iterdir()} | (images or {})
+    drop = ("files", "schema", "medusa_version", "created_unix")
+    keep = {k: v for k, v in a.manifest.items() if k not in drop}
+    store = art / "weights.store"
+    save_artifact(art, keep, a.plan, all_images, store=store if store.exists() else None)
+    return art
+
+
 def clean_env() -> dict[str, str]:
     """The environment without MEDUSA_* settings, except where the C libraries come from and
     which driver version simcuda plays (so the suite can run as on an older driver)."""

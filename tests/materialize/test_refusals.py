@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from medusa.artifact import SCHEMA_VERSION, load_artifact, save_artifact
+from medusa.artifact import SCHEMA_VERSION
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, run_restored
+from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
 
 FALLBACK = """
 import json, sys
@@ -38,17 +38,7 @@ def _edit_manifest(art, fn):
 
 
 def _resave(art, fn):
-    a = load_artifact(art)
-    plan = a.plan
-    fn(plan)
-    images = {p.stem: p.read_bytes() for p in (art / "images").iterdir()}
-    keep = {
-        k: v
-        for k, v in a.manifest.items()
-        if k not in ("files", "schema", "medusa_version", "created_unix")
-    }
-    store = art / "weights.store"
-    save_artifact(art, keep, plan, images, store=store if store.exists() else None)
+    reseal(art, fn)
 
 
 def _first_engine_alloc(plan):

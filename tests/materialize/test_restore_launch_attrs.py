@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medusa.artifact import ArtifactError, load_artifact, save_artifact
+from medusa.artifact import ArtifactError, load_artifact
 from medusa.restore.layout import ATTR, NODE, RELOC
 from medusa.restore.validate import validate_plan
 from medusa.trace import NodeType, recorder_env
-from tests.materialize.conftest import clean_env, copy_artifact, materialize_general
+from tests.materialize.conftest import clean_env, copy_artifact, materialize_general, reseal
 
 PROGRAMS = Path(__file__).parent / "programs"
 ATTRS = PROGRAMS / "launch_attrs.py"
@@ -74,18 +74,7 @@ def test_the_window_base_is_relocated_to_the_allocation_it_lies_in(attrs_artifac
 
 
 def _resave(src: Path, dst: Path, edit) -> None:  # type: ignore[no-untyped-def]
-    copy_artifact(src, dst)
-    a = load_artifact(dst)
-    plan = copy.deepcopy(a.plan)
-    edit(plan)
-    images = {p.stem: p.read_bytes() for p in (dst / "images").iterdir()}
-    keep = {
-        k: v
-        for k, v in a.manifest.items()
-        if k not in ("files", "schema", "medusa_version", "created_unix")
-    }
-    store = dst / "weights.store"
-    save_artifact(dst, keep, plan, images, store=store if store.exists() else None)
+    reseal(copy_artifact(src, dst), edit)
 
 
 @pytest.mark.parametrize("shape", [{"height": 2}, {"depth": 2}])

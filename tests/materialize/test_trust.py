@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from medusa.artifact import load_artifact, save_artifact
+from medusa.artifact import load_artifact
 from medusa.cuda.toolchain import compile_program
 from medusa.restore.layout import NODE
-from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, run_restored
+from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
 
 FALLBACK = """
 import json, sys
@@ -35,18 +35,8 @@ __attribute__((constructor)) static void run_at_load(void) {
 
 
 def _resave(src: Path, dst: Path, edit_plan, images: dict[str, bytes] | None = None) -> Path:
-    """A copy of the artifact with its plan edited (and images added), sealed again: what someone
-    who can write artifacts, but not sign them with a trusted key, can make."""
-    copy_artifact(src, dst)
-    art = load_artifact(dst)
-    plan = art.plan
-    edit_plan(plan)
-    all_images = {p.stem: p.read_bytes() for p in (dst / "images").iterdir()} | (images or {})
-    drop = ("files", "schema", "medusa_version", "created_unix")
-    store = dst / "weights.store"
-    save_artifact(dst, {k: v for k, v in art.manifest.items() if k not in drop}, plan, all_images,
-                  store=store if store.exists() else None)  # fmt: skip
-    return dst
+    """A re-sealed copy of the artifact with its plan edited (and images added)."""
+    return reseal(copy_artifact(src, dst), edit_plan, images)
 
 
 def _code_path(image: bytes) -> tuple[int, int]:
