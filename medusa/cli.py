@@ -363,6 +363,7 @@ def _serve(
 
     factory = None
     if artifact:
+        from medusa import env
         from medusa.engine.llm_engine import LLMEngine
 
         def factory() -> LLMEngine:
@@ -372,6 +373,7 @@ def _serve(
                 require_artifact=require_artifact,
                 validate=validate,
                 trust=trust,
+                store_checked=env.STORE_CHECKED.get(),
             )
 
     async_engine = AsyncEngine(config, factory)

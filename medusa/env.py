@@ -94,6 +94,13 @@ WORKER_TOKEN = EnvVar(
     "medusa run: answer only requests that send it (the gateway sets one per worker)",
 )
 
+STORE_CHECKED = EnvVar(
+    "MEDUSA_STORE_CHECKED",
+    "",
+    "medusa run: the identity of a weight store the gateway has read and checked in full and "
+    "holds mapped; a store with that identity is not checked again (the gateway sets it)",
+)
+
 ALL: tuple[EnvVar, ...] = (
     DEVICE,
     LIB_DIR,
@@ -112,6 +119,7 @@ ALL: tuple[EnvVar, ...] = (
     MODE,
     LOG_LEVEL,
     WORKER_TOKEN,
+    STORE_CHECKED,
     PARENT_PID,
     ARTIFACT,
     REQUIRE_ARTIFACT,

@@ -13,6 +13,7 @@ from enum import Enum
 import httpx
 
 from medusa.engine.loader import DEFAULT_MODEL
+from medusa.env import STORE_CHECKED
 from medusa.serve.gateway.config import ModelConfig
 from medusa.serve.gateway.host_weights import HostWeights
 from medusa.serve.gateway.pool import PooledWorker, WarmPool
@@ -138,7 +139,10 @@ class InstanceManager:
         if slc is None:
             raise NoCapacity(f"no free slice for {model}")
         slc.busy = True
-        proc, port, token = launch(slc.env, [*cfg.worker_args(), "--served-model-name", model])
+        proc, port, token = launch(
+            {**slc.env, **self.host_weights.worker_env(model)},
+            [*cfg.worker_args(), "--served-model-name", model],
+        )
         inst = Instance(model, slc, port, proc, token)
         self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
@@ -156,7 +160,8 @@ class InstanceManager:
         return inst
 
     async def _assign(self, inst: Instance, w: PooledWorker, args: list[str]) -> None:
-        done = await self.pool.assign(w, args, self.startup_timeout)
+        checked = self.host_weights.worker_env(inst.model).get(STORE_CHECKED.name, "")
+        done = await self.pool.assign(w, args, self.startup_timeout, checked)
         if inst.state == State.STARTING:  # else stopped while it started (the gateway shuts down)
             inst.stages, inst.timings = done.stages, done.timings
             if done.error is None and inst.proc.poll() is None:

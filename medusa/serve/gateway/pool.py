@@ -160,18 +160,23 @@ class WarmPool:
         self.workers.remove(w)
         return w
 
-    async def assign(self, w: PooledWorker, argv: list[str], timeout: float) -> Assigned:
-        """Has `w` start the model `medusa run ARGV` would; returns once it serves or failed.
+    async def assign(
+        self, w: PooledWorker, argv: list[str], timeout: float, store_checked: str = ""
+    ) -> Assigned:
+        """Has `w` start the model `medusa run ARGV` would (store_checked: as
+        MEDUSA_STORE_CHECKED would say); returns once it serves or failed.
         Stages: wait (for its warm-up, if it was still warming), assign (the gateway's round trip
         beyond the engine's start), weights, restore (or, without an artifact, KV sizing and graph
         capture), ready (taken to serving)."""
         self._assigning += 1
         try:
-            return await self._assign(w, argv, timeout)
+            return await self._assign(w, argv, timeout, store_checked)
         finally:
             self._assigning -= 1
 
-    async def _assign(self, w: PooledWorker, argv: list[str], timeout: float) -> Assigned:
+    async def _assign(
+        self, w: PooledWorker, argv: list[str], timeout: float, store_checked: str
+    ) -> Assigned:
         t0 = time.monotonic()
         deadline = t0 + timeout
         while not w.idle and w.proc.poll() is None and time.monotonic() < deadline:
@@ -182,7 +187,7 @@ class WarmPool:
         try:
             r = await self.client.post(
                 f"{w.url}/pool/assign",
-                json={"argv": argv},
+                json={"argv": argv, "store_checked": store_checked},
                 headers=w.headers,
                 timeout=max(1.0, deadline - t1),
             )
