@@ -59,7 +59,7 @@ class LLMEngine:
         kernels are already initialized); by default a new one. store: a weight store to load
         (by default the artifact's, if it has one). store_checked: the identity of a store the
         gateway checked in full and holds mapped (MEDUSA_STORE_CHECKED); if it is this store's,
-        its mapped chunks are not checked again (the chunks copied to the device still are)."""
+        nothing of it is hashed again."""
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}
@@ -182,9 +182,9 @@ class LLMEngine:
                         bool(self._store_checked) and self._store_checked == self.store.identity
                     )
                     if checked:
-                        log.info("%s: checked in full by the gateway, unchanged since: its mapped "
-                                 "chunks are not read again", self.store.path)  # fmt: skip
-                    self.runner.load_store(self.store, mapped_checked=checked)
+                        log.info("%s: checked in full by the gateway, unchanged since: not "
+                                 "hashed again", self.store.path)  # fmt: skip
+                    self.runner.load_store(self.store, checked=checked)
                     return
                 except WeightStoreError as e:
                     self._store_failed(str(e))

@@ -37,6 +37,9 @@ class ModelConfig:
     max_instances: int = 1
     target: int = 4  # concurrent requests per instance before scaling up
     keep_alive: float = 60.0  # seconds idle before an instance is stopped
+    # engine.weights: host: seconds the gateway keeps the store mapped (resident, checked) after
+    # the model's last worker ends, so that a slice switched back to it loads nothing
+    host_keep_alive: float = 60.0
     max_queue: int = 64  # requests waiting for an instance (or beyond `target` each), at most
     start_attempts: int = 3  # failed starts in a row before requests are refused with the reason
     failure_cooldown: float = 60.0  # seconds a failed model refuses requests before trying again
@@ -113,6 +116,7 @@ def load_config(path: str | Path) -> GatewayConfig:
             "max_instances",
             "target",
             "keep_alive",
+            "host_keep_alive",
             "max_queue",
             "start_attempts",
             "failure_cooldown",
@@ -154,6 +158,7 @@ def load_config(path: str | Path) -> GatewayConfig:
             max_instances=hi,
             target=_int(where, m, "target", 4, 1),
             keep_alive=keep,
+            host_keep_alive=_seconds(where, m, "host_keep_alive", keep),
             max_queue=_int(where, m, "max_queue", 64, 0),
             start_attempts=_int(where, m, "start_attempts", 3, 1),
             failure_cooldown=_seconds(where, m, "failure_cooldown", 60.0),

@@ -3,8 +3,8 @@ store is mapped once here, read-only and shared, once its first worker serves, a
 once (every chunk checked against its checksum, so a damaged store is reported here) so every
 worker of the model (each maps the same file, MAP_SHARED, and registers it for device
 reads) finds them in memory: starting another worker, or switching a slice to the model, loads
-nothing from disk. The mapping lives while a worker of the model does and for its keep_alive
-after; its bytes are counted once per model however many workers map it."""
+nothing from disk. The mapping lives while a worker of the model does and for its
+host_keep_alive after (default: keep_alive); its bytes are counted once per model however many workers map it."""
 
 from __future__ import annotations
 
@@ -109,8 +109,8 @@ class HostWeights:
         for model in live:
             self._last_live[model] = now
         for model in [m for m in self.stores if m not in live]:
-            if now - self._last_live.get(model, 0.0) > self.models[model].keep_alive:
-                log.info("%s: weight store unmapped (no worker for keep_alive)", model)
+            if now - self._last_live.get(model, 0.0) > self.models[model].host_keep_alive:
+                log.info("%s: weight store unmapped (no worker for host_keep_alive)", model)
                 self.stores.pop(model).close()
                 self._checked.pop(model, None)
 
