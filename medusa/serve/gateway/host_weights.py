@@ -4,7 +4,8 @@ once (every chunk checked against its checksum, so a damaged store is reported h
 worker of the model (each maps the same file, MAP_SHARED, and registers it for device
 reads) finds them in memory: starting another worker, or switching a slice to the model, loads
 nothing from disk. The mapping lives while a worker of the model does and for its
-host_keep_alive after (default: keep_alive); its bytes are counted once per model however many workers map it."""
+host_keep_alive after (default: keep_alive); its bytes are counted once per model however many
+workers map it. Workers are told the identity of a store checked here and skip their own pass."""
 
 from __future__ import annotations
 
