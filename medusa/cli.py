@@ -504,6 +504,13 @@ def _run_vllm(
     help="Do not write the weight store (the weights as they lie in device memory, which a "
     "restored start copies or, with --weights host, maps); restores then load the model file.",
 )
+@click.option(
+    "--check-accesses",
+    type=click.Choice(["warn", "strict"]),
+    default=None,
+    help="Record a third run with kernels' accesses traced (simcuda; slow) and check the "
+    "pointer classification against them: warn on a disagreement, or (strict) refuse.",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def materialize(
     model: str | None,
@@ -513,6 +520,7 @@ def materialize(
     skip_phase: tuple[str, ...],
     sign: str | None,
     no_weights: bool,
+    check_accesses: str | None,
     argv: tuple[str, ...],
     **engine: object,
 ) -> None:
@@ -537,7 +545,7 @@ def materialize(
             from medusa.integrations.vllm.materialize import materialize_vllm
 
             _refuse_reference_options(
-                [*engine, "skip_phase", "command", "no_weights"],
+                [*engine, "skip_phase", "command", "no_weights", "check_accesses"],
                 "medusa materialize --engine vllm MODEL -- --max-model-len 4096",
             )
             vargs = [model, *argv] if model else list(argv)
@@ -545,6 +553,11 @@ def materialize(
             target = Path(out or f"artifacts/vllm-{name}-{kind}")
             summary = materialize_vllm(vargs, target, kind, echo)
         elif command:
+            if check_accesses:
+                raise click.UsageError(
+                    "--check-accesses replays the reference engine's graphs; a --command "
+                    "program has no such replay: drop --check-accesses"
+                )
             argv_list = list(argv if not model else (model, *argv))
             if not argv_list:
                 raise click.UsageError(
@@ -561,7 +574,14 @@ def materialize(
             config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
             name = Path(model).stem if model else "smollm2"
             target = Path(out or f"artifacts/{name}-{kind}")
-            summary = materialize_engine(config, target, kind, echo, weights=not no_weights)
+            summary = materialize_engine(
+                config,
+                target,
+                kind,
+                echo,
+                weights=not no_weights,
+                check_accesses=check_accesses or "",
+            )
         art = sign_artifact(target, sign) if sign else load_artifact(target)
     except (MaterializeError, ValueError, NoDeviceError) as e:  # ArtifactError is a ValueError
         raise click.ClickException(str(e)) from None
