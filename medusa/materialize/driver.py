@@ -207,9 +207,9 @@ def _materialize_engine(
     )
     if check_accesses:
         step("checking the pointer classification against recorded accesses")
-        cfg = EngineConfig(**{**asdict(config), "kv_cache_memory": kv_bytes})
+        sized = EngineConfig(**{**asdict(config), "kv_cache_memory": kv_bytes})
         timings["check_accesses"] = check_pointer_accesses(
-            cfg, work, store, echo, strict=check_accesses == "strict"
+            sized, work, store, echo, strict=check_accesses == "strict"
         )
     side = sidecars[0]
     manifest = {
