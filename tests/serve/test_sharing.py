@@ -26,6 +26,7 @@ from medusa.serve.gateway.slices import Slice, simulated_slices
 from medusa.serve.pool_worker import Assignment
 from tests.engine.tiny_models import write_gguf
 from tests.serve.test_gateway import _start_gateway
+from tests.serve.test_pool import _pool
 
 # ---- the slice's queue -------------------------------------------------------------------
 
@@ -231,16 +232,18 @@ def _pages(base: str) -> dict[str, float]:
 
 
 def test_two_models_share_one_elastic_slice_and_its_ledger(tmp_path):
+    """One worker comes from the warm pool, the other is started: both run elastic KV."""
     for name, seed in (("a", 1), ("b", 2)):  # 8 layers, 4 KV heads: 256 KiB blocks, 8 a page
         write_gguf(tmp_path / f"{name}.gguf", [T.F32], seed=seed, dims={"layers": 8, "kv_heads": 4})
     (tmp_path / "slices.yaml").write_text("slices:\n  - {name: s0, memory_gb: 1}\n")
     (tmp_path / "models.yaml").write_text(
         f"models:\n  a: {{model: {tmp_path}/a.gguf, slo_ttft: 0.5, engine: {ENGINE}}}\n"
         f"  b: {{model: {tmp_path}/b.gguf, slo_ttft: 2, engine: {ENGINE}}}\n"
-        "slices: slices.yaml\nsharing: elastic\nprism: {concurrency: 4}\n"
+        "slices: slices.yaml\nsharing: elastic\nprism: {concurrency: 4}\nwarm_pool: 1\n"
     )
     proc, base = _start_gateway(str(tmp_path / "models.yaml"))
     try:
+        (pooled,) = _pool(base, 1)  # a pooled worker waits on the elastic slice
 
         def ask(model: str, max_tokens: int) -> int:
             # greedy, and a prompt after which neither random model says its EOS for 230 tokens
@@ -261,6 +264,7 @@ def test_two_models_share_one_elastic_slice_and_its_ledger(tmp_path):
             assert [f.result() for f in done] == [200, 200]
         insts = httpx.get(f"{base}/admin/instances").json()
         assert [i["slice"] for m in "ab" for i in insts[m]] == ["s0", "s0"]
+        assert pooled["pid"] in [i["pid"] for m in "ab" for i in insts[m]]  # one came from it
         assert seen, "never saw both models' pages at once"
         deadline = time.time() + 10
         while time.time() < deadline and any(_pages(base).values()):
