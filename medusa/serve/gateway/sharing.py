@@ -141,8 +141,8 @@ class Sharing:
         best: tuple[tuple[bool, float, int, int], Choice] | None = None
         for index, s in enumerate(self.slices):
             here = [i for i in live if i.slice is s]
-            if any(i.model == model for i in here):
-                continue  # one worker per model and slice: scaling up goes elsewhere
+            if any(i.model == model for i in here) or s.id not in self.ledgers:
+                continue  # one worker per model and slice (scaling up goes elsewhere); closed
             loads = {i.model: self.load(i.model) for i in here}
             ledger = self.ledgers[s.id]
             free = ledger.free() * PAGE_BYTES
@@ -212,7 +212,7 @@ class Sharing:
     def report(self, metrics: GatewayMetrics, live: Sequence[Resident]) -> None:
         """Sets the Prism gauges: KV pages held per slice and model (the ledger's rows of that
         model's workers), each slice's KVPR, and its ledger's free and total pages."""
-        for s in self.slices:
+        for s in [s for s in self.slices if s.id in self.ledgers]:
             ledger = self.ledgers[s.id]
             here = [i for i in live if i.slice is s]
             by_pid = {i.proc.pid: i.model for i in here}
