@@ -90,7 +90,7 @@ class Sharing:
         ledger_dir: Path | None = None,
         footprints: dict[str, tuple[int, int]] | None = None,
     ) -> None:
-        self.models, self.settings = config.models, config.prism
+        self.models = config.models
         self.rates = RateMeter(config.prism.rate_window)
         self.slices = [s for s in slices if config.sharing_of(s.kind) == "elastic"]
         self._footprints = dict(footprints or {})
@@ -106,10 +106,6 @@ class Sharing:
             s.env = {**s.env, env.KV_LEDGER.name: str(path)}
             self.queues[s.id] = SliceQueue(config.prism.prefill_speed, config.prism.concurrency)
             log.info("slice %s is elastic: page ledger %s", s.id, path)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.slices)
 
     @staticmethod
     def static(s: Slice) -> bool:
