@@ -147,13 +147,15 @@ class WarmPool:
         log.warning("pool: the worker on %s is gone (%s); next in %.0f s", w.slice.id, why, wait)
 
     # ---- taking ----
-    def available(self) -> bool:
-        return any(w.proc.poll() is None and not w.failed for w in self.workers)
+    def available(self, where: Callable[[Slice], bool] = lambda s: True) -> bool:
+        return any(w.proc.poll() is None and not w.failed and where(w.slice) for w in self.workers)
 
-    def take(self) -> PooledWorker | None:
-        """The pooled worker a cold model gets: an idle one, else the one warming longest. The
-        slice stays busy: it is the model's now."""
-        live = [w for w in self.workers if w.proc.poll() is None and not w.failed]
+    def take(self, where: Callable[[Slice], bool] = lambda s: True) -> PooledWorker | None:
+        """The pooled worker (on a slice `where` accepts) a cold model gets: an idle one, else
+        the one warming longest. The slice stays busy: it is the model's now."""
+        live = [
+            w for w in self.workers if w.proc.poll() is None and not w.failed and where(w.slice)
+        ]
         if not live:
             return None
         w = min(live, key=lambda w: (not w.idle, w.started))
