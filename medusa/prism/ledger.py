@@ -149,11 +149,15 @@ class PageLedger:
         return self._read(self._own_row())[1]
 
     def free(self) -> int:
+        """Pages no live worker holds (a dead worker's rows are freed first: the gateway places
+        and evicts by this, and a crashed worker must not keep its pages)."""
         with self._locked():
+            self._reclaim_dead()
             return self.capacity - self._used()
 
     def holders(self) -> list[Holder]:
         with self._locked():
+            self._reclaim_dead()
             rows = [self._read(i) for i in range(MAX_ROWS)]
         return [Holder(pid, name, pages) for pid, pages, name in rows if pid]
 
