@@ -276,3 +276,26 @@ def test_two_models_share_one_elastic_slice_and_its_ledger(tmp_path):
         out, _ = proc.communicate(timeout=60)
     ledger = next(line for line in out.splitlines() if "page ledger" in line).split()[-1]
     assert not Path(ledger).exists(), out[-2000:]  # removed at shutdown
+
+
+def test_a_model_migrates_only_when_its_kv_pressure_drops_by_more_than_the_threshold(tmp_path):
+    s0, s1 = Slice("s0", 100 * PAGE_BYTES, 16), Slice("s1", 100 * PAGE_BYTES, 16)
+    sharing = _sharing(tmp_path, [s0, s1], a=0.5, b=0.5)
+    live = [Worker("a", s0), Worker("b", s0)]
+    for w in live:
+        assert sharing.reserve(s0, w.model)
+    assert sharing.migration(live, now=0.0) is None  # no traffic: no pressure to lower
+    for _ in range(20):
+        sharing.rates.arrived("a")
+        sharing.rates.arrived("b")
+    move = sharing.migration(live, now=1.0)
+    assert move is not None and move[1] is s1  # one of two equally hot models moves
+    assert sharing.migration(live, now=2.0) is None  # just moved: the rates settle first
+    moved = move[0].model
+    live = [w for w in live if w.model != moved] + [Worker(moved, s1)]
+    assert sharing.migration(live, now=60.0) is None  # settled: one hot model per slice
+    kv = _kv(s1, 79)  # s1 full: a move there would have no room
+    live = [Worker("a", s0), Worker("b", s0)]
+    assert sharing.migration(live, now=120.0) is None
+    kv.leave()
+    sharing.close()

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 
 from medusa import env
 from medusa.prism.ledger import PageLedger
-from medusa.prism.placement import ModelLoad, PlacementError, evict, kvpr
+from medusa.prism.placement import ModelLoad, PlacementError, evict, kvpr, place
 from medusa.serve.gateway.admission import RateMeter, SliceQueue
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.metrics import GatewayMetrics
@@ -97,6 +98,7 @@ class Sharing:
         self.ledgers: dict[str, PageLedger] = {}
         self.queues: dict[str, SliceQueue] = {}
         self._weights: dict[tuple[str, str], PageLedger] = {}  # (slice, model) -> its row
+        self._moved: dict[str, float] = {}  # model -> when it was last migrated
         where = ledger_dir or _ledger_dir()
         for s in self.slices:
             name = re.sub(r"[^A-Za-z0-9_.-]", "_", s.id)
@@ -161,6 +163,45 @@ class Sharing:
             if best is None or key < best[0]:
                 best = (key, Choice(s, [i for i in here if i.model in out]))
         return None if best is None else best[1]
+
+    def migration(
+        self, live: Sequence[Resident], now: float, threshold: float = 0.2, cooldown: float = 30.0
+    ) -> tuple[Resident, Slice] | None:
+        """One move Prism's placement (Alg. 1) makes now: a warm worker whose model would see a
+        KV pressure lower by more than `threshold` (relative) on another elastic slice that has
+        room for it, the most urgent model first; None when placement is settled. A model moved
+        in the last `cooldown` seconds stays, so measured rates settle before it moves again.
+        The gateway starts the model there (a restore) and retires the old worker once the new
+        one serves: a migration drops nothing."""
+        placed = [
+            i
+            for i in live
+            if i.slice.shared and i.slice.id in self.ledgers and i.state.value == "warm"
+        ]
+        count = Counter(i.model for i in placed)
+        single = [i for i in placed if count[i.model] == 1]  # scaled-out models stay where they are
+        if len(self.ledgers) < 2 or not single:
+            return None
+        slices = [s for s in self.slices if s.id in self.ledgers]
+        index = {s.id: d for d, s in enumerate(slices)}
+        loads = {i.model: self.load(i.model) for i in single}
+        memory = [self.ledgers[s.id].capacity * PAGE_BYTES for s in slices]
+        try:
+            target = place(
+                list(loads.values()), memory, {i.model: index[i.slice.id] for i in single},
+                threshold,
+            )  # fmt: skip
+        except PlacementError:
+            return None
+        for i in sorted(single, key=lambda i: (-loads[i.model].urgency, i.model)):
+            d = target[i.model]
+            if d == index[i.slice.id] or now - self._moved.get(i.model, -cooldown) < cooldown:
+                continue
+            m = loads[i.model]
+            if self.ledgers[slices[d].id].free() * PAGE_BYTES >= m.weight_bytes + m.min_kv_bytes:
+                self._moved[i.model] = now
+                return i, slices[d]
+        return None
 
     def make_room(self, model: str, choice: Choice, retire: Callable[[Any], None]) -> bool:
         """Stops the idle workers `choice` evicts, then takes the pages of `model`'s weights;
