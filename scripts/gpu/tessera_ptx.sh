@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Tessera's PTX access instrumentation on a real GPU: a kernel with known accesses is compiled to
+# PTX, instrumented (medusa/tessera/ptx.py), run through the driver API, and the extents it
+# recorded (read, written, atomic) must equal those its arguments imply. One command:
+#   bash scripts/gpu/tessera_ptx.sh
+# Needs nvcc and a GPU. (CI only assembles the instrumented PTX of our kernels with ptxas.)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ -n "${MEDUSA_GPU_INSTALLED:-}" ] || pip install -q .
+python -m medusa.tessera.ptx_check
