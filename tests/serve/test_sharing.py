@@ -299,3 +299,44 @@ def test_a_model_migrates_only_when_its_kv_pressure_drops_by_more_than_the_thres
     assert sharing.migration(live, now=120.0) is None
     kv.leave()
     sharing.close()
+
+
+def test_the_gateway_migrates_a_model_to_a_slice_with_less_kv_pressure(tmp_path):
+    # Three models on two elastic slices, each placed where KV pressure was lowest when it
+    # started; then traffic shifts (short rate window) and Prism's placement moves one: a new
+    # worker on the other slice, the old one drained once it serves. No request fails, and the
+    # model ends with one worker, on the slice it moved to.
+    for name, seed in (("a", 1), ("b", 2), ("c", 3)):
+        write_gguf(tmp_path / f"{name}.gguf", [T.F32], seed=seed, dims={"layers": 8, "kv_heads": 4})
+    (tmp_path / "slices.yaml").write_text(
+        "slices:\n  - {name: s0, memory_gb: 1}\n  - {name: s1, memory_gb: 1}\n"
+    )
+    models = "".join(f"  {m}: {{model: {tmp_path}/{m}.gguf, engine: {ENGINE}}}\n" for m in "abc")
+    (tmp_path / "models.yaml").write_text(
+        f"models:\n{models}slices: slices.yaml\nsharing: elastic\nprism: {{rate_window: 3}}\n"
+    )
+    proc, base = _start_gateway(str(tmp_path / "models.yaml"))
+    seen: dict[str, set[str]] = {m: set() for m in "abc"}
+    try:
+
+        def ask(model: str) -> int:
+            body = {"model": model, "prompt": "once upon a time", "max_tokens": 2}
+            r = httpx.post(f"{base}/v1/completions", json={**body, "temperature": 0}, timeout=60)
+            return r.status_code
+
+        codes = [ask(m) for m in "abc"]
+        moved, deadline = None, time.time() + 60
+        while moved is None and time.time() < deadline:
+            codes += [ask(m) for m in "bc"]  # a idles
+            insts = httpx.get(f"{base}/admin/instances").json()
+            for m in "abc":
+                seen[m] |= {i["slice"] for i in insts[m]}
+                if len(seen[m]) == 2 and len(insts[m]) == 1:
+                    moved = (m, insts[m][0]["slice"])
+        assert moved is not None, seen
+        assert set(codes) == {200}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    model, to = moved
+    assert f"migrating {model} from " in out and f" to {to} (lower KV pressure)" in out, out[-3000:]

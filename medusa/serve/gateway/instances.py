@@ -15,11 +15,18 @@ import httpx
 from medusa.engine.loader import DEFAULT_MODEL
 from medusa.env import STORE_CHECKED
 from medusa.serve.gateway.config import GatewayConfig, ModelConfig
+from medusa.serve.gateway.errors import (  # noqa: F401 - the gateway's errors, re-exported
+    NoCapacity,
+    QueueFull,
+    ShuttingDown,
+    StartFailed,
+    Unavailable,
+)
 from medusa.serve.gateway.host_weights import HostWeights
 from medusa.serve.gateway.pool import PooledWorker, WarmPool
-from medusa.serve.gateway.sharing import Sharing
+from medusa.serve.gateway.sharing import Choice, Sharing
 from medusa.serve.gateway.slices import Slice
-from medusa.serve.gateway.start_policy import Failure, StartPolicy
+from medusa.serve.gateway.start_policy import StartPolicy
 from medusa.serve.gateway.worker_process import WorkerAddress, WorkerProcess, launch
 
 log = logging.getLogger("medusa.gateway")
@@ -47,33 +54,7 @@ class Instance(WorkerAddress):
     pooled: bool = False  # started from the warm pool
     stages: dict[str, float] = field(default_factory=dict)  # a pooled start's stages
     timings: dict[str, float] = field(default_factory=dict)  # the engine's, when it sent them
-
-
-class Unavailable(Exception):
-    """No instance can take the request now; `retry_after` seconds is when to ask again."""
-
-    def __init__(self, message: str, retry_after: int, code: str) -> None:
-        super().__init__(message)
-        self.retry_after, self.code = retry_after, code
-
-
-class NoCapacity(Unavailable):
-    def __init__(self, message: str) -> None:
-        super().__init__(message, 5, "no_capacity")
-
-
-class StartFailed(Unavailable):
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message, failure.retry_after, "model_start_failed")
-
-
-class ShuttingDown(Unavailable):
-    def __init__(self) -> None:
-        super().__init__("the gateway is shutting down; retry on another", 5, "shutting_down")
-
-
-class QueueFull(Exception):
-    pass
+    replaces: Instance | None = None  # a migration: the worker this one retires once it serves
 
 
 class InstanceManager:
@@ -143,8 +124,8 @@ class InstanceManager:
             self._changed.notify_all()
 
     # ---- starting and stopping ----
-    def start(self, model: str) -> Instance:
-        choice = self.sharing.choose(model, self.live(), self.waiting)
+    def start(self, model: str, choice: Choice | None = None) -> Instance:
+        choice = choice or self.sharing.choose(model, self.live(), self.waiting)
         if choice is not None and not self.sharing.make_room(model, choice, self._retire):
             raise NoCapacity(f"the pages of {model}'s weights are not free on {choice.slice.id}")
         pooled = self.pool.take(lambda s: s is choice.slice if choice else self.sharing.static(s))
@@ -217,7 +198,7 @@ class InstanceManager:
         await self._notify()
 
     async def _start_failed(self, inst: Instance, why: str) -> None:
-        self._retire(inst)
+        self._retire(inst)  # (a migration's old worker, inst.replaces, goes on serving)
         failure = self.policy.start_failed(inst.model, why)
         if failure is not None:
             log.error("%s", failure.message)
@@ -232,6 +213,9 @@ class InstanceManager:
         # NOTE: once it serves, not before: reading the store in would take CPU from its start.
         self.host_weights.need(inst.model)
         log.info("%s ready on %s in %.2f s", inst.model, inst.slice.id, inst.ready_seconds)
+        if inst.replaces is not None:  # migrated: the old worker finishes what it has, then goes
+            old, inst.replaces = inst.replaces, None
+            self._spawn(self.stop(old))
         if self._on_cold_start:
             await self._on_cold_start(inst)
 
@@ -340,12 +324,30 @@ class InstanceManager:
         inst.last_used = time.monotonic()
         self.sharing.done(inst)
 
+    def _migrate(self, now: float) -> None:
+        """Prism's placement moves at most one model per call: its new worker restores on the
+        slice that lowers its KV pressure, and the old one drains once the new one serves."""
+        if any(i.replaces is not None and i.state == State.STARTING for i in self.live()):
+            return  # one at a time
+        move = self.sharing.migration(self.live(), now)
+        if move is None:
+            return
+        old, target = move
+        log.info(
+            "migrating %s from %s to %s (lower KV pressure)", old.model, old.slice.id, target.id
+        )
+        try:
+            self.start(old.model, Choice(target, [])).replaces = old  # type: ignore[assignment]
+        except NoCapacity as e:
+            log.info("not migrating %s: %s", old.model, e)
+
     # ---- the autoscaler ----
     async def autoscale(self, period: float = 0.25) -> None:
         while not self.closing:
             self.pool.fill()
             self.host_weights.expire({m for m, insts in self.instances.items() if insts})
             now = time.monotonic()
+            self._migrate(now)
             for model, cfg in self.models.items():
                 warm = self._warm(model)
                 active = len([i for i in self.instances[model] if i.state != State.DEAD])
