@@ -49,6 +49,7 @@ class Restorer:
         self._execs: list[int] = []
         self.last_timings: dict[str, float] = {}
         self._own: RunView | None = None
+        self.funcs: np.ndarray = np.zeros(0)
         self._libs: dict[str, tuple[int, bool]] = {}
 
     def _drv(self, name: str, version: int, restype: Any, argtypes: list[Any]) -> Any:
@@ -335,6 +336,7 @@ class Restorer:
         t["allocations"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         funcs, methods = self.resolve_kernels()
+        self.funcs = funcs  # the resolved kernels, for graphs built later (tessera.executor)
         self.map_globals()
         self.map_vmm()
         t["kernels"] = time.perf_counter() - t0
