@@ -11,7 +11,10 @@ on a receiver (a cold model's worker, `medusa.engine.weaving_cold`) through an e
   receiver and its output replaces theirs before the o projection. Steps without one replay graphs.
 - A receiver that dies, hangs (heartbeat timeout) or refuses a task: the step is dropped, the
   offloaded sequences are requeued to be prefilled again here from their tokens, offloading stops,
-  and `error` names what happened. The wait is bounded by the sender's timeout: never a hang."""
+  and `error` names what happened. The wait is bounded by the sender's timeout: never a hang.
+- `unpair` (the receiver's model gets busy or scales down) brings every offloaded sequence's KV
+  back into local blocks (exact: decoding goes on as if it had never left), or requeues it when
+  the local cache has no room; then the receiver stops serving the region. Nothing is lost."""
 
 from __future__ import annotations
 
@@ -100,7 +103,9 @@ class HotWeaving:
         self.num_prefilled = 0  # sequences whose prompt completed, offloaded or not
         self.num_offloaded = 0
         self.num_recomputed = 0
+        self.num_taken_back = 0
         self.error: str | None = None  # why offloading stopped
+        self.unpaired = False
 
     def attach(self, requeue: Callable[[Sequence], None]) -> None:
         """How to put a sequence back in the waiting queue, to be prefilled again (the scheduler's
@@ -109,7 +114,7 @@ class HotWeaving:
 
     @property
     def active(self) -> bool:
-        return self.error is None
+        return self.error is None and not self.unpaired
 
     # ---- the engine's hooks ----
     def after_step(self, prefilled: list[Sequence]) -> None:
@@ -151,6 +156,21 @@ class HotWeaving:
         except (ReceiverLost, WeaverError) as e:
             self._give_up(e)
 
+    def unpair(self) -> None:
+        """Between steps: every offloaded sequence comes back (its KV into local blocks, or, with
+        no room for it, requeued to be prefilled again), then the receiver stops serving."""
+        self.flush()
+        for sid in sorted(self.offloaded):
+            if not self.active:
+                break  # the receiver was lost meanwhile: _give_up requeued the rest
+            self._take_back(self._seqs[sid])
+        if self.active:
+            try:
+                self.sender.stop()
+            except (ReceiverLost, WeaverError) as e:
+                log.warning("weaving: stopping the receiver: %s", e)
+        self.unpaired = True
+
     def close(self) -> None:
         """Ends the pairing: frees what the receiver holds, stops it serving this region, and
         removes the region file."""
@@ -179,6 +199,37 @@ class HotWeaving:
         self.offloaded.add(seq.seq_id)
         self._seqs[seq.seq_id] = seq
         self.num_offloaded += 1
+
+    def _take_back(self, seq: Sequence) -> None:
+        if not self.blocks.inner.can_allocate(seq):
+            self.offloaded.discard(seq.seq_id)
+            self._released.append(seq.seq_id)
+            self.flush()
+            self._recompute(seq.seq_id)
+            return
+        try:
+            k, v = self.sender.take_back(seq.seq_id)
+        except (ReceiverLost, WeaverError) as e:
+            self._give_up(e)
+            return
+        self.offloaded.discard(seq.seq_id)
+        self._seqs.pop(seq.seq_id)
+        self.blocks.inner.allocate(seq)
+        self._write_kv(seq.block_table, k, v)
+        self.num_taken_back += 1
+
+    def _write_kv(self, table: list[int], k: np.ndarray, v: np.ndarray) -> None:
+        """The inverse of _read_kv: rows [layers, n, kv_size] into the blocks of `table`."""
+        r, g, bs = self.runner, self.geometry, self.runner.config.block_size
+        if r.kv is None:
+            raise RuntimeError("the KV cache is not allocated")
+        n = k.shape[1]
+        nb = -(-n // bs)
+        rows = np.zeros((g.num_layers, 2, nb * bs, g.kv_size), np.float32)
+        rows[:, 0, :n], rows[:, 1, :n] = k, v
+        blocks = rows.reshape(g.num_layers, 2, nb, bs, g.kv_size).transpose(2, 0, 1, 3, 4)
+        for b, data in zip(table[:nb], blocks, strict=True):
+            r.dev.upload(r.kv.ptr + b * r.block_bytes, data)
 
     def _read_kv(self, table: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
         """A sequence's first n K and V rows of every layer, [layers, n, kv_size] each, from its
@@ -221,8 +272,12 @@ class HotWeaving:
         self.offloaded.clear()
         self._released.clear()
         self.sender.offloaded.clear()
-        if self._requeue is None:
-            raise RuntimeError("HotWeaving.attach was not called") from e
         for sid in lost:
-            self._requeue(self._seqs.pop(sid))
-            self.num_recomputed += 1
+            self._recompute(sid)
+
+    def _recompute(self, sid: int) -> None:
+        """Sequence `sid` (no longer offloaded, no local KV) goes back to be prefilled again."""
+        if self._requeue is None:
+            raise RuntimeError("HotWeaving.attach was not called")
+        self._requeue(self._seqs.pop(sid))
+        self.num_recomputed += 1

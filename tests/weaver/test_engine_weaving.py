@@ -138,3 +138,32 @@ def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, mod
         proc.wait()
         hot.shutdown()
     assert got == expected[0]
+
+
+def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, models, expected):
+    """The cold model gets busy: the hot engine takes its sequences' KV back between two steps
+    and decodes them locally from there, bit for bit as if they had never left."""
+    hot_model, cold_model = models
+    region = tmp_path / "weaver"
+    hot = LLMEngine(hot_config(hot_model), weaving=WeavingLink(region, 1.0, timeout=10.0))
+    proc = start_cold(region, cold_model)
+
+    def unpair_after_decoding(step: int, outs: list[StepOutput]) -> None:
+        if step == 4:
+            hot.weaving.unpair()  # type: ignore[union-attr]
+
+    try:
+        wait_for_receiver(hot, proc)
+        logits: list[bytes] = []
+        got = run(hot, unpair_after_decoding, logits)
+        w = hot.weaving
+        assert w is not None and w.error is None and w.unpaired
+        assert w.num_taken_back == w.num_offloaded == len(PROMPTS) and w.num_recomputed == 0
+        out, _ = proc.communicate(timeout=60)  # unpair stopped the receiver: the cold one ends
+    finally:
+        proc.kill()
+        proc.wait()
+        hot.shutdown()
+    want_hot, want_cold, want_logits = expected
+    assert got == want_hot and logits == want_logits
+    assert json.loads(out)["tokens"] == want_cold
