@@ -112,11 +112,10 @@ class LLMEngine:
         if self.runner.kv_cache is None:
             raise RuntimeError("the KV cache was not allocated")
         self.blocks = self.runner.kv_cache.blocks
-        self.weaving = HotWeaving(weaving, self.runner, self.blocks) if weaving else None
-        blocks = self.weaving.blocks if self.weaving else self.blocks
-        self.scheduler = Scheduler(config, blocks, self.tokenizer.eos_ids)
-        if self.weaving is not None:
-            self.weaving.attach(self.scheduler.requeue)
+        self.scheduler = Scheduler(config, self.blocks, self.tokenizer.eos_ids)
+        self.weaving: HotWeaving | None = None
+        if weaving is not None:
+            self.pair(weaving)
         self._rng = random.Random(config.seed)
         self._decoders: dict[int, IncrementalDecoder] = {}
         self.tuner = AlphaTuner(config, self.spec) if config.tune_alpha else None
@@ -292,8 +291,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Frees the engine's device memory (another engine can then start in this process)."""
         if getattr(self, "weaving", None) is not None:
-            self.weaving.close()  # type: ignore[union-attr]
-            self.weaving = None
+            self.unpair()
         self.runner.release()
         if self.restorer is not None:
             self.restorer.release(graphs=False)
@@ -310,6 +308,26 @@ class LLMEngine:
     @property
     def num_kv_blocks(self) -> int:
         return self.blocks.num_blocks
+
+    # ---- Weaver ----
+    def pair(self, link: WeavingLink) -> None:
+        """Between steps: offloads `link.ratio` of the sequences prefilled from now on to the
+        receiver that opens `link.region` (created here)."""
+        if self.weaving is not None:
+            raise RuntimeError(f"already paired through {self.weaving.region.path}")
+        self.weaving = HotWeaving(link, self.runner, self.blocks)
+        self.weaving.attach(self.scheduler.requeue)
+        self.scheduler.blocks = self.weaving.blocks
+
+    def unpair(self) -> None:
+        """Between steps: the offloaded sequences' KV comes back (medusa.engine.weaving) and the
+        region is removed."""
+        if self.weaving is None:
+            return
+        self.weaving.unpair()
+        self.weaving.close()
+        self.scheduler.blocks = self.blocks
+        self.weaving = None
 
     # ---- requests ----
     @property

@@ -2,7 +2,8 @@
 on a receiver (a cold model's worker, `medusa.engine.weaving_cold`) through an exchange region.
 
 - Assignment is fixed after prefill: the i-th sequence whose prompt completes is offloaded when
-  floor((i + 1) r) > floor(i r), `assign_offload`'s rule over the stream of prefilled sequences.
+  floor((i + 1) r) > floor(i r), `assign_offload`'s rule over the stream of prefilled sequences,
+  once the receiver has opened the region (until then every sequence stays here).
 - An offloaded sequence's prefill KV is sent over once (an APPEND task per layer: the K and V rows
   its local blocks hold, after RoPE), then its local blocks are freed. Sending is exact and costs
   the receiver no compute; recomputing the prefill there would need the hot model's weights.
@@ -31,7 +32,7 @@ from medusa.engine.config import EngineConfig
 from medusa.engine.model_runner import ModelRunner
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
-from medusa.weaver.region import ExchangeRegion, Geometry
+from medusa.weaver.region import RECEIVER_PID, ExchangeRegion, Geometry
 from medusa.weaver.sender import TIMEOUT, ReceiverLost, WeaverError, WeaverSender
 
 log = logging.getLogger("medusa.engine.weaving")
@@ -116,6 +117,11 @@ class HotWeaving:
     def active(self) -> bool:
         return self.error is None and not self.unpaired
 
+    @property
+    def receiving(self) -> bool:
+        """Active, and the receiver has opened the region."""
+        return self.active and self.region.counter(RECEIVER_PID) != 0
+
     # ---- the engine's hooks ----
     def after_step(self, prefilled: list[Sequence]) -> None:
         """After each step: releases finished sequences on the receiver and offloads those of
@@ -123,7 +129,7 @@ class HotWeaving:
         self.flush()
         for seq in prefilled:
             i, self.num_prefilled = self.num_prefilled, self.num_prefilled + 1
-            if self.active and int((i + 1) * self.ratio) > int(i * self.ratio):
+            if self.receiving and int((i + 1) * self.ratio) > int(i * self.ratio):
                 self._hand_over(seq)
 
     def decode(self, seqs: list[Sequence]) -> list[int] | None:
@@ -164,7 +170,7 @@ class HotWeaving:
             if not self.active:
                 break  # the receiver was lost meanwhile: _give_up requeued the rest
             self._take_back(self._seqs[sid])
-        if self.active:
+        if self.receiving:
             try:
                 self.sender.stop()
             except (ReceiverLost, WeaverError) as e:
@@ -174,7 +180,7 @@ class HotWeaving:
     def close(self) -> None:
         """Ends the pairing: frees what the receiver holds, stops it serving this region, and
         removes the region file."""
-        if self.active:
+        if self.receiving:
             try:
                 self.sender.release(sorted(self.sender.offloaded))
                 self.sender.stop()

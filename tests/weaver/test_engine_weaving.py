@@ -140,6 +140,18 @@ def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, mod
     assert got == expected[0]
 
 
+def test_until_a_receiver_opens_the_region_nothing_is_offloaded(tmp_path, models, expected):
+    with LLMEngine(hot_config(models[0])) as hot:
+        hot.pair(WeavingLink(tmp_path / "weaver", 1.0, timeout=0.5))
+        assert run(hot) == expected[0]
+        w = hot.weaving
+        assert w is not None and w.num_prefilled == len(PROMPTS)
+        assert w.num_offloaded == 0 and w.error is None
+        t0 = time.monotonic()
+        hot.unpair()  # no receiver to stop: no wait for one
+        assert time.monotonic() - t0 < 0.5 and not (tmp_path / "weaver").exists()
+
+
 def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, models, expected):
     """The cold model gets busy: the hot engine takes its sequences' KV back between two steps
     and decodes them locally from there, bit for bit as if they had never left."""
@@ -147,17 +159,19 @@ def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, m
     region = tmp_path / "weaver"
     hot = LLMEngine(hot_config(hot_model), weaving=WeavingLink(region, 1.0, timeout=10.0))
     proc = start_cold(region, cold_model)
+    paired = [hot.weaving]
 
     def unpair_after_decoding(step: int, outs: list[StepOutput]) -> None:
         if step == 4:
-            hot.weaving.unpair()  # type: ignore[union-attr]
+            hot.unpair()
+            assert not region.exists()
 
     try:
         wait_for_receiver(hot, proc)
         logits: list[bytes] = []
         got = run(hot, unpair_after_decoding, logits)
-        w = hot.weaving
-        assert w is not None and w.error is None and w.unpaired
+        w = paired[0]
+        assert w is not None and hot.weaving is None and w.error is None and w.unpaired
         assert w.num_taken_back == w.num_offloaded == len(PROMPTS) and w.num_recomputed == 0
         out, _ = proc.communicate(timeout=60)  # unpair stopped the receiver: the cold one ends
     finally:
