@@ -71,6 +71,18 @@ class ColdWeaving:
         self.engine = engine
         self.region = ExchangeRegion(path)
         bs = block_size or engine.config.block_size
+        g = self.region.geometry
+        need, (free, _) = (
+            num_blocks * 2 * g.num_layers * bs * g.kv_size * 4,
+            engine.device.mem_info(),
+        )
+        if need > free:
+            self.region.close()
+            raise MemoryError(
+                f"{num_blocks} KV blocks for the offloaded sequences need {need / 2**20:.0f} MiB, "
+                f"the device has {free / 2**20:.0f} MiB free: pair a less loaded worker, or fewer "
+                "blocks"
+            )
         self.receiver = WeaverReceiver(self.region, engine.device, num_blocks, bs)
         self.device = PollingDevice(engine.device, self.receiver)
         engine.runner.dev = self.device  # type: ignore[assignment]
