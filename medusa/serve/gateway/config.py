@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from medusa.weaver.config import WeavingConfig, parse_weaving
+
 ENGINE_KEYS = {
     "max_prefill_chunk",
     "tune_alpha",
@@ -48,6 +50,7 @@ class ModelConfig:
         2.0  # seconds; with engine.weights: host, what prefill chunks are sized for
     )
     engine: dict[str, Any] = field(default_factory=dict)
+    weaving: WeavingConfig = WeavingConfig()  # offload attention to idle workers (Weaver)
 
     def worker_args(self) -> list[str]:
         args = [self.model] if self.model else []
@@ -121,6 +124,7 @@ def load_config(path: str | Path) -> GatewayConfig:
             "start_attempts",
             "failure_cooldown",
             "engine",
+            "weaving",
         }
         if bad:
             raise ConfigError(f"{where}: unknown field(s) {sorted(bad)}")
@@ -150,6 +154,10 @@ def load_config(path: str | Path) -> GatewayConfig:
         if hi < lo:
             raise ConfigError(f"{where}.max_instances: {hi} is below min_instances {lo}")
         keep = _seconds(where, m, "keep_alive", 60.0)
+        try:
+            weaving = parse_weaving(m.get("weaving"), str(name))
+        except ValueError as e:
+            raise ConfigError(f"{path}: {e}") from None
         models[str(name)] = ModelConfig(
             name=str(name),
             artifact=artifact,
@@ -165,6 +173,7 @@ def load_config(path: str | Path) -> GatewayConfig:
             tpot_target=float(m.get("tpot_target", 0.1)),
             ttft_target=float(m.get("ttft_target", 2.0)),
             engine=engine,
+            weaving=weaving,
         )
     keys = raw.get("api_keys") or []
     if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
