@@ -38,7 +38,7 @@ def serve(region: str, model: str | None, blocks: int) -> None:
 
     engine = LLMEngine(engine_config(model))
     weaving = ColdWeaving(engine, region, blocks)
-    seq = engine.add_request(engine.tokenizer.encode(COLD_PROMPT), SamplingParams(max_tokens=32))
+    seq = engine.add_request(chat_ids(engine, COLD_PROMPT), SamplingParams(max_tokens=32))
     weaving.run()
     while engine.has_unfinished():
         engine.step()
@@ -48,11 +48,16 @@ def serve(region: str, model: str | None, blocks: int) -> None:
     engine.shutdown()
 
 
+def chat_ids(engine: LLMEngine, prompt: str) -> list[int]:
+    tok = engine.tokenizer
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]))
+
+
 def generate(
     engine: LLMEngine, prompts: list[str], max_tokens: int
 ) -> tuple[list[list[int]], float]:
     params = SamplingParams(max_tokens=max_tokens)
-    seqs = [engine.add_request(engine.tokenizer.encode(p), params) for p in prompts]
+    seqs = [engine.add_request(chat_ids(engine, p), params) for p in prompts]
     t0 = time.perf_counter()
     while engine.has_unfinished():
         engine.step()
