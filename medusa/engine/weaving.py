@@ -136,7 +136,8 @@ class HotWeaving:
         """A decode step: by graph if no sequence is offloaded, else eagerly with the offloaded
         rows' attention on the receiver. None: the receiver was lost or refused, its sequences
         are requeued, and the step must run again."""
-        self.flush()
+        if not self.flush():
+            return None  # NOTE: seqs may hold requeued sequences, without blocks now
         remote = [i for i, s in enumerate(seqs) if s.seq_id in self.offloaded]
         if not remote:
             return self.runner.execute(seqs, is_prefill=False)
@@ -150,10 +151,11 @@ class HotWeaving:
             self._give_up(e)
             return None
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """Releases the finished sequences on the receiver; False if it was lost meanwhile."""
         if not self._released or not self.active:
             self._released.clear()
-            return
+            return True
         ids, self._released[:] = list(self._released), []
         for sid in ids:
             self._seqs.pop(sid, None)
@@ -161,6 +163,8 @@ class HotWeaving:
             self.sender.release(ids)
         except (ReceiverLost, WeaverError) as e:
             self._give_up(e)
+            return False
+        return True
 
     def unpair(self) -> None:
         """Between steps: every offloaded sequence comes back (its KV into local blocks, or, with

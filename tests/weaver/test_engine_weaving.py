@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,10 +17,13 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from medusa.engine.config import EngineConfig
+from medusa.engine.device import Device
 from medusa.engine.llm_engine import LLMEngine, StepOutput
 from medusa.engine.sampling import SamplingParams
+from medusa.engine.sequence import Sequence
 from medusa.engine.weaving import WeavingLink
-from medusa.weaver.region import RECEIVER_PID
+from medusa.weaver.receiver import WeaverReceiver
+from medusa.weaver.region import RECEIVER_PID, ExchangeRegion
 from tests.engine.tiny_models import write_gguf
 from tests.weaver.cold_engine import cold_config, generate
 
@@ -75,10 +79,10 @@ def start_cold(region: Path, model: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def wait_for_receiver(hot: LLMEngine, proc: subprocess.Popen[str]) -> None:
+def wait_for_receiver(hot: LLMEngine, proc: subprocess.Popen[str] | None) -> None:
     deadline = time.monotonic() + 60
     while hot.weaving.region.counter(RECEIVER_PID) == 0:  # type: ignore[union-attr]
-        assert proc.poll() is None, "the cold engine exited before serving"
+        assert proc is None or proc.poll() is None, "the cold engine exited before serving"
         assert time.monotonic() < deadline, "the cold engine did not start serving in 60 s"
         time.sleep(0.05)
 
@@ -181,3 +185,40 @@ def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, m
     want_hot, want_cold, want_logits = expected
     assert got == want_hot and logits == want_logits
     assert json.loads(out)["tokens"] == want_cold
+
+
+def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, expected):
+    """An offloaded sequence is aborted between steps and the receiver stops polling: the release
+    before the next decode step finds it lost, and the other offloaded sequences are recomputed."""
+    region = tmp_path / "weaver"
+    hot = LLMEngine(hot_config(models[0]), weaving=WeavingLink(region, 1.0, timeout=1.0))
+    polling = threading.Event()
+    polling.set()
+
+    def receive() -> None:  # a receiver in a thread of this process, with a device of its own
+        rec = WeaverReceiver(ExchangeRegion(region), Device(), 96, 4)
+        while polling.is_set():
+            rec.poll()
+            time.sleep(1e-4)
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    aborted: list[Sequence] = []
+
+    def abort_one(step: int, outs: list[StepOutput]) -> None:
+        if step == 3:
+            aborted.append(outs[0].seq)
+            hot.abort(outs[0].seq)
+            polling.clear()
+            thread.join()
+
+    try:
+        wait_for_receiver(hot, None)
+        got = run(hot, abort_one)
+        w = hot.weaving
+        assert w is not None and w.error is not None and "has not polled" in w.error
+        assert w.num_recomputed == len(PROMPTS) - 1
+    finally:
+        hot.shutdown()
+    i = PROMPTS.index(aborted[0].token_ids[: aborted[0].num_prompt_tokens])
+    assert got[:i] + got[i + 1 :] == expected[0][:i] + expected[0][i + 1 :]
