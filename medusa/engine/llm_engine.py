@@ -25,6 +25,7 @@ from medusa.engine.sampling import SamplingParams
 from medusa.engine.scheduler import Scheduler
 from medusa.engine.sequence import Sequence
 from medusa.engine.tokenizer import IncrementalDecoder, Tokenizer
+from medusa.engine.weaving import HotWeaving, WeavingLink
 from medusa.restore import RestoreError, Restorer
 from medusa.restore.compat import check_compatible, device_fingerprint
 from medusa.trace import control as trace
@@ -54,12 +55,14 @@ class LLMEngine:
         device: Device | None = None,
         store: str | Path | None = None,
         store_checked: str = "",
+        weaving: WeavingLink | None = None,
     ) -> None:
         """device: a Device made earlier in this process (a pooled worker's, whose runtime and
         kernels are already initialized); by default a new one. store: a weight store to load
         (by default the artifact's, if it has one). store_checked: the identity of a store the
         gateway checked in full and holds mapped (MEDUSA_STORE_CHECKED); if it is this store's,
-        nothing of it is hashed again."""
+        nothing of it is hashed again. weaving: offload part of the decode batch's attention
+        to a receiver through the region it names (medusa.engine.weaving)."""
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}
@@ -110,6 +113,9 @@ class LLMEngine:
             raise RuntimeError("the KV cache was not allocated")
         self.blocks = self.runner.kv_cache.blocks
         self.scheduler = Scheduler(config, self.blocks, self.tokenizer.eos_ids)
+        self.weaving: HotWeaving | None = None
+        if weaving is not None:
+            self.pair(weaving)
         self._rng = random.Random(config.seed)
         self._decoders: dict[int, IncrementalDecoder] = {}
         self.tuner = AlphaTuner(config, self.spec) if config.tune_alpha else None
@@ -284,6 +290,8 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Frees the engine's device memory (another engine can then start in this process)."""
+        if getattr(self, "weaving", None) is not None:
+            self.unpair()
         self.runner.release()
         if self.restorer is not None:
             self.restorer.release(graphs=False)
@@ -300,6 +308,26 @@ class LLMEngine:
     @property
     def num_kv_blocks(self) -> int:
         return self.blocks.num_blocks
+
+    # ---- Weaver ----
+    def pair(self, link: WeavingLink) -> None:
+        """Between steps: offloads `link.ratio` of the sequences prefilled from now on to the
+        receiver that opens `link.region` (created here)."""
+        if self.weaving is not None:
+            raise RuntimeError(f"already paired through {self.weaving.region.path}")
+        self.weaving = HotWeaving(link, self.runner, self.blocks)
+        self.weaving.attach(self.scheduler.requeue)
+        self.scheduler.blocks = self.weaving.blocks
+
+    def unpair(self) -> None:
+        """Between steps: the offloaded sequences' KV comes back (medusa.engine.weaving) and the
+        region is removed."""
+        if self.weaving is None:
+            return
+        self.weaving.unpair()
+        self.weaving.close()
+        self.scheduler.blocks = self.blocks
+        self.weaving = None
 
     # ---- requests ----
     @property
@@ -352,7 +380,13 @@ class LLMEngine:
                 self.blocks.trim()  # NOTE: an idle model's pages go back to the device at once
             return []
         t0 = time.perf_counter()
-        tokens = self.runner.execute(seqs, is_prefill)
+        if self.weaving is not None and not is_prefill:
+            woven = self.weaving.decode(seqs)
+            if woven is None:  # the receiver is lost: its sequences are requeued, step again
+                return []
+            tokens = woven
+        else:
+            tokens = self.runner.execute(seqs, is_prefill)
         if self.tuner is not None:
             n = sum(len(s) for s in seqs) if is_prefill else len(seqs)
             self.tuner.observe(n, time.perf_counter() - t0, self.runner.alphas)
@@ -373,6 +407,8 @@ class LLMEngine:
             if done:
                 self._decoders.pop(seq.seq_id, None)
             outs.append(StepOutput(seq, tok, text, done))
+        if self.weaving is not None:
+            self.weaving.after_step([o.seq for o in outs if is_prefill and not o.finished])
         if self.has_unfinished():
             self.blocks.refill()
         else:

@@ -4,7 +4,7 @@ start-up lines up with the next."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -301,6 +301,14 @@ class ModelRunner:
         self.dev.synchronize()
         return self.dev.download(self.graph_out[size], np.int32, size)[: len(seqs)].tolist()
 
+    def execute_woven(
+        self, seqs: list[Sequence], remote: Container[int], after_attention: Callable[[int], None]
+    ) -> list[int]:
+        """A decode step, eagerly, whose rows `remote` attend elsewhere (Weaver): they get no
+        local slot and no local attention, and after_attention(layer) writes their output."""
+        batch = self._decode_batch(seqs, len(seqs), remote)
+        return self._run(batch, self.kv, self.ws["tokens"], after_attention)
+
     def last_logits(self, num_seqs: int) -> np.ndarray:
         """The logits the last step sampled from, [num_seqs, vocab]."""
         v = self.spec.vocab_size
@@ -361,14 +369,18 @@ class ModelRunner:
             seeds=seeds,
         )
 
-    def _decode_batch(self, seqs: list[Sequence], size: int) -> Batch:
+    def _decode_batch(
+        self, seqs: list[Sequence], size: int, remote: Container[int] = frozenset()
+    ) -> Batch:
         n = len(seqs)
         bt, temp, top_p, seeds = self._meta(
-            size, [s.block_table for s in seqs], self._sampling(seqs)
-        )
+            size, [[] if i in remote else s.block_table for i, s in enumerate(seqs)],
+            self._sampling(seqs),
+        )  # fmt: skip
         pos = [len(s) - 1 for s in seqs] + [0] * (size - n)
-        lens = [len(s) for s in seqs] + [0] * (size - n)
-        slots = [self._slots(s.block_table, [len(s) - 1])[0] for s in seqs] + [-1] * (size - n)
+        lens = [0 if i in remote else len(s) for i, s in enumerate(seqs)] + [0] * (size - n)
+        slots = [-1 if i in remote else self._slots(s.block_table, [len(s) - 1])[0]
+                 for i, s in enumerate(seqs)] + [-1] * (size - n)  # fmt: skip
         return Batch(
             ids=np.asarray([s.last_token for s in seqs] + [0] * (size - n), np.int32),
             positions=np.asarray(pos, np.int32),
@@ -411,14 +423,20 @@ class ModelRunner:
         ):
             self.dev.upload(self.ws[name], getattr(b, name))
 
-    def _run(self, batch: Batch, kv: Buffer | None, out: Buffer) -> list[int]:
+    def _run(
+        self,
+        batch: Batch,
+        kv: Buffer | None,
+        out: Buffer,
+        after_attention: Callable[[int], None] | None = None,
+    ) -> list[int]:
         if batch.num_tokens > self.config.max_num_batched_tokens:
             raise ValueError(
                 f"{batch.num_tokens} tokens in one step exceed max_num_batched_tokens="
                 f"{self.config.max_num_batched_tokens}"
             )
         self._upload(batch)
-        self._forward(batch.num_tokens, batch.num_seqs, kv, out)
+        self._forward(batch.num_tokens, batch.num_seqs, kv, out, after_attention=after_attention)
         self.dev.synchronize()
         return self.dev.download(out, np.int32, batch.num_seqs).tolist()
 
@@ -435,7 +453,13 @@ class ModelRunner:
 
     # ---- the forward pass ----
     def _forward(
-        self, t: int, n: int, kv: Buffer | None, out: Buffer, num_layers: int | None = None
+        self,
+        t: int,
+        n: int,
+        kv: Buffer | None,
+        out: Buffer,
+        num_layers: int | None = None,
+        after_attention: Callable[[int], None] | None = None,
     ) -> None:
         d, s, c, w, a = self.dev, self.spec, self.config, self.weights, self.ws
         if kv is None:
@@ -513,6 +537,8 @@ class ModelRunner:
                 s.head_dim**-0.5,
                 block_stride,
             )
+            if after_attention is not None:
+                after_attention(i)
             self._linear(i, a["x"].ptr, a["attn"].ptr, f"layers.{i}.o", t, dim, s.q_size, True)
             d.launch(
                 "rms_norm_kernel",

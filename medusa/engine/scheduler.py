@@ -73,6 +73,12 @@ class Scheduler:
         self.running.extend(scheduled)
         return scheduled, False
 
+    def requeue(self, seq: Sequence) -> None:
+        """Puts a running sequence back to be prefilled again from its tokens (its KV is lost)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        self._preempt(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
         seq.num_computed = 0

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine, StepOutput
@@ -17,6 +18,8 @@ from medusa.engine.sampling import SamplingParams
 from medusa.engine.sequence import Sequence
 
 log = logging.getLogger("medusa.serve")
+T = TypeVar("T")
+IDLE_POLL = 0.5e-3  # seconds between polls of a receiving engine with nothing of its own to run
 
 
 @dataclass
@@ -45,7 +48,8 @@ class AsyncEngine:
         self.engine: LLMEngine | None = None
         self.error: str | None = None
         self.ready = threading.Event()
-        self._inbox: queue.Queue[tuple[str, _Request | None]] = queue.Queue()
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.receiver: Any = None  # medusa.engine.weaving_cold.ColdWeaving, while serving one
         self._by_seq: dict[int, _Request] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="medusa-engine", daemon=True)
@@ -71,11 +75,51 @@ class AsyncEngine:
         self.ready.set()
         eng = self.engine
         while not self._stop.is_set():
-            self._drain(block=not eng.has_unfinished())
+            self._drain(block=not eng.has_unfinished() and self.receiver is None)
             if eng.has_unfinished():
                 for out in eng.step():
                     self._dispatch(out)
+            elif self.receiver is not None:  # NOTE: a hot engine waits on these polls
+                self.receiver.device.poll()
+                time.sleep(IDLE_POLL)
+            if self.receiver is not None and self.receiver.stopped:
+                self.stop_receiving()
+        self.stop_receiving()
         eng.shutdown()
+
+    def receive(self, region: str, num_blocks: int) -> None:
+        """On the engine thread: serve a hot engine's region (Weaver) between this engine's
+        kernels, with `num_blocks` KV blocks of this device for its offloaded sequences."""
+        from medusa.engine.weaving_cold import ColdWeaving
+
+        if self.receiver is not None:
+            raise RuntimeError(f"already serving {self.receiver.region.path}")
+        if self.engine is None:
+            raise RuntimeError("the engine has not started")
+        self.receiver = ColdWeaving(self.engine, region, num_blocks)
+
+    def stop_receiving(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """fn(engine) on the engine thread, between steps; its result, or its exception."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if not fut.done():
+                fut.set_result(value) if ok else fut.set_exception(value)
+
+        def run(eng: LLMEngine) -> None:
+            try:
+                loop.call_soon_threadsafe(settle, True, fn(eng))
+            except Exception as e:  # noqa: BLE001 - handed to the caller, whatever it is
+                loop.call_soon_threadsafe(settle, False, e)
+
+        self._inbox.put(("call", run))
+        return await fut
 
     def _drain(self, block: bool) -> None:
         try:
@@ -87,6 +131,8 @@ class AsyncEngine:
             if kind == "add" and req is not None and self.engine is not None:
                 req.seq = self.engine.add_request(req.prompt, req.params)
                 self._by_seq[req.seq.seq_id] = req
+            elif kind == "call" and self.engine is not None:
+                req(self.engine)
             elif kind == "abort" and req is not None and req.seq and self.engine is not None:
                 self.engine.abort(req.seq)
                 self._by_seq.pop(req.seq.seq_id, None)

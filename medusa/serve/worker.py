@@ -22,6 +22,7 @@ from medusa.engine.sampling import SamplingParams
 from medusa.serve.async_engine import AsyncEngine, Output
 from medusa.serve.protocol import MAX_BODY_BYTES, APIError, TokenGuard, parse, read_json
 from medusa.serve.stop_filter import StopFilter
+from medusa.serve.weaving_routes import add_weaving_routes
 
 if TYPE_CHECKING:
     from medusa.engine.tokenizer import Tokenizer
@@ -318,4 +319,5 @@ def create_app(
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    add_weaving_routes(app, engine, ready)
     return app

@@ -18,6 +18,7 @@ import numpy as np
 
 from medusa.engine.device import Device
 from medusa.weaver.region import (
+    APPEND,
     ATTEND,
     DONE,
     FETCH,
@@ -76,8 +77,8 @@ class WeaverReceiver:
             return True
         kind, layer, num_seqs, num_tokens = r.task_head()
         try:
-            if kind == ATTEND:
-                self._attend(layer, num_seqs, num_tokens)
+            if kind in (ATTEND, APPEND):
+                self._attend(layer, num_seqs, num_tokens, attention=kind == ATTEND)
             elif kind == RELEASE:
                 self._release(r.array("seq_ids")[:num_seqs].tolist())
             elif kind == FETCH:
@@ -110,7 +111,7 @@ class WeaverReceiver:
             self.dev.free(buf)
 
     # ---- tasks ----
-    def _attend(self, layer: int, num_seqs: int, num_tokens: int) -> None:
+    def _attend(self, layer: int, num_seqs: int, num_tokens: int, attention: bool = True) -> None:
         r, g, d = self.region, self.region.geometry, self.dev
         ids = r.array("seq_ids")[:num_seqs].tolist()
         lens = r.array("seq_lens")[:num_seqs].tolist()
@@ -133,10 +134,11 @@ class WeaverReceiver:
         d.launch("reshape_and_cache_kernel", kc, vc, a["k"], a["v"], self._ws["slots"].ptr,
                  num_tokens, g.num_kv_heads, g.head_dim, g.kv_size, self.block_size,
                  stride)  # fmt: skip
-        d.launch("paged_attention_kernel", a["out"], a["q"], kc, vc, self._ws["block_tables"].ptr,
-                 a["seq_lens"], a["query_start"], num_seqs, g.num_heads, g.num_kv_heads,
-                 g.head_dim, self.block_size, self.max_blocks, g.q_size,
-                 g.head_dim**-0.5, stride)  # fmt: skip
+        if attention:
+            d.launch("paged_attention_kernel", a["out"], a["q"], kc, vc,
+                     self._ws["block_tables"].ptr, a["seq_lens"], a["query_start"], num_seqs,
+                     g.num_heads, g.num_kv_heads, g.head_dim, self.block_size, self.max_blocks,
+                     g.q_size, g.head_dim**-0.5, stride)  # fmt: skip
         d.synchronize()
         if layer == g.num_layers - 1:
             for sid, total in zip(ids, lens, strict=True):

@@ -32,7 +32,7 @@ TASK, DONE, HEARTBEAT, RECEIVER_PID, SENDER_PID, STATUS = (64 * (i + 1) for i in
 ERROR, ERROR_BYTES = 512, 512
 TASK_HEAD = struct.Struct("<4i")  # kind, layer, num_seqs, num_tokens
 
-ATTEND, RELEASE, FETCH, STOP = 1, 2, 3, 4  # task kinds
+ATTEND, RELEASE, FETCH, STOP, APPEND = 1, 2, 3, 4, 5  # task kinds (APPEND: k/v, no attention)
 OK, FAILED = 0, 1  # STATUS values
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from medusa.weaver.region import (
+    APPEND,
     ATTEND,
     DONE,
     FAILED,
@@ -72,8 +73,33 @@ class WeaverSender:
         of q over it ([rows, heads * head_dim]); rows query_start[i] .. query_start[i+1] - 1
         belong to seq_ids[i], whose length after the append is seq_lens[i] (default: one row
         each, a decode step)."""
+        rows = self._post(ATTEND, layer, seq_ids, seq_lens, {"q": q, "k": k, "v": v}, query_start)
+        return self.region.array("out")[:rows].copy()
+
+    def append(
+        self,
+        layer: int,
+        seq_ids: Sequence[int],
+        seq_lens: Sequence[int],
+        k: np.ndarray,
+        v: np.ndarray,
+        query_start: Sequence[int] | None = None,
+    ) -> None:
+        """Appends k/v rows as `attend` does, without attention: hands over KV computed here
+        (a prefill's)."""
+        self._post(APPEND, layer, seq_ids, seq_lens, {"k": k, "v": v}, query_start)
+
+    def _post(
+        self,
+        kind: int,
+        layer: int,
+        seq_ids: Sequence[int],
+        seq_lens: Sequence[int],
+        arrays: dict[str, np.ndarray],
+        query_start: Sequence[int] | None,
+    ) -> int:
         r, g = self.region, self.region.geometry
-        n, rows = len(seq_ids), len(q)
+        n, rows = len(seq_ids), len(arrays["k"])
         qs = list(query_start) if query_start is not None else list(range(n + 1))
         if not 0 < n <= g.max_seqs or rows > g.max_tokens or qs[-1] != rows:
             raise ValueError(
@@ -83,11 +109,11 @@ class WeaverSender:
         r.array("seq_ids")[:n] = seq_ids
         r.array("seq_lens")[:n] = seq_lens
         r.array("query_start")[: n + 1] = qs
-        for name, a in (("q", q), ("k", k), ("v", v)):
+        for name, a in arrays.items():
             r.array(name)[:rows] = a
         self.offloaded.update(seq_ids)
-        self._run(ATTEND, layer, n, rows)
-        return r.array("out")[:rows].copy()
+        self._run(kind, layer, n, rows)
+        return rows
 
     def release(self, seq_ids: Sequence[int]) -> None:
         """The sequences finished: the receiver frees their blocks."""

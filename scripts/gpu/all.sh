@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 CHECKS=(interpose_torch engine_parity restore_parity simcuda_parity hybridgemm_bandwidth
-        tessera_ptx vllm_coldstart)
+        tessera_ptx weaver vllm_coldstart)
 logs=${MEDUSA_GPU_LOGS:-$(mktemp -d -t medusa-gpu-XXXXXX)}
 mkdir -p "$logs"
 
@@ -22,7 +22,7 @@ missing() {
   has_gpu || { echo "no GPU"; return; }
   case $1 in
     interpose_torch | hybridgemm_bandwidth) has_cuda_torch || echo "no CUDA build of torch" ;;
-    simcuda_parity | tessera_ptx) command -v nvcc >/dev/null 2>&1 || echo "no nvcc (CUDA toolkit)" ;;
+    simcuda_parity | tessera_ptx | weaver) command -v nvcc >/dev/null 2>&1 || echo "no nvcc (CUDA toolkit)" ;;
     vllm_coldstart)
       if [ -z "${MODEL:-}" ]; then echo "MODEL not set (a local model directory)"
       elif ! python -c 'import vllm' 2>/dev/null; then echo "vllm not installed (.[vllm])"
@@ -45,6 +45,7 @@ figure() {
       grep -E '^(alpha 0.50|cuBLAS)' "$log" | sed -E 's/.*(alpha 0.50|cuBLAS).*bandwidth +([0-9.]+ GB\/s).*/\1 \2/' \
         | paste -sd';' | sed 's/;/; /g' ;;
     tessera_ptx) grep -E '^(ok:|MISMATCH)' "$log" ;;
+    weaver) grep -E '^(spinning poll|weaver engine tests)' "$log" | paste -sd';' | sed 's/;/; /g' ;;
     vllm_coldstart) grep -E '^(init engine: medusa .* than default|medusa restore FELL BACK)' "$log" ;;
   esac
 }

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from medusa.weaver.config import WeavingConfig, parse_weaving
+
 ENGINE_KEYS = {
     "max_prefill_chunk",
     "tune_alpha",
@@ -50,6 +52,7 @@ class ModelConfig:
     slo_ttft: float = 2.0  # seconds to first token: an elastic slice's queue deadlines, its KVPR
     slo_tpot: float = 0.1  # seconds per output token the model is meant to keep
     engine: dict[str, Any] = field(default_factory=dict)
+    weaving: WeavingConfig = WeavingConfig()  # offload attention to idle workers (Weaver)
 
     def worker_args(self) -> list[str]:
         args = [self.model] if self.model else []
@@ -150,6 +153,7 @@ def load_config(path: str | Path) -> GatewayConfig:
             "slo_ttft",
             "slo_tpot",
             "engine",
+            "weaving",
         }
         if bad:
             raise ConfigError(f"{where}: unknown field(s) {sorted(bad)}")
@@ -179,6 +183,10 @@ def load_config(path: str | Path) -> GatewayConfig:
         if hi < lo:
             raise ConfigError(f"{where}.max_instances: {hi} is below min_instances {lo}")
         keep = _seconds(where, m, "keep_alive", 60.0)
+        try:
+            weaving = parse_weaving(m.get("weaving"), str(name))
+        except ValueError as e:
+            raise ConfigError(f"{path}: {e}") from None
         models[str(name)] = ModelConfig(
             name=str(name),
             artifact=artifact,
@@ -196,6 +204,7 @@ def load_config(path: str | Path) -> GatewayConfig:
             slo_ttft=_slo(where, m, "slo_ttft", 2.0),
             slo_tpot=_slo(where, m, "slo_tpot", 0.1),
             engine=engine,
+            weaving=weaving,
         )
     keys = raw.get("api_keys") or []
     if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):

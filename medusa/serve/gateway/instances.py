@@ -27,6 +27,7 @@ from medusa.serve.gateway.pool import PooledWorker, WarmPool
 from medusa.serve.gateway.sharing import Choice, Sharing
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import StartPolicy
+from medusa.serve.gateway.weaving import WeavingPairs
 from medusa.serve.gateway.worker_process import WorkerAddress, WorkerProcess, launch
 
 log = logging.getLogger("medusa.gateway")
@@ -83,6 +84,7 @@ class InstanceManager:
         self.pool = WarmPool(slices, pool_size, prepare, self._spawn, warm_timeout=startup_timeout)
         self.host_weights = HostWeights(models)
         self.sharing = sharing or Sharing(GatewayConfig(models), slices)
+        self.weaving = WeavingPairs(models)
 
     # ---- state ----
     def state(self, model: str) -> str:
@@ -237,6 +239,7 @@ class InstanceManager:
         self._unreaped.discard(proc)
 
     async def stop(self, inst: Instance) -> None:
+        await self.weaving.release(inst)
         inst.state = State.DRAINING
         deadline = time.monotonic() + self.drain_timeout
         while inst.inflight and time.monotonic() < deadline:
@@ -346,6 +349,7 @@ class InstanceManager:
         while not self.closing:
             self.pool.fill()
             self.host_weights.expire({m for m, insts in self.instances.items() if insts})
+            await self.weaving.tick([i for insts in self.instances.values() for i in insts])
             now = time.monotonic()
             self._migrate(now)
             for model, cfg in self.models.items():

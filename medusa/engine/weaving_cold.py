@@ -1,0 +1,107 @@
+"""Weaver in the cold engine: while it serves its own model, it polls a hot engine's exchange region
+at its kernel boundaries and runs the offloaded attention there (`WeaverReceiver`).
+
+The model runner's device is wrapped so that every eager kernel, GEMM and graph launch is followed
+by one poll. simcuda has no host nodes (no cuLaunchHostFunc, no cuGraphAddHostNode), so a decode
+graph is one launch and the poll comes after the whole graph: the hot engine may wait up to one
+cold decode step (the head-of-line blocking operator splitting bounds). On a GPU the paper's way is
+`csrc/kernels/cuda/weaver.cu`'s polling kernel captured after each kernel node of the graph."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from medusa.engine.device import Device
+from medusa.engine.llm_engine import LLMEngine
+from medusa.weaver.receiver import WeaverReceiver
+from medusa.weaver.region import ExchangeRegion
+
+
+class PollingDevice:
+    """A Device that polls a receiver after each unit of work it issues (never while capturing:
+    the receiver's own kernels must not land in a graph)."""
+
+    def __init__(self, device: Device, receiver: WeaverReceiver) -> None:
+        self.device, self.receiver = device, receiver
+        self.stopped = False  # the sender asked to stop: no more polling
+        self._capturing = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.device, name)
+
+    def poll(self) -> None:
+        if not self.stopped and not self._capturing:
+            self.stopped = not self.receiver.poll()
+
+    def launch(self, kernel: str, *args: int | float, **kw: Any) -> None:
+        self.device.launch(kernel, *args, **kw)
+        self.poll()
+
+    def linear(self, *args: int, **kw: Any) -> None:
+        self.device.linear(*args, **kw)
+        self.poll()
+
+    def hybrid_linear(self, *args: Any) -> None:
+        self.device.hybrid_linear(*args)
+        self.poll()
+
+    def replay(self, exec_: int) -> None:
+        self.device.replay(exec_)
+        self.poll()
+
+    def begin_capture(self) -> None:
+        self._capturing = True
+        self.device.begin_capture()
+
+    def end_capture(self) -> int:
+        self._capturing = False
+        return self.device.end_capture()
+
+
+class ColdWeaving:
+    """Makes `engine` (started) the receiver of the region at `path`: `num_blocks` KV blocks of
+    `block_size` tokens (the hot model's layers and heads) of its device hold the offloaded
+    sequences. Ends with `close`, which gives the engine its plain device back."""
+
+    def __init__(
+        self, engine: LLMEngine, path: str | Path, num_blocks: int, block_size: int | None = None
+    ) -> None:
+        self.engine = engine
+        self.region = ExchangeRegion(path)
+        bs = block_size or engine.config.block_size
+        g = self.region.geometry
+        need, (free, _) = (
+            num_blocks * 2 * g.num_layers * bs * g.kv_size * 4,
+            engine.device.mem_info(),
+        )
+        if need > free:
+            self.region.close()
+            raise MemoryError(
+                f"{num_blocks} KV blocks for the offloaded sequences need {need / 2**20:.0f} MiB, "
+                f"the device has {free / 2**20:.0f} MiB free: pair a less loaded worker, or fewer "
+                "blocks"
+            )
+        self.receiver = WeaverReceiver(self.region, engine.device, num_blocks, bs)
+        self.device = PollingDevice(engine.device, self.receiver)
+        engine.runner.dev = self.device  # type: ignore[assignment]
+
+    @property
+    def stopped(self) -> bool:
+        return self.device.stopped
+
+    def run(self, idle: float = 50e-6) -> None:
+        """Steps the engine while it has requests (polling between its kernels) and polls alone
+        while it is idle; returns when the sender stops the pairing."""
+        while not self.stopped:
+            if self.engine.has_unfinished():
+                self.engine.step()
+            else:
+                self.device.poll()
+                time.sleep(idle)
+
+    def close(self) -> None:
+        self.engine.runner.dev = self.device.device
+        self.receiver.close()
+        self.region.close()

@@ -1,0 +1,165 @@
+"""Weaver's pairing in the gateway: a model whose models.yaml entry has `weaving: {enabled: true}`
+(hot) borrows the device of an idle warm worker of a model without it (cold) for part of its
+decode attention (medusa.engine.weaving; the workers' /weaving endpoints).
+
+Every autoscaler tick:
+- unpair first: a pair whose cold worker got busy (as many requests in flight as its model's
+  `target`), or one of whose workers is no longer warm. The hot worker takes its sequences' KV
+  back (they decode on locally, exactly) and stops the receiver; with the hot worker gone, the
+  cold one is told to stop serving. Nothing is lost: a sequence whose KV cannot come back (the
+  cold worker died) is prefilled again by the hot worker.
+- then pair each warm, unpaired hot worker with a warm, unpaired cold worker with nothing in
+  flight. A cold worker whose device has not the memory for `blocks` KV blocks refuses (409); a
+  refused pairing is not tried again for `retry_after` seconds.
+`release(inst)` unpairs a worker before the gateway stops it (scale-down, shutdown)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from medusa.serve.gateway.config import ModelConfig
+from medusa.weaver.config import WeavingConfig
+
+log = logging.getLogger("medusa.gateway.weaving")
+
+BLOCKS = 256  # KV blocks a receiver sets aside for the offloaded sequences
+TIMEOUT = 60.0  # seconds for a worker to answer (an unpair fetches every offloaded sequence's KV)
+
+
+class Worker(Protocol):
+    """What pairing needs of a gateway instance (instances.Instance)."""
+
+    model: str
+    port: int
+    inflight: int
+    state: Any  # instances.State
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def headers(self) -> dict[str, str]: ...
+
+
+def warm(w: Worker) -> bool:
+    return bool(w.state.value == "warm")
+
+
+@dataclass
+class Pair:
+    hot: Any  # Worker
+    cold: Any  # Worker
+    region: str
+
+
+class PairingFailed(RuntimeError):
+    """A worker refused or did not answer a /weaving request."""
+
+
+def default_client(w: Worker) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=w.url, headers=w.headers, timeout=TIMEOUT)
+
+
+class WeavingPairs:
+    def __init__(
+        self,
+        models: dict[str, ModelConfig],
+        *,
+        blocks: int = BLOCKS,
+        retry_after: float = 30.0,
+        region_dir: str | Path = "/dev/shm",
+        client: Callable[[Worker], httpx.AsyncClient] = default_client,
+    ) -> None:
+        self.models, self.blocks, self.retry_after = models, blocks, retry_after
+        self.region_dir, self._client = Path(region_dir), client
+        self.pairs: list[Pair] = []
+        self._refused: dict[tuple[int, int], float] = {}  # (hot port, cold port) -> when
+
+    def config(self, model: str) -> WeavingConfig:
+        return getattr(self.models[model], "weaving", None) or WeavingConfig()
+
+    def paired(self, w: Worker) -> Pair | None:
+        return next((p for p in self.pairs if w in (p.hot, p.cold)), None)
+
+    async def tick(self, workers: list[Worker]) -> None:
+        for p in list(self.pairs):
+            why = self._unpair_reason(p)
+            if why:
+                await self._unpair(p, why)
+        free = [w for w in workers if warm(w) and self.paired(w) is None]
+        colds = [w for w in free if not self.config(w.model).enabled and w.inflight == 0]
+        for hot in (w for w in free if self.config(w.model).enabled):
+            for cold in colds:
+                if await self._pair(hot, cold):
+                    colds.remove(cold)
+                    break
+
+    async def release(self, w: Worker) -> None:
+        """Before `w` stops: its pairing ends (a hot worker's sequences come back first)."""
+        p = self.paired(w)
+        if p is not None:
+            await self._unpair(p, f"{w.model} on port {w.port} is stopping")
+
+    def _unpair_reason(self, p: Pair) -> str | None:
+        if not warm(p.hot):
+            return f"{p.hot.model} on port {p.hot.port} is no longer warm"
+        if not warm(p.cold):
+            return f"{p.cold.model} on port {p.cold.port} is no longer warm"
+        target = self.models[p.cold.model].target
+        if p.cold.inflight >= target:
+            return f"{p.cold.model} is busy ({p.cold.inflight} requests in flight, target {target})"
+        return None
+
+    async def _pair(self, hot: Worker, cold: Worker) -> bool:
+        key = (hot.port, cold.port)
+        if time.monotonic() - self._refused.get(key, -1e9) < self.retry_after:
+            return False
+        region = str(self.region_dir / f"medusa-weaver-{hot.port}-{cold.port}")
+        try:
+            await self._post(hot, "/weaving/offload",
+                             {"region": region, "ratio": self.config(hot.model).ratio})  # fmt: skip
+        except PairingFailed as e:
+            self._refused[key] = time.monotonic()
+            log.warning("weaving: %s cannot offload: %s", hot.model, e)
+            return False
+        try:
+            await self._post(cold, "/weaving/receive", {"region": region, "blocks": self.blocks})
+        except PairingFailed as e:
+            self._refused[key] = time.monotonic()
+            log.warning("weaving: %s cannot receive for %s: %s", cold.model, hot.model, e)
+            await self._post_quietly(hot, "/weaving/unpair")
+            return False
+        self.pairs.append(Pair(hot, cold, region))
+        log.info("weaving: %s (port %d) offloads %.0f%% of its sequences to %s (port %d)",
+                 hot.model, hot.port, 100 * self.config(hot.model).ratio, cold.model,
+                 cold.port)  # fmt: skip
+        return True
+
+    async def _unpair(self, p: Pair, why: str) -> None:
+        self.pairs.remove(p)
+        log.info("weaving: unpairing %s from %s: %s", p.hot.model, p.cold.model, why)
+        # NOTE: the hot worker first: it fetches its sequences' KV back from the cold one, then
+        # stops it. A dead one refuses the connection at once; its cold worker then stops here.
+        await self._post_quietly(p.hot, "/weaving/unpair")
+        await self._post_quietly(p.cold, "/weaving/unpair")
+
+    async def _post(self, w: Worker, path: str, body: dict[str, Any] | None = None) -> None:
+        try:
+            async with self._client(w) as c:
+                r = await c.post(path, json=body or {})
+        except httpx.HTTPError as e:
+            raise PairingFailed(f"{path}: {e!r}") from None
+        if r.status_code != 200:
+            raise PairingFailed(f"{path}: {r.status_code} {r.text[:300]}")
+
+    async def _post_quietly(self, w: Worker, path: str) -> None:
+        try:
+            await self._post(w, path)
+        except PairingFailed as e:
+            log.warning("weaving: %s on port %d: %s", w.model, w.port, e)

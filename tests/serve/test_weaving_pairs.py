@@ -1,0 +1,184 @@
+"""The gateway's Weaver pairing: which workers it pairs and unpairs (fake workers), and end to end
+with two `medusa run` workers on tiny models: paired, the hot worker offloads and answers exactly
+what it answered before; the cold model gets busy: unpaired, and the answers stay the same."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from medusa.serve.gateway.config import ConfigError, ModelConfig, load_config
+from medusa.serve.gateway.instances import State
+from medusa.serve.gateway.weaving import WeavingPairs
+from medusa.weaver.config import WeavingConfig
+from tests.engine.tiny_models import write_gguf
+
+MODELS = {
+    "hot": ModelConfig("hot", weaving=WeavingConfig(enabled=True, ratio=0.5)),
+    "cold": ModelConfig("cold", target=2),
+    "other": ModelConfig("other", target=2),
+}
+
+
+@dataclass(eq=False)
+class Fake:
+    model: str
+    port: int
+    inflight: int = 0
+    state: State = State.WARM
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def fake_pairs(refuse: set[tuple[int, str]], calls: list[tuple[int, str, dict]]) -> WeavingPairs:
+    def handle(req: httpx.Request) -> httpx.Response:
+        port, path = req.url.port or 0, req.url.path
+        calls.append((port, path, json.loads(req.content or b"{}")))
+        if (port, path) in refuse:
+            return httpx.Response(409, json={"error": {"message": "not enough free memory"}})
+        return httpx.Response(200, json={})
+
+    def client(w: Fake) -> httpx.AsyncClient:  # type: ignore[override]
+        return httpx.AsyncClient(base_url=w.url, transport=httpx.MockTransport(handle))
+
+    return WeavingPairs(MODELS, client=client, region_dir="/tmp")  # type: ignore[arg-type]
+
+
+def test_pairs_a_hot_worker_with_an_idle_one_and_unpairs_when_it_gets_busy():
+    calls: list[tuple[int, str, dict]] = []
+    pairs = fake_pairs(set(), calls)
+    hot, cold, other = Fake("hot", 1), Fake("cold", 2, inflight=1), Fake("other", 3)
+    asyncio.run(pairs.tick([hot, cold, other]))
+    region = "/tmp/medusa-weaver-1-3"
+    assert calls == [(1, "/weaving/offload", {"region": region, "ratio": 0.5}),
+                     (3, "/weaving/receive", {"region": region, "blocks": 256})]  # fmt: skip
+    calls.clear()
+    asyncio.run(pairs.tick([hot, cold, other]))
+    assert calls == []  # paired already
+    other.inflight, cold.inflight = 2, 0  # `other` reaches its target: busy
+    asyncio.run(pairs.tick([hot, cold, other]))
+    assert [c[:2] for c in calls] == [(1, "/weaving/unpair"), (3, "/weaving/unpair"),
+                                      (1, "/weaving/offload"), (2, "/weaving/receive")]  # fmt: skip
+    calls.clear()
+    asyncio.run(pairs.release(cold))  # the gateway stops `cold`: unpaired first
+    assert [c[:2] for c in calls] == [(1, "/weaving/unpair"), (2, "/weaving/unpair")]
+    assert pairs.pairs == []
+
+
+def test_a_refusing_receiver_is_not_asked_again_soon_and_dead_workers_unpair():
+    calls: list[tuple[int, str, dict]] = []
+    pairs = fake_pairs({(2, "/weaving/receive")}, calls)
+    hot, cold, other = Fake("hot", 1), Fake("cold", 2), Fake("other", 3, inflight=1)
+    asyncio.run(pairs.tick([hot, cold, other]))
+    assert [c[:2] for c in calls] == [(1, "/weaving/offload"), (2, "/weaving/receive"),
+                                      (1, "/weaving/unpair")]  # fmt: skip
+    calls.clear()
+    other.inflight = 0
+    asyncio.run(pairs.tick([hot, cold, other]))  # `cold` refused a moment ago: `other` instead
+    assert [c[:2] for c in calls] == [(1, "/weaving/offload"), (3, "/weaving/receive")]
+    calls.clear()
+    other.state = State.DEAD
+    asyncio.run(pairs.tick([hot, cold, other]))
+    assert [c[:2] for c in calls][:2] == [(1, "/weaving/unpair"), (3, "/weaving/unpair")]
+
+
+def test_models_yaml_weaving_is_parsed_and_checked(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text("models:\n  a:\n    weaving: {enabled: true, ratio: 0.4}\n  b: {}\n")
+    cfg = load_config(path)
+    assert (
+        cfg.models["a"].weaving == WeavingConfig(True, 0.4) and not cfg.models["b"].weaving.enabled
+    )
+    path.write_text("models:\n  a:\n    weaving: {ratio: 1.5}\n")
+    with pytest.raises(ConfigError, match=r"models\.a\.weaving\.ratio: 1\.5"):
+        load_config(path)
+
+
+# ---- end to end: two worker processes ----
+PROMPTS = [[(5 * i + j) % 250 + 1 for j in range(4 + 3 * i)] for i in range(6)]
+ENGINE = {"max_num_seqs": 8, "max_model_len": 128, "max_num_batched_tokens": 128,
+          "kv_cache_memory": 4 << 20}  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_worker(model: Path, name: str) -> tuple[subprocess.Popen[str], int]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "medusa.cli", "run", str(model), "--port", str(port),
+           "--served-model-name", name]  # fmt: skip
+    for k, v in ENGINE.items():
+        cmd += ["--" + k.replace("_", "-"), str(v)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    return proc, port
+
+
+def wait_healthy(proc: subprocess.Popen[str], port: int) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the worker on port {port} did not become healthy")
+
+
+async def complete_all(port: int, name: str) -> list[str]:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+        rs = await asyncio.gather(*(
+            c.post("/v1/completions", json={"model": name, "prompt": p, "max_tokens": 8,
+                                            "temperature": 0})
+            for p in PROMPTS))  # fmt: skip
+    return [r.json()["choices"][0]["text"] for r in rs]
+
+
+def test_two_workers_paired_then_unpaired_answer_as_without_offload(tmp_path):
+    hot_model, cold_model = tmp_path / "hot.gguf", tmp_path / "cold.gguf"
+    write_gguf(hot_model, [T.F32], seed=0)
+    write_gguf(cold_model, [T.F32], seed=1)
+    (hp, hport), (cp, cport) = start_worker(hot_model, "hot"), start_worker(cold_model, "cold")
+    try:
+        wait_healthy(hp, hport)
+        wait_healthy(cp, cport)
+        want = asyncio.run(complete_all(hport, "hot"))  # not paired yet: all local
+        hot, cold = Fake("hot", hport), Fake("cold", cport)
+        pairs = WeavingPairs(MODELS, region_dir=tmp_path)
+        asyncio.run(pairs.tick([hot, cold]))
+        assert len(pairs.pairs) == 1
+        assert asyncio.run(complete_all(hport, "hot")) == want
+        status = httpx.get(f"http://127.0.0.1:{hport}/weaving").json()["offloading"]
+        assert status["num_offloaded"] == len(PROMPTS) // 2 and status["error"] is None
+        assert httpx.get(f"http://127.0.0.1:{cport}/weaving").json()["receiving"]["served"] > 0
+        cold.inflight = 2  # the cold model gets busy
+        asyncio.run(pairs.tick([hot, cold]))
+        assert pairs.pairs == []
+        for port in (hport, cport):
+            assert httpx.get(f"http://127.0.0.1:{port}/weaving").json() == {
+                "offloading": None, "receiving": None}  # fmt: skip
+        assert asyncio.run(complete_all(hport, "hot")) == want  # unpaired: all local again
+    finally:
+        for p in (hp, cp):
+            p.terminate()
+            p.wait(timeout=30)

@@ -1,0 +1,224 @@
+"""Weaver in the engine, two processes on simcuda with tiny random models: a hot engine offloads
+part of its decode batch's attention (with those sequences' KV) to a cold engine that serves its
+own requests meanwhile. The hot engine's greedy tokens equal an engine's without offload, the cold
+engine's tokens are unchanged, and a receiver killed mid-decode costs a recompute, never a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from medusa.engine.config import EngineConfig
+from medusa.engine.device import Device
+from medusa.engine.llm_engine import LLMEngine, StepOutput
+from medusa.engine.sampling import SamplingParams
+from medusa.engine.sequence import Sequence
+from medusa.engine.weaving import WeavingLink
+from medusa.weaver.receiver import WeaverReceiver
+from medusa.weaver.region import RECEIVER_PID, ExchangeRegion
+from tests.engine.tiny_models import write_gguf
+from tests.weaver.cold_engine import cold_config, generate
+
+HERE = Path(__file__).parent
+PROMPTS = [[(7 * i + j) % 250 + 1 for j in range(3 + 2 * i)] for i in range(8)]
+TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    d = tmp_path_factory.mktemp("weaving")
+    write_gguf(d / "hot.gguf", [T.F32], seed=0)
+    write_gguf(d / "cold.gguf", [T.F32], seed=1)
+    return str(d / "hot.gguf"), str(d / "cold.gguf")
+
+
+def hot_config(model: str) -> EngineConfig:
+    return EngineConfig(model=model, max_num_seqs=8, max_model_len=128,
+                        max_num_batched_tokens=128, kv_cache_memory=4 << 20)  # fmt: skip
+
+
+def run(engine: LLMEngine, on_step=None, logits=None) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Greedy completions of PROMPTS; `logits` (a list) gets each step's logits, as bytes."""
+    params = SamplingParams(max_tokens=TOKENS, ignore_eos=True)
+    seqs = [engine.add_request(p, params) for p in PROMPTS]
+    steps = 0
+    while engine.has_unfinished():
+        outs: list[StepOutput] = engine.step()
+        steps += 1
+        if logits is not None and outs:
+            logits.append(engine.runner.last_logits(len(outs)).tobytes())
+        if on_step is not None:
+            on_step(steps, outs)
+    return [s.completion_ids for s in seqs]
+
+
+@pytest.fixture(scope="module")
+def expected(models: tuple[str, str]) -> tuple[list[list[int]], list[list[int]], list[bytes]]:
+    """The hot model's tokens without offload, the cold model's serving alone, and the hot
+    model's logits of each step."""
+    logits: list[bytes] = []
+    with LLMEngine(hot_config(models[0])) as hot:
+        want_hot = run(hot, logits=logits)
+    with LLMEngine(cold_config(models[1])) as cold:
+        want_cold = generate(cold, None)
+    return want_hot, want_cold, logits
+
+
+def start_cold(region: Path, model: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "cold_engine.py"), str(region), model],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(HERE.parents[1])},
+    )  # fmt: skip
+
+
+def wait_for_receiver(hot: LLMEngine, proc: subprocess.Popen[str] | None) -> None:
+    deadline = time.monotonic() + 60
+    while hot.weaving.region.counter(RECEIVER_PID) == 0:  # type: ignore[union-attr]
+        assert proc is None or proc.poll() is None, "the cold engine exited before serving"
+        assert time.monotonic() < deadline, "the cold engine did not start serving in 60 s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.45, 1.0])
+def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models, expected, ratio):
+    hot_model, cold_model = models
+    region = tmp_path / "weaver"
+    hot = LLMEngine(hot_config(hot_model), weaving=WeavingLink(region, ratio, timeout=10.0))
+    proc = start_cold(region, cold_model)
+    try:
+        wait_for_receiver(hot, proc)
+        logits: list[bytes] = []
+        got = run(hot, logits=logits)
+        w = hot.weaving
+        assert w is not None and w.error is None
+        assert w.num_offloaded == int(len(PROMPTS) * ratio)
+        hot.shutdown()  # releases what the receiver holds and stops the pairing
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    want_hot, want_cold, want_logits = expected
+    assert got == want_hot
+    differ = [i for i, (a, b) in enumerate(zip(logits, want_logits, strict=True)) if a != b]
+    assert not differ, f"logits differ at steps {differ}"  # bit for bit, not just the argmax
+    cold = json.loads(out)
+    assert cold["tokens"] == want_cold
+    assert (cold["served"] > 1) == (ratio > 0)  # tasks served, the final STOP included
+
+
+def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, models, expected):
+    hot_model, cold_model = models
+    region = tmp_path / "weaver"
+    hot = LLMEngine(hot_config(hot_model), weaving=WeavingLink(region, 0.45, timeout=10.0))
+    proc = start_cold(region, cold_model)
+    times: list[float] = []
+
+    def kill_after_decoding(step: int, outs: list[StepOutput]) -> None:
+        times.append(time.monotonic())
+        if step == 4:
+            proc.kill()
+            proc.wait()
+
+    try:
+        wait_for_receiver(hot, proc)
+        got = run(hot, kill_after_decoding)
+        w = hot.weaving
+        assert w is not None and w.error is not None
+        assert "exited" in w.error and "must be recomputed" in w.error
+        assert w.num_recomputed == w.num_offloaded == 3
+        assert (
+            max(b - a for a, b in zip(times, times[1:], strict=False)) < 5
+        )  # no step waited for long
+    finally:
+        proc.kill()
+        proc.wait()
+        hot.shutdown()
+    assert got == expected[0]
+
+
+def test_until_a_receiver_opens_the_region_nothing_is_offloaded(tmp_path, models, expected):
+    with LLMEngine(hot_config(models[0])) as hot:
+        hot.pair(WeavingLink(tmp_path / "weaver", 1.0, timeout=0.5))
+        assert run(hot) == expected[0]
+        w = hot.weaving
+        assert w is not None and w.num_prefilled == len(PROMPTS)
+        assert w.num_offloaded == 0 and w.error is None
+        t0 = time.monotonic()
+        hot.unpair()  # no receiver to stop: no wait for one
+        assert time.monotonic() - t0 < 0.5 and not (tmp_path / "weaver").exists()
+
+
+def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, models, expected):
+    """The cold model gets busy: the hot engine takes its sequences' KV back between two steps
+    and decodes them locally from there, bit for bit as if they had never left."""
+    hot_model, cold_model = models
+    region = tmp_path / "weaver"
+    hot = LLMEngine(hot_config(hot_model), weaving=WeavingLink(region, 1.0, timeout=10.0))
+    proc = start_cold(region, cold_model)
+    paired = [hot.weaving]
+
+    def unpair_after_decoding(step: int, outs: list[StepOutput]) -> None:
+        if step == 4:
+            hot.unpair()
+            assert not region.exists()
+
+    try:
+        wait_for_receiver(hot, proc)
+        logits: list[bytes] = []
+        got = run(hot, unpair_after_decoding, logits)
+        w = paired[0]
+        assert w is not None and hot.weaving is None and w.error is None and w.unpaired
+        assert w.num_taken_back == w.num_offloaded == len(PROMPTS) and w.num_recomputed == 0
+        out, _ = proc.communicate(timeout=60)  # unpair stopped the receiver: the cold one ends
+    finally:
+        proc.kill()
+        proc.wait()
+        hot.shutdown()
+    want_hot, want_cold, want_logits = expected
+    assert got == want_hot and logits == want_logits
+    assert json.loads(out)["tokens"] == want_cold
+
+
+def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, expected):
+    """An offloaded sequence is aborted between steps and the receiver stops polling: the release
+    before the next decode step finds it lost, and the other offloaded sequences are recomputed."""
+    region = tmp_path / "weaver"
+    hot = LLMEngine(hot_config(models[0]), weaving=WeavingLink(region, 1.0, timeout=1.0))
+    polling = threading.Event()
+    polling.set()
+
+    def receive() -> None:  # a receiver in a thread of this process, with a device of its own
+        rec = WeaverReceiver(ExchangeRegion(region), Device(), 96, 4)
+        while polling.is_set():
+            rec.poll()
+            time.sleep(1e-4)
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    aborted: list[Sequence] = []
+
+    def abort_one(step: int, outs: list[StepOutput]) -> None:
+        if step == 3:
+            aborted.append(outs[0].seq)
+            hot.abort(outs[0].seq)
+            polling.clear()
+            thread.join()
+
+    try:
+        wait_for_receiver(hot, None)
+        got = run(hot, abort_one)
+        w = hot.weaving
+        assert w is not None and w.error is not None and "has not polled" in w.error
+        assert w.num_recomputed == len(PROMPTS) - 1
+    finally:
+        hot.shutdown()
+    i = PROMPTS.index(aborted[0].token_ids[: aborted[0].num_prompt_tokens])
+    assert got[:i] + got[i + 1 :] == expected[0][:i] + expected[0][i + 1 :]
