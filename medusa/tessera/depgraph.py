@@ -27,15 +27,19 @@ class DepGraph:
     outputs: set[Key] = field(default_factory=set)  # written, never read after by the graph
 
 
-class _LastWriter:
+class LastWriter:
     """Per allocation, disjoint byte ranges with the node that wrote them last."""
 
     def __init__(self) -> None:
         self.segs: dict[Key, list[tuple[int, int, int]]] = defaultdict(list)
 
+    def overlaps(self, key: Key, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """(lo, hi, writer) of the written ranges within [lo, hi)."""
+        return [(max(a, lo), min(b, hi), w) for a, b, w in self.segs[key] if a < hi and b > lo]
+
     def readers_of(self, key: Key, lo: int, hi: int) -> list[tuple[int, int]]:
         """(writer, overlapping bytes) of [lo, hi)."""
-        return [(w, min(hi, b) - max(lo, a)) for a, b, w in self.segs[key] if a < hi and b > lo]
+        return [(w, b - a) for a, b, w in self.overlaps(key, lo, hi)]
 
     def covered(self, key: Key, lo: int, hi: int) -> int:
         return sum(n for _, n in self.readers_of(key, lo, hi))
@@ -57,7 +61,7 @@ class _LastWriter:
 def build(accesses: list[Extents | None], indirect: list[set[Key]] | None = None) -> DepGraph:
     """accesses[i]: node i's extents (kernels from the access analysis, copies by their API
     semantics); None for a node that touches no memory."""
-    reg = _LastWriter()
+    reg = LastWriter()
     edges: dict[tuple[int, int], int] = defaultdict(int)
     exposed: dict[Key, int] = defaultdict(int)  # bytes read before any write this iteration
     written: set[Key] = set()

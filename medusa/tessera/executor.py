@@ -31,7 +31,7 @@ from medusa.materialize.analysis import RunView
 from medusa.restore.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.restore.restorer import Restorer
 from medusa.tessera.accesses import WRITE, Key, analyze
-from medusa.tessera.depgraph import build
+from medusa.tessera.depgraph import LastWriter, build
 
 Range = tuple[Key, int, int]  # (allocation key, lo, hi) offsets within the allocation
 
@@ -163,23 +163,23 @@ class PartitionedGraph:
     def _plan_transfers(self) -> None:
         """Fills each segment's sends and the end-of-step deltas (what each side wrote last)."""
         seg_of = {n: i for i, s in enumerate(self.segments) for n in s.nodes}
-        last: dict[Key, list[tuple[int, int, int]]] = defaultdict(list)  # lo, hi, writer node
+        last = LastWriter()
         sends: dict[int, set[Range]] = defaultdict(set)
         for n, all_ext in enumerate(self.extents):
             ext = {k: r for k, r in all_ext.items() if k not in self.dynamic}
             for key, ranges in ext.items():
                 for lo, hi, _ in ranges:  # a write reads the page too (page-granular extents)
-                    for a, b, w in last[key]:
-                        if a < hi and b > lo and self.place[w] != self.place[n]:
-                            sends[seg_of[w]].add((key, max(a, lo), min(b, hi)))
+                    for a, b, w in last.overlaps(key, lo, hi):
+                        if self.place[w] != self.place[n]:
+                            sends[seg_of[w]].add((key, a, b))
             for key, ranges in ext.items():
                 for lo, hi, mode in ranges:
                     if mode & WRITE:
-                        last[key] = _overwrite(last[key], lo, hi, n)
+                        last.write(key, lo, hi, n)
         for i, s in enumerate(self.segments):
             s.sends = sorted(sends[i])
         self.deltas: list[list[Range]] = [[], []]
-        for key, segs in last.items():
+        for key, segs in last.segs.items():
             for a, b, w in segs:
                 self.deltas[self.place[w]].append((key, a, b))
 
@@ -238,16 +238,3 @@ class PartitionedGraph:
     def _write(self, items: list[list]) -> None:  # type: ignore[type-arg]
         for kind, idx, lo, data in items:
             self.r.b.memcpy_htod(self.base[(kind, idx)] + lo, data)
-
-
-def _overwrite(segs: list[tuple[int, int, int]], lo: int, hi: int, node: int) -> list:  # type: ignore[type-arg]
-    kept = []
-    for a, b, w in segs:
-        if b <= lo or a >= hi:
-            kept.append((a, b, w))
-            continue
-        if a < lo:
-            kept.append((a, lo, w))
-        if b > hi:
-            kept.append((hi, b, w))
-    return sorted([*kept, (lo, hi, node)])
