@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException
 
+from medusa.serve.gateway.backends import WorkerBackend
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.instances import Instance, InstanceManager, QueueFull, Unavailable
 from medusa.serve.gateway.metrics import GatewayMetrics
@@ -81,6 +82,7 @@ def create_gateway(
     *,
     wait_timeout: float = 300.0,
     max_body_bytes: int = MAX_BODY_BYTES,
+    backend: WorkerBackend | None = None,
 ) -> FastAPI:
     metrics = GatewayMetrics()
     client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
@@ -103,7 +105,11 @@ def create_gateway(
                     metrics.stage_seconds.labels(inst.model, stage).set(float(line.split()[-1]))
 
     manager = InstanceManager(
-        config.models, slices, on_cold_start=on_cold_start, pool_size=config.pool_size
+        config.models,
+        slices,
+        on_cold_start=on_cold_start,
+        pool_size=config.pool_size,
+        backend=backend,
     )
 
     @contextlib.asynccontextmanager
@@ -200,6 +206,7 @@ def create_gateway(
                         "pid": i.proc.pid,
                         "port": i.port,
                         "slice": i.slice.id,
+                        "node": i.proc.node,
                         "state": i.state.value,
                         "inflight": i.inflight,
                     }

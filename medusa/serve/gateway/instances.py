@@ -13,12 +13,13 @@ from enum import Enum
 import httpx
 
 from medusa.engine.loader import DEFAULT_MODEL
+from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
 from medusa.serve.gateway.config import ModelConfig
 from medusa.serve.gateway.host_weights import HostWeights
 from medusa.serve.gateway.pool import PooledWorker, WarmPool
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import Failure, StartPolicy
-from medusa.serve.gateway.worker_process import WorkerAddress, WorkerProcess, launch
+from medusa.serve.gateway.worker_process import WorkerAddress
 
 log = logging.getLogger("medusa.gateway")
 
@@ -35,7 +36,7 @@ class Instance(WorkerAddress):
     model: str
     slice: Slice
     port: int
-    proc: WorkerProcess
+    proc: WorkerHandle
     token: str
     state: State = State.STARTING
     inflight: int = 0
@@ -84,7 +85,13 @@ class InstanceManager:
         startup_timeout: float = 300.0,
         drain_timeout: float = 30.0,
         pool_size: Callable[[str], int] = lambda kind: 0,
+        backend: WorkerBackend | None = None,
     ) -> None:
+        if backend is None:
+            from medusa.serve.gateway.backends.local import LocalBackend
+
+            backend = LocalBackend()
+        self.backend = backend
         self.models, self.slices = models, slices
         self.instances: dict[str, list[Instance]] = {m: [] for m in models}
         self.waiting: dict[str, int] = {m: 0 for m in models}
@@ -94,7 +101,7 @@ class InstanceManager:
         self._on_cold_start = on_cold_start
         self.startup_timeout, self.drain_timeout = startup_timeout, drain_timeout
         self._tasks: set[asyncio.Task[None]] = set()
-        self._unreaped: set[WorkerProcess] = set()
+        self._unreaped: set[WorkerHandle] = set()
         prepare = sorted({m.model or DEFAULT_MODEL for m in models.values()})
         self.pool = WarmPool(slices, pool_size, prepare, self._spawn, warm_timeout=startup_timeout)
         self.host_weights = HostWeights(models)
@@ -138,11 +145,11 @@ class InstanceManager:
         if slc is None:
             raise NoCapacity(f"no free slice for {model}")
         slc.busy = True
-        proc, port, token = launch(slc.env, [*cfg.worker_args(), "--served-model-name", model])
-        inst = Instance(model, slc, port, proc, token)
+        proc = self.backend.launch(slc, [*cfg.worker_args(), "--served-model-name", model])
+        inst = Instance(model, slc, proc.port, proc, proc.token)
         self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
-        log.info("starting %s on slice %s (pid %d, port %d)", model, slc.id, inst.proc.pid, port)
+        log.info("starting %s on slice %s (%s back-end)", model, slc.id, self.backend.name)
         self._spawn(self._wait_ready(inst))
         return inst
 
@@ -173,6 +180,8 @@ class InstanceManager:
     async def _wait_ready(self, inst: Instance) -> None:
         deadline = time.monotonic() + self.startup_timeout
         health = None
+        if await inst.proc.placed(self.startup_timeout):
+            inst.host, inst.port, inst.token = inst.proc.host, inst.proc.port, inst.proc.token
         async with httpx.AsyncClient(timeout=2.0, headers=inst.headers) as client:
             while inst.proc.poll() is None and inst.state == State.STARTING and health is None:
                 if time.monotonic() > deadline:
@@ -228,7 +237,7 @@ class InstanceManager:
         if not self.closing:
             self.pool.fill()
 
-    async def _reap(self, proc: WorkerProcess) -> None:
+    async def _reap(self, proc: WorkerHandle) -> None:
         await proc.reap()
         self._unreaped.discard(proc)
 
@@ -321,6 +330,7 @@ class InstanceManager:
     # ---- the autoscaler ----
     async def autoscale(self, period: float = 0.25) -> None:
         while not self.closing:
+            self.backend.refresh(self.slices)
             self.pool.fill()
             self.host_weights.expire({m for m, insts in self.instances.items() if insts})
             now = time.monotonic()
@@ -369,6 +379,7 @@ class InstanceManager:
         await self._stop_all()
         await self.pool.shutdown()
         await self.host_weights.close()
+        await self.backend.close()
         await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
         for task in list(self._tasks):
             task.cancel()

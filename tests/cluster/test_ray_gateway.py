@@ -1,0 +1,119 @@
+"""`medusa gateway --cluster ray`: workers placed on the nodes of a local Ray cluster. In order
+(one module-scoped cluster): scale from zero onto a node's slice, a second model on the other
+node, a node added later takes the next model, a node lost mid-request, an artifact damaged on
+its way is refused by the node."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from medusa.child import ROOT
+from tests.cluster.conftest import RayGateway
+
+ray = pytest.importorskip("ray")
+
+CHAT = {
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "temperature": 0,
+    "max_tokens": 40,
+}
+ANSWERS: dict[str, str] = {}
+
+
+def _chat(gw: RayGateway, model: str) -> httpx.Response:
+    return httpx.post(f"{gw.base}/v1/chat/completions", json={**CHAT, "model": model}, timeout=300)
+
+
+def _text(r: httpx.Response) -> str:
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["message"]["content"])
+
+
+def _node_of(gw: RayGateway, model: str) -> str:
+    [inst] = gw.instances(model)
+    return str(inst["node"])
+
+
+def test_scales_from_zero_onto_a_nodes_slice(ray_gateway: RayGateway) -> None:
+    gw = ray_gateway
+    ANSWERS["a"] = _text(_chat(gw, "a"))
+    node = _node_of(gw, "a")
+    assert node in {n.node_id for n in gw.nodes}  # not the head: it has no slice
+    # the artifact was shipped to that node and verified there, under its digest
+    cached = list((gw.cache / f"node-{node[:16]}").iterdir())
+    assert [p.name for p in cached if len(p.name) == 64], cached
+
+
+def test_two_models_land_on_different_nodes(ray_gateway: RayGateway) -> None:
+    gw = ray_gateway
+    assert _text(_chat(gw, "b")) == ANSWERS["a"]  # the same artifact, the same greedy answer
+    assert _node_of(gw, "b") != _node_of(gw, "a")  # a's node has no free slice left
+
+
+def test_a_node_added_later_receives_work(ray_gateway: RayGateway) -> None:
+    gw = ray_gateway
+    new = gw.add_node()
+    deadline = time.monotonic() + 30
+    r = _chat(gw, "c")
+    while r.status_code == 503 and time.monotonic() < deadline:  # until the gateway sees it
+        time.sleep(0.5)
+        r = _chat(gw, "c")
+    assert _text(r) == ANSWERS["a"]
+    assert _node_of(gw, "c") == new.node_id
+
+
+def test_a_node_lost_mid_request_is_answered_on_another(ray_gateway: RayGateway) -> None:
+    gw = ray_gateway
+    deadline = time.monotonic() + 30
+    while gw.instances("c") and time.monotonic() < deadline:  # keep_alive 1 s: its slice frees
+        time.sleep(0.2)
+    [inst] = gw.instances("a")
+    lost = next(n for n in gw.nodes if n.node_id == inst["node"])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(_chat, gw, "a")
+        while not gw.instances("a")[0]["inflight"]:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        # The node loses power: its worker dies at once, then its raylet.
+        os.kill(inst["pid"], signal.SIGKILL)
+        gw.cluster.remove_node(lost)
+        assert _text(answer.result(timeout=120)) == ANSWERS["a"]
+    assert _node_of(gw, "a") not in {lost.node_id}
+
+
+def test_a_node_refuses_an_artifact_damaged_on_its_way(
+    ray_gateway: RayGateway, tmp_path: Path
+) -> None:
+    from medusa.serve.gateway.artifact_cache import ArtifactSource, ship
+    from medusa.serve.gateway.backends.ray_node import NodeWorker
+
+    gw = ray_gateway
+    damaged = tmp_path / "damaged"
+    shutil.copytree(gw.artifact, damaged)
+    image = next((damaged / "images").iterdir())
+    image.write_bytes(bytes(b ^ 1 for b in image.read_bytes()))
+    ray.init(address=gw.cluster.address, runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+    try:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        source = ArtifactSource.remote()
+        # on the head, which has never cached this artifact (the damaged copy has its digest)
+        head = NodeAffinitySchedulingStrategy(gw.cluster.head_node.node_id, soft=False)
+        worker = NodeWorker.options(scheduling_strategy=head).remote()
+        with pytest.raises(ray.exceptions.RayTaskError, match="checksum mismatch"):
+            ray.get(worker.fetch.remote(ship(damaged, source, small=1024, chunk=4096)))
+        # the intact artifact, its plan in 4 KiB chunks, arrives and is verified
+        path = Path(ray.get(worker.fetch.remote(ship(gw.artifact, source, small=1024, chunk=4096))))
+        assert (path / "plan.msgpack.zst").read_bytes() == (
+            gw.artifact / "plan.msgpack.zst"
+        ).read_bytes()
+    finally:
+        ray.shutdown()
