@@ -21,15 +21,22 @@ from tests.cluster.conftest import RayGateway
 ray = pytest.importorskip("ray")
 
 CHAT = {
-    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "messages": [{"role": "user", "content": "Tell me a long story."}],
     "temperature": 0,
-    "max_tokens": 40,
+    "max_tokens": 32,
 }
 ANSWERS: dict[str, str] = {}
 
 
 def _chat(gw: RayGateway, model: str) -> httpx.Response:
     return httpx.post(f"{gw.base}/v1/chat/completions", json={**CHAT, "model": model}, timeout=300)
+
+
+def _stream(gw: RayGateway, model: str) -> str:
+    body = {**CHAT, "model": model, "max_tokens": 200, "stream": True}
+    url = f"{gw.base}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=300) as r:
+        return "".join(r.iter_text())
 
 
 def _text(r: httpx.Response) -> str:
@@ -70,23 +77,31 @@ def test_a_node_added_later_receives_work(ray_gateway: RayGateway) -> None:
     assert _node_of(gw, "c") == new.node_id
 
 
-def test_a_node_lost_mid_request_is_answered_on_another(ray_gateway: RayGateway) -> None:
+def test_nodes_lost_mid_request(ray_gateway: RayGateway) -> None:
+    """a's request is answered on another node; b's stream ends with an error event."""
     gw = ray_gateway
     deadline = time.monotonic() + 30
     while gw.instances("c") and time.monotonic() < deadline:  # keep_alive 1 s: its slice frees
         time.sleep(0.2)
-    [inst] = gw.instances("a")
-    lost = next(n for n in gw.nodes if n.node_id == inst["node"])
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    assert not gw.instances("c")
+    [a], [b] = gw.instances("a"), gw.instances("b")
+    lost = [n for n in gw.nodes if n.node_id in (a["node"], b["node"])]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        stream = pool.submit(_stream, gw, "b")
         answer = pool.submit(_chat, gw, "a")
-        while not gw.instances("a")[0]["inflight"]:
+        while not (gw.instances("a")[0]["inflight"] and gw.instances("b")[0]["inflight"]):
             time.sleep(0.02)
-        time.sleep(0.2)
-        # The node loses power: its worker dies at once, then its raylet.
-        os.kill(inst["pid"], signal.SIGKILL)
-        gw.cluster.remove_node(lost)
+        time.sleep(0.1)
+        # The nodes lose power: their workers die at once, then their raylets.
+        for inst in (a, b):
+            os.kill(inst["pid"], signal.SIGKILL)
+        for node in lost:
+            gw.cluster.remove_node(node)
         assert _text(answer.result(timeout=120)) == ANSWERS["a"]
-    assert _node_of(gw, "a") not in {lost.node_id}
+        events = stream.result(timeout=60)
+    assert "the worker stopped in the middle of the answer" in events
+    assert "[DONE]" not in events
+    assert _node_of(gw, "a") == gw.nodes[-1].node_id  # the one node left with a slice
 
 
 def test_a_node_refuses_an_artifact_damaged_on_its_way(

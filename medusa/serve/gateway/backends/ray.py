@@ -43,6 +43,7 @@ class RayWorker:
     def __init__(self, actor: Any, start: Any, resource: str) -> None:
         self.host, self.port, self.token, self.node = "", 0, "", "(placing)"
         self._pid, self._code, self._error = 0, None, ""
+        self._gone = False  # its actor is dead: Ray refuses calls to it
         self._actor, self._start, self._resource = actor, start, resource
 
     @property
@@ -80,6 +81,7 @@ class RayWorker:
         try:
             code, why = fut.result()
         except RayError as e:
+            self._gone = True
             self._end(-9, f"its node {self.node[:12]} or its Ray actor was lost ({_why(e)})")
             return
         self._end(code, why)
@@ -91,15 +93,20 @@ class RayWorker:
         return self._code is not None
 
     def terminate(self) -> None:
-        self._actor.stop.remote(10.0)
+        if not self._gone:
+            self._actor.stop.remote(10.0)
 
     async def reap(self, timeout: float = 10.0) -> None:
-        try:
-            stop = asyncio.wrap_future(self._actor.stop.remote(timeout).future())
-            await asyncio.wait_for(stop, timeout + 5.0)
-        except (RayError, asyncio.TimeoutError):
-            pass  # lost with its node, or never placed: killing the actor is all that is left
-        ray.kill(self._actor)  # frees its slice resource
+        if self._gone:
+            return
+        if self._start.future().done() and self._code is None:
+            try:
+                stop = asyncio.wrap_future(self._actor.stop.remote(timeout).future())
+                await asyncio.wait_for(stop, timeout + 5.0)
+            except (RayError, asyncio.TimeoutError):
+                pass  # lost with its node: killing the actor is all that is left
+        self._gone = True
+        ray.kill(self._actor)  # frees its slice resource (a pending actor is never placed)
         self._end(-15, "stopped by the gateway")
 
 
