@@ -88,8 +88,8 @@ def ray_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayGateway
         assert materialize.returncode == 0, err[-4000:]
         (tmp / "models.yaml").write_text(f"""
 models:
-  a: {{artifact: {artifact}, keep_alive: 60, target: 1, engine: {ENGINE}}}
-  b: {{artifact: {artifact}, keep_alive: 60, engine: {ENGINE}}}
+  a: {{artifact: {artifact}, keep_alive: 600, target: 1, engine: {ENGINE}}}
+  b: {{artifact: {artifact}, keep_alive: 600, engine: {ENGINE}}}
   c: {{artifact: {artifact}, keep_alive: 1, engine: {ENGINE}}}
 """)
         port = _free_port()

@@ -84,7 +84,9 @@ def test_nodes_lost_mid_request(ray_gateway: RayGateway) -> None:
     while gw.instances("c") and time.monotonic() < deadline:  # keep_alive 1 s: its slice frees
         time.sleep(0.2)
     assert not gw.instances("c")
-    [a], [b] = gw.instances("a"), gw.instances("b")
+    insts = {m: gw.instances(m) for m in "ab"}
+    assert [len(i) for i in insts.values()] == [1, 1], insts  # both warm (keep_alive 600 s)
+    [a], [b] = insts.values()
     lost = [n for n in gw.nodes if n.node_id in (a["node"], b["node"])]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         stream = pool.submit(_stream, gw, "b")

@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,17 +35,21 @@ try:
 except ImportError:  # the [ray] extra is not installed
     ray = None  # type: ignore[assignment]
 
+# A start that failed: in Ray, or shipping the artifact (ArtifactError is a ValueError).
+_START_ERRORS = (RayError, OSError, ValueError) if ray is not None else ()
 REFRESH_SECONDS = 1.0  # how often the gateway asks Ray which nodes are alive
 
 
 class RayWorker:
     """A worker started by a NodeWorker actor (the ray back-end's WorkerHandle)."""
 
-    def __init__(self, actor: Any, start: Any, resource: str) -> None:
+    def __init__(self, started: concurrent.futures.Future[tuple[Any, Any]], resource: str) -> None:
         self.host, self.port, self.token, self.node = "", 0, "", "(placing)"
-        self._pid, self._code, self._error = 0, None, ""
+        self._pid, self._error = 0, ""
+        self._code: int | None = None
         self._gone = False  # its actor is dead: Ray refuses calls to it
-        self._actor, self._start, self._resource = actor, start, resource
+        self._started, self._resource = started, resource  # -> (actor, ref to its start())
+        self._actor: Any = None
 
     @property
     def pid(self) -> int:
@@ -64,11 +69,12 @@ class RayWorker:
 
     async def placed(self, timeout: float) -> bool:
         try:
-            info = await asyncio.wait_for(asyncio.wrap_future(self._start.future()), timeout)
+            self._actor, start = await asyncio.wrap_future(self._started)
+            info = await asyncio.wait_for(asyncio.wrap_future(start.future()), timeout)
         except asyncio.TimeoutError:
             self._end(-1, f"Ray found no node with a free {self._resource} in {timeout:.0f} s")
             return False
-        except RayError as e:
+        except _START_ERRORS as e:
             self._end(-1, f"its Ray actor failed to start it: {_why(e)}")
             return False
         self.host, self.port, self.token = info["host"], info["port"], info["token"]
@@ -93,13 +99,18 @@ class RayWorker:
         return self._code is not None
 
     def terminate(self) -> None:
-        if not self._gone:
+        if not self._gone and self._actor is not None:
             self._actor.stop.remote(10.0)
 
     async def reap(self, timeout: float = 10.0) -> None:
+        if self._actor is None:
+            try:  # so that the actor, once made, can be killed
+                self._actor = (await asyncio.wrap_future(self._started))[0]
+            except _START_ERRORS:
+                return  # no actor was made
         if self._gone:
             return
-        if self._start.future().done() and self._code is None:
+        if self.port and self._code is None:
             try:
                 stop = asyncio.wrap_future(self._actor.stop.remote(timeout).future())
                 await asyncio.wait_for(stop, timeout + 5.0)
@@ -126,9 +137,12 @@ class RayBackend(WorkerBackend):
         self._source: Any = None
         self._shipments: dict[tuple[str, str], Any] = {}
         self._nodes: concurrent.futures.Future[list[dict[str, Any]]] | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="medusa-ray")
+        # NOTE: Ray calls that may wait (listing nodes, the first shipment of an artifact, an
+        # actor's creation) run here, never on the event loop.
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="medusa-ray")
         self._next_refresh = 0.0
         self._seq = 0  # slice ids are never reused
+        self._shipping = threading.Lock()  # one source actor, each artifact put once
 
     def check(self, config: GatewayConfig) -> None:
         if any(config.warm_pool.values()):
@@ -143,7 +157,13 @@ class RayBackend(WorkerBackend):
         runtime_env = {"env_vars": {"PYTHONPATH": ROOT}}
         address = self.address or os.environ.get("RAY_ADDRESS")
         if address:
-            ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
+            try:
+                ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError) as e:
+                raise ValueError(
+                    f"--cluster ray://{address}: cannot join a Ray cluster there ({_why(e)}); give "
+                    "the address `ray start --head` printed (HOST:6379 by default)"
+                ) from None
         else:  # a one-node cluster on this machine, with this machine's slices
             resources = node_resources(discover_slices(topology))
             ray.init(
@@ -163,22 +183,30 @@ class RayBackend(WorkerBackend):
         return slices
 
     def launch(self, slc: Slice, args: list[str]) -> WorkerHandle:
+        resource = resource_name(slc.kind)
+        return RayWorker(self._pool.submit(self._start, slc.kind, resource, args), resource)
+
+    def _start(self, kind: str, resource: str, args: list[str]) -> tuple[Any, Any]:
         from medusa.serve.gateway.backends.ray_node import NodeWorker
 
         shipment = None
         if "--artifact" in args:
             shipment = self._shipment(Path(args[args.index("--artifact") + 1]))
-        resource = resource_name(slc.kind)
-        actor = NodeWorker.options(resources={resource: 1}).remote()
-        return RayWorker(actor, actor.start.remote(slc.kind, args, shipment), resource)
+        actor = NodeWorker.options(resources={resource: 1}).remote()  # type: ignore[attr-defined]
+        return actor, actor.start.remote(kind, args, shipment)
 
     def _shipment(self, path: Path) -> Any:
+        with self._shipping:
+            return self._ship(path)
+
+    def _ship(self, path: Path) -> Any:
         from medusa.serve.gateway.artifact_cache import ArtifactSource, artifact_files, ship
 
         if self._source is None:
             here = ray.get_runtime_context().get_node_id()
             strategy = NodeAffinitySchedulingStrategy(here, soft=False)
-            self._source = ArtifactSource.options(scheduling_strategy=strategy).remote()
+            options = ArtifactSource.options  # type: ignore[attr-defined]  # @ray.remote adds it
+            self._source = options(scheduling_strategy=strategy).remote()
         digest, _ = artifact_files(path)  # a re-materialized artifact is shipped again
         key = (str(path), digest)
         if key not in self._shipments:

@@ -47,6 +47,8 @@ def class_slice(kind: str, slice_id: str) -> Slice:
     """The slice a class names, as the gateway plans with it (memory, SMs). Its `env` binds a
     simulated slice; on a GPU node the node's actor finds the MIG instance with NVML."""
     sim = _SIM.fullmatch(kind)
+    gb: float
+    sms: int
     if kind in GH200_PROFILES:
         gb, sms = GH200_PROFILES[kind]
     elif kind == "sim":  # discover_slices' default slices of a machine without a slices file
