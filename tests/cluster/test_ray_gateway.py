@@ -109,8 +109,9 @@ def test_nodes_lost_mid_request(ray_gateway: RayGateway) -> None:
 def test_a_node_refuses_an_artifact_damaged_on_its_way(
     ray_gateway: RayGateway, tmp_path: Path
 ) -> None:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     from medusa.serve.gateway.artifact_cache import ArtifactSource, ship
-    from medusa.serve.gateway.backends.ray_node import NodeWorker
 
     gw = ray_gateway
     damaged = tmp_path / "damaged"
@@ -119,18 +120,27 @@ def test_a_node_refuses_an_artifact_damaged_on_its_way(
     image.write_bytes(bytes(b ^ 1 for b in image.read_bytes()))
     ray.init(address=gw.cluster.address, runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
     try:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         source = ArtifactSource.remote()
         # on the head, which has never cached this artifact (the damaged copy has its digest)
         head = NodeAffinitySchedulingStrategy(gw.cluster.head_node.node_id, soft=False)
-        worker = NodeWorker.options(scheduling_strategy=head).remote()
+        fetch = _fetch.options(scheduling_strategy=head)
         with pytest.raises(ray.exceptions.RayTaskError, match="checksum mismatch"):
-            ray.get(worker.fetch.remote(ship(damaged, source, small=1024, chunk=4096)))
+            ray.get(fetch.remote(ship(damaged, source, small=1024, chunk=4096)))
         # the intact artifact, its plan in 4 KiB chunks, arrives and is verified
-        path = Path(ray.get(worker.fetch.remote(ship(gw.artifact, source, small=1024, chunk=4096))))
-        assert (path / "plan.msgpack.zst").read_bytes() == (
-            gw.artifact / "plan.msgpack.zst"
-        ).read_bytes()
+        path = Path(ray.get(fetch.remote(ship(gw.artifact, source, small=1024, chunk=4096))))
+        plan = "plan.msgpack.zst"
+        assert (path / plan).read_bytes() == (gw.artifact / plan).read_bytes()
     finally:
         ray.shutdown()
+
+
+@ray.remote(num_cpus=0)
+def _fetch(shipment: object) -> str:
+    """What a slice actor does before it starts a worker: the node's verified copy."""
+    import asyncio
+
+    from medusa.serve.gateway.artifact_cache import ArtifactCache, Shipment, cache_root
+
+    assert isinstance(shipment, Shipment)
+    cache = ArtifactCache(cache_root(ray.get_runtime_context().get_node_id()))
+    return str(asyncio.run(cache.ensure(shipment)))

@@ -1,11 +1,16 @@
-"""What runs on a Ray node for the gateway: one `NodeWorker` actor per worker. Ray placed it on a
-node with a free `medusa_slice_<class>`; it takes one slice of that class on the node (a lock
-file, so two actors never share one), fetches the artifact into the node's cache, and starts
-`medusa run` there as a child process (the recorder's LD_PRELOAD and the restore work as with
-the local back-end). The child dies with the actor: a lost node loses its workers."""
+"""What runs on a Ray node for the gateway: one `SliceActor` per slice. Ray places it on a node
+with a free `medusa_slice_<class>` resource and holds that resource for it; the actor takes one
+slice of that class on the node (a lock file, so two actors never share one) and, when asked,
+fetches an artifact into the node's cache and starts `medusa run` there as a child process (the
+recorder's LD_PRELOAD and the restore work as with the local back-end). The child dies with the
+actor: a lost node loses its workers.
+
+NOTE: one actor per slice for the slice's life, not per worker: making an actor starts a Python
+process (about 1.2 s here), which would be on every cold start's path."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 from pathlib import Path
@@ -34,34 +39,40 @@ def _node_slices(kind: str, node_id: str) -> list[Slice]:
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
-class NodeWorker:
-    def __init__(self) -> None:
+class SliceActor:
+    def __init__(self, kind: str) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.cache = ArtifactCache(cache_root(self.node_id))
+        self.slice = self._take_slice(kind)
         self.proc: WorkerProcess | None = None
-        self._lock: int | None = None
+        self._turn = asyncio.Lock()  # start and stop in the order the gateway sent them
+
+    def info(self) -> dict[str, str]:
+        return {"node": self.node_id, "slice": self.slice.id}
+
+    async def alive(self) -> None:
+        """Never returns: its result is an error once the actor (or its node) is gone."""
+        await asyncio.Event().wait()
 
     async def fetch(self, shipment: Shipment) -> str:
         """The node-local, verified copy of the shipped artifact (fetched once per node)."""
         return str(await self.cache.ensure(shipment))
 
-    async def start(self, kind: str, args: list[str], shipment: Shipment | None) -> dict[str, Any]:
-        """Starts `medusa run ARGS` on a free slice of class `kind`; its address and token."""
+    async def start(self, args: list[str], shipment: Shipment | None) -> dict[str, Any]:
+        """Starts `medusa run ARGS` on this actor's slice; its address and token."""
+        async with self._turn:
+            return await self._start(args, shipment)
+
+    async def _start(self, args: list[str], shipment: Shipment | None) -> dict[str, Any]:
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"slice {self.slice.id} on node {self.node_id[:12]} is in use")
         args = list(args)
         if shipment is not None:
             args[args.index("--artifact") + 1] = await self.fetch(shipment)
-        slc = self._take_slice(kind)
         # NOTE: started from the actor's event-loop thread, which lives as long as the actor:
         # the child's parent-death signal fires when the thread that forked it ends.
-        self.proc, port, token = launch(slc.env, args, host=ray.util.get_node_ip_address())
-        return {
-            "host": self.proc.host,
-            "port": port,
-            "token": token,
-            "pid": self.proc.pid,
-            "node": self.node_id,
-            "slice": slc.id,
-        }
+        self.proc, port, token = launch(self.slice.env, args, ray.util.get_node_ip_address())
+        return {"host": self.proc.host, "port": port, "token": token, "pid": self.proc.pid}
 
     def _take_slice(self, kind: str) -> Slice:
         locks = self.cache.root / "slices"
@@ -76,17 +87,19 @@ class NodeWorker:
             self._lock = fd  # held (the slice is ours) until this actor's process ends
             return slc
         raise RuntimeError(
-            f"node {self.node_id[:12]}: Ray placed a worker here for {resource_name(kind)} but "
-            "every slice of that class is in use; the node advertises more slices than it has"
+            f"node {self.node_id[:12]}: Ray placed a slice actor here for {resource_name(kind)} "
+            "but every slice of that class is taken; the node advertises more than it has"
         )
 
     async def wait(self) -> tuple[int, str]:
-        """Returns once `medusa run` has ended: (exit status, its last stderr line)."""
+        """Returns once the current `medusa run` has ended: (exit status, last stderr line)."""
         assert self.proc is not None, "wait() before start()"
-        while not await self.proc.exited(3600.0):
+        proc = self.proc
+        while not await proc.exited(3600.0):
             pass
-        return int(self.proc.poll() or 0), self.proc.last_error()
+        return int(proc.poll() or 0), proc.last_error()
 
     async def stop(self, timeout: float) -> None:
-        if self.proc is not None:
-            await self.proc.reap(timeout)
+        async with self._turn:
+            if self.proc is not None:
+                await self.proc.reap(timeout)
