@@ -100,6 +100,13 @@ ARTIFACT_CACHE = EnvVar(
     "(default ~/.cache/medusa/artifacts)",
 )
 
+STORE_CHECKED = EnvVar(
+    "MEDUSA_STORE_CHECKED",
+    "",
+    "medusa run: the identity of a weight store the gateway has read and checked in full and "
+    "holds mapped; a store with that identity is not checked again (the gateway sets it)",
+)
+
 ALL: tuple[EnvVar, ...] = (
     DEVICE,
     LIB_DIR,
@@ -118,6 +125,7 @@ ALL: tuple[EnvVar, ...] = (
     MODE,
     LOG_LEVEL,
     WORKER_TOKEN,
+    STORE_CHECKED,
     PARENT_PID,
     ARTIFACT,
     REQUIRE_ARTIFACT,

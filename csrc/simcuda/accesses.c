@@ -56,6 +56,11 @@ static void acc_init(void) {
 
 void sim_acc_set_node(const void *node) { t_node = node; }
 
+bool sim_acc_enabled(void) {
+    pthread_once(&g_acc.once, acc_init);
+    return g_acc.on != 0;
+}
+
 static bool in_runs(uintptr_t a) {
     size_t lo = 0, hi = g_acc.num_runs;
     while (lo < hi) {

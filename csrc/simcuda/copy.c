@@ -34,8 +34,12 @@ CUresult sim_run_memcpy(const sim_memcpy_op *op) {
     if (!e)
         e = check_side(op->src, op->bytes, "source");
     sim_unlock();
-    if (!e && op->bytes)
+    if (!e && op->bytes) {
+        sim_fresh_pages(op->dst, op->bytes, op->src, op->bytes);
+        sim_writes_begin();
         memmove((void *)op->dst, (const void *)op->src, op->bytes);
+        sim_writes_end();
+    }
     return e;
 }
 
@@ -49,6 +53,7 @@ CUresult sim_run_memset(const sim_memset_op *op) {
     sim_unlock();
     if (e)
         return e;
+    sim_writes_begin();
     for (size_t y = 0; y < op->height; y++) {
         unsigned char *d = (unsigned char *)op->dst + y * op->pitch;
         if (op->elem == 1) {
@@ -63,6 +68,7 @@ CUresult sim_run_memset(const sim_memset_op *op) {
                 memcpy(d + 4 * i, &v, 4);
         }
     }
+    sim_writes_end();
     return CUDA_SUCCESS;
 }
 

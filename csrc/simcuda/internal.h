@@ -227,6 +227,7 @@ bool sim_acc_begin(void);
 void sim_acc_end(const sim_func *f, bool completed);
 bool sim_acc_fault(uintptr_t addr, const void *uc); /* from the fault handler */
 void sim_acc_set_node(const void *node);            /* the graph node about to run, or NULL */
+bool sim_acc_enabled(void); /* MEDUSA_SIM_ACCESSES is on: page mappings must stay as they are */
 /* memcheck of a kernel's pointer argument: inside a live allocation, or anywhere in a reserved
  * range. NOTE: an elastic KV cache's per-layer pointers lie in a page that may not be mapped; as on
  * a GPU, only an access to an unmapped page is an error, and the fault guard reports that one. */
@@ -238,6 +239,13 @@ CUresult sim_dev_alloc(size_t size, int kind, uintptr_t *out);
 CUresult sim_dev_free(uintptr_t p, int kind);
 int sim_mem_class(uintptr_t p); /* SIMCUDA_TRAFFIC_* */
 void sim_poison(uintptr_t p, size_t size); /* fill with the process's stale-byte pattern */
+/* Before a copy of [src, +src_n) to [dst, +n): pages of a cudaMalloc block the copy (mostly)
+ * overwrites get fresh memory instead of the copy-on-write stale-byte mapping (memory.c). Device
+ * writes (kernels, copies, memsets) run between sim_writes_begin/end: shared, while a partly
+ * covered page is checked and remapped exclusively. */
+void sim_fresh_pages(uintptr_t dst, size_t n, uintptr_t src, size_t src_n);
+void sim_writes_begin(void);
+void sim_writes_end(void);
 void sim_poison_fd(int fd, size_t size);
 const sim_range *sim_host_read_only(uintptr_t p, size_t n); /* host.c; lock held */
 

@@ -189,7 +189,7 @@ static CUresult memcheck(const sim_kernel_op *op) {
     return e;
 }
 
-CUresult sim_run_kernel(const sim_kernel_op *op) {
+static CUresult run_kernel(const sim_kernel_op *op) {
     sim_func *f = op->func;
     if (g_sim.sticky)
         return g_sim.sticky;
@@ -230,6 +230,14 @@ CUresult sim_run_kernel(const sim_kernel_op *op) {
     if (guard)
         ro_guard(false);
     return CUDA_SUCCESS;
+}
+
+/* A kernel writes device memory: no page of it is remapped meanwhile (sim_fresh_pages). */
+CUresult sim_run_kernel(const sim_kernel_op *op) {
+    sim_writes_begin();
+    CUresult e = run_kernel(op);
+    sim_writes_end();
+    return e;
 }
 
 static CUresult launch(CUfunction h, const unsigned grid[3], const unsigned block[3], unsigned smem,

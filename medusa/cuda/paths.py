@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 
 from medusa import env
@@ -12,23 +12,26 @@ from medusa import env
 _DIST = "medusa-coldstart"
 
 
-def _candidates() -> list[Path]:
-    found = []
+def _candidates() -> Iterator[Path]:
     if env.LIB_DIR.get():
-        found.append(Path(env.LIB_DIR.get()))
-    found.append(Path(__file__).resolve().parent.parent / "_lib")
+        yield Path(env.LIB_DIR.get())
+    yield Path(__file__).resolve().parent.parent / "_lib"
+    # NOTE: only when the package's own directory has none (a source checkout): importing
+    # importlib.metadata costs 20 ms of every worker's start.
+    from importlib import metadata
+
     try:
-        found.append(Path(str(metadata.distribution(_DIST).locate_file("medusa/_lib"))))
+        yield Path(str(metadata.distribution(_DIST).locate_file("medusa/_lib")))
     except metadata.PackageNotFoundError:
         pass
-    return found
 
 
 @cache
 def lib_dir() -> Path:
     """The directory holding libsimcuda.so; raises with the fix when there is none."""
-    tried = _candidates()
-    for d in tried:
+    tried = []
+    for d in _candidates():
+        tried.append(d)
         if (d / "libsimcuda.so").is_file():
             return d
     raise FileNotFoundError(

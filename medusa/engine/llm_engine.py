@@ -53,10 +53,13 @@ class LLMEngine:
         trust: str | Path | None = None,
         device: Device | None = None,
         store: str | Path | None = None,
+        store_checked: str = "",
     ) -> None:
         """device: a Device made earlier in this process (a pooled worker's, whose runtime and
         kernels are already initialized); by default a new one. store: a weight store to load
-        (by default the artifact's, if it has one)."""
+        (by default the artifact's, if it has one). store_checked: the identity of a store the
+        gateway checked in full and holds mapped (MEDUSA_STORE_CHECKED); if it is this store's,
+        nothing of it is hashed again."""
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}
@@ -66,6 +69,7 @@ class LLMEngine:
         self.store_error: str | None = None  # why a weight store was not used
         self.restorer: Restorer | None = None
         self._require = require_artifact
+        self._store_checked = store_checked
         t0 = time.perf_counter()
         loaded = self._load_artifact(artifact, trust)
         with self._stage("runtime_init"):
@@ -174,7 +178,13 @@ class LLMEngine:
         with self.runner.staging():
             if self.store is not None:
                 try:
-                    self.runner.load_store(self.store)
+                    checked = (
+                        bool(self._store_checked) and self._store_checked == self.store.identity
+                    )
+                    if checked:
+                        log.info("%s: checked in full by the gateway, unchanged since: not "
+                                 "hashed again", self.store.path)  # fmt: skip
+                    self.runner.load_store(self.store, checked=checked)
                     return
                 except WeightStoreError as e:
                     self._store_failed(str(e))

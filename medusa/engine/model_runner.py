@@ -99,13 +99,14 @@ class ModelRunner:
         finally:
             self._ring = None
 
-    def load_store(self, store: WeightStore) -> None:
+    def load_store(self, store: WeightStore, *, checked: bool = False) -> None:
         """Copies the device-resident weights from the store, every chunk checked (the mapped
-        ones too); WeightStoreError names a bad chunk, and the weights are then not usable."""
+        ones too) unless the gateway `checked` this file in full; WeightStoreError names a bad
+        chunk, and the weights are then not usable."""
         if self._ring is None:
             raise RuntimeError("load_store runs inside staging()")
         dsts = {n: b.ptr for n, b in self.weights.items() if n not in self._mapped}
-        self._ring.load_store(store, dsts)
+        self._ring.load_store(store, dsts, checked=checked)
         self._upload_rope()
 
     def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> None:

@@ -46,8 +46,9 @@ json.dump({
 Echo = Callable[[str], None]
 
 
-def _env(trace: Path, run: int, kind: str) -> dict[str, str]:
+def _env(trace: Path, run: int, kind: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if k not in ("MEDUSA_TRACE", "MEDUSA_MODE")}
+    base.update(extra or {})
     env = recorder_env(trace, base=base)
     if kind == "sim":
         env["MEDUSA_SIM_SEED"] = str(1000 + run)  # a different arena base each run
@@ -56,15 +57,25 @@ def _env(trace: Path, run: int, kind: str) -> dict[str, str]:
     return env
 
 
-def record_run(cmd: list[str], trace: Path, run: int, kind: str, echo: Echo) -> float:
+def record_run(
+    cmd: list[str],
+    trace: Path,
+    run: int,
+    kind: str,
+    echo: Echo,
+    extra_env: dict[str, str] | None = None,
+    what: str = "",
+) -> float:
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, env=_env(trace, run, kind), capture_output=True, text=True)
+    env = _env(trace, run, kind, extra_env)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode != 0:
         raise MaterializeError(
             f"the recorded start-up (run {run + 1}) exited {res.returncode}:\n{res.stderr[-3000:]}"
         )
     dt = time.perf_counter() - t0
-    echo(f"  recorded run {run + 1} of 2 in {dt:.1f} s ({trace.stat().st_size // 1024} KiB trace)")
+    what = what or f"run {run + 1} of 2"
+    echo(f"  recorded {what} in {dt:.1f} s ({trace.stat().st_size // 1024} KiB trace)")
     return dt
 
 
@@ -117,24 +128,44 @@ def probe_kv(config: EngineConfig, work: Path, store: str, echo: Echo) -> dict[s
 
 
 def materialize_engine(
-    config: EngineConfig, out: Path, kind: str, echo: Echo, *, weights: bool = True
+    config: EngineConfig,
+    out: Path,
+    kind: str,
+    echo: Echo,
+    *,
+    weights: bool = True,
+    check_accesses: str = "",
 ) -> dict[str, Any]:
-    """weights: write the weight store first, and record start-ups that load from it."""
+    """weights: write the weight store first, and record start-ups that load from it.
+    check_accesses: "warn" or "strict" (refuse on a disagreement) to cross-check the pointer
+    classification against the accesses a third, instrumented run records (simcuda only)."""
+    if check_accesses and kind != "sim":
+        raise MaterializeError(
+            "--check-accesses records kernels' accesses with simcuda's page protection; on a "
+            "GPU that needs PTX instrumentation, which scripts/gpu does not run yet: drop it, "
+            "or materialize on simcuda (MEDUSA_DEVICE=sim)"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     with (
         tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp,
         tempfile.TemporaryDirectory(prefix=f".{out.name}.weights.", dir=out.parent) as near,
     ):  # NOTE: beside `out`, so the store moves into the artifact by a rename
         return _materialize_engine(
-            config, out, kind, echo, Path(tmp), Path(near) if weights else None
+            config, out, kind, echo, Path(tmp), Path(near) if weights else None, check_accesses
         )
 
 
 def _materialize_engine(
-    config: EngineConfig, out: Path, kind: str, echo: Echo, work: Path, near: Path | None
+    config: EngineConfig,
+    out: Path,
+    kind: str,
+    echo: Echo,
+    work: Path,
+    near: Path | None,
+    check_accesses: str,
 ) -> dict[str, Any]:
     timings: dict[str, float] = {}
-    total = 4 + (near is not None) + (config.kv_cache_memory is None)
+    total = 4 + (near is not None) + (config.kv_cache_memory is None) + bool(check_accesses)
     steps = iter(range(1, total + 1))
 
     def step(what: str) -> None:
@@ -174,6 +205,12 @@ def _materialize_engine(
     a, _, plan, timings["analyze"] = analyze_runs(
         work / "0.mtr", work / "1.mtr", set(ENGINE_SKIPPED), echo
     )
+    if check_accesses:
+        step("checking the pointer classification against recorded accesses")
+        sized = EngineConfig(**{**asdict(config), "kv_cache_memory": kv_bytes})
+        timings["check_accesses"] = check_pointer_accesses(
+            sized, work, store, echo, strict=check_accesses == "strict"
+        )
     side = sidecars[0]
     manifest = {
         "kind": "engine",
@@ -196,6 +233,36 @@ def _materialize_engine(
     return write_artifact(
         out, manifest, plan, saved_images(a, plan), timings, echo, label, store_path
     )
+
+
+def check_pointer_accesses(
+    config: EngineConfig, work: Path, store: str, echo: Echo, *, strict: bool
+) -> float:
+    """Records run 0 again with kernels' accesses on (every graph replayed) and checks them
+    against the two-run pointer classification of work/1.mtr: a word called a pointer must be
+    dereferenced, a dereferenced word must be a pointer. Disagreements are warnings, or with
+    `strict` a MaterializeError naming them. Returns the seconds it took."""
+    from medusa.tessera.crosscheck import crosscheck
+    from medusa.tessera.record import record_instrumented
+
+    t0 = time.perf_counter()
+    record_instrumented(config, work / "accesses.mtr", store, echo)
+    check = crosscheck(
+        RunView.build(read_trace(work / "accesses.mtr")), RunView.build(read_trace(work / "1.mtr"))
+    )
+    echo(
+        f"  {check.nodes_checked} kernel nodes checked, {check.nodes_unknown} without recorded "
+        f"accesses, {len(check.disagreements)} disagreements"
+    )
+    for d in check.disagreements:
+        echo(f"  warning: {d}")
+    if strict and check.disagreements:
+        raise MaterializeError(
+            f"--strict: the access analysis disagrees with the pointer classification on "
+            f"{len(check.disagreements)} parameter(s), first: {check.disagreements[0]}; no "
+            "artifact was written"
+        )
+    return time.perf_counter() - t0
 
 
 def materialize_command(command: list[str], out: Path, kind: str, echo: Echo,

@@ -63,6 +63,10 @@ class DeviceQueue:
     def push(self, key: object, arrival: float, slo_ttft: float, prompt_tokens: int) -> None:
         self._jobs.append(Job(arrival + slo_ttft, prompt_tokens / self.prefill_speed, key))
 
+    def discard(self, key: object) -> None:
+        """Forgets the waiting request `key` (its client left); nothing if it is not queued."""
+        self._jobs = [j for j in self._jobs if j.key != key]
+
     def pop(self, now: float) -> object:
         """The request to start now: the first on-time one, or (none can still make it) the
         earliest deadline among the late ones."""

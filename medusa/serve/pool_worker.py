@@ -144,11 +144,16 @@ class PooledWorker:
             argv = body.get("argv") if isinstance(body, dict) else None
             if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
                 raise APIError(400, "send {'argv': [medusa run arguments]}", param="argv")
-            return await self._assign(argv)
+            checked = body.get("store_checked", "")
+            if not isinstance(checked, str):
+                raise APIError(
+                    400, "store_checked is a store identity (a string)", param="store_checked"
+                )
+            return await self._assign(argv, checked)
 
         return app
 
-    async def _assign(self, argv: list[str]) -> JSONResponse:
+    async def _assign(self, argv: list[str], store_checked: str) -> JSONResponse:
         t0 = time.perf_counter()
         await asyncio.to_thread(self.prepared.wait)
         try:
@@ -157,7 +162,7 @@ class PooledWorker:
             job = Assignment(self.command, argv)
         except ValueError as e:
             return self._failed(str(e))
-        engine = self.engine = AsyncEngine(job.config, lambda: self._build(job))
+        engine = self.engine = AsyncEngine(job.config, lambda: self._build(job, store_checked))
         engine.start()
         await asyncio.to_thread(engine.ready.wait)
         if engine.error:
@@ -175,7 +180,7 @@ class PooledWorker:
             }
         )
 
-    def _build(self, job: Assignment) -> LLMEngine:
+    def _build(self, job: Assignment, store_checked: str) -> LLMEngine:
         from medusa.engine.llm_engine import LLMEngine
         from medusa.engine.loader import locate_model
 
@@ -188,6 +193,7 @@ class PooledWorker:
             validate=job.validate,
             trust=job.trust,
             device=self.device,
+            store_checked=store_checked,
         )
 
     def _failed(self, reason: str) -> JSONResponse:

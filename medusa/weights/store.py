@@ -20,9 +20,16 @@ _FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK:
 
 
 class WeightStore:
-    def __init__(self, path: Path, header: Header, mm: mmap.mmap) -> None:
+    def __init__(
+        self, path: Path, header: Header, mm: mmap.mmap, identity: str = "", mtime_ns: int = 0
+    ) -> None:
         self.path = path
         self.header = header
+        # The file this mapping shows (device, inode, size, times) and its header: equal in two
+        # processes only while they map the same, unchanged file (see HostWeights for the limit
+        # of file times).
+        self.identity = identity
+        self.mtime_ns = mtime_ns
         self.nbytes = len(mm)
         self._mm = mm
         self._data = np.frombuffer(mm, np.uint8)
@@ -111,4 +118,7 @@ def open_store(path: str | Path, *, digest: str | None = None) -> WeightStore:
         mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
-    return WeightStore(path, header, mm)
+    identity = (
+        f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{header.digest}"
+    )
+    return WeightStore(path, header, mm, identity, st.st_mtime_ns)

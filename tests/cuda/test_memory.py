@@ -81,3 +81,15 @@ def test_large_blocks_take_whole_2mib_pages(cprog, run):
     out = lines(run(cprog("stale")).stdout)
     assert out["pad costs"] == str(4 << 20)  # 2 MiB + 4 KiB occupies two pages, as on a GPU
     assert out["pad aligned"] == "1"
+
+
+def test_copies_over_stale_bytes_read_back_exactly(cprog, run):
+    # A copy that overwrites most of a 2 MiB page of a large block gives the page fresh memory (the
+    # stale-byte mapping would cost a fault and a 4 KiB copy per page): the bytes the copy does
+    # not reach keep their stale pattern, bytes written before survive, and two threads copying
+    # into the same pages side by side lose nothing.
+    prog = cprog("fresh_pages", extra=("-pthread",))
+    for env in ({}, {"MEDUSA_SIM_ACCESSES": "1"}):
+        out = lines(run(prog, env=env).stdout)
+        assert out["block exact"] == "1", env
+        assert out["side by side exact"] == "1", env

@@ -26,12 +26,14 @@ OPTS = ["--max-num-seqs", "2", "--max-model-len", "128", "--max-num-batched-toke
 # Starts an engine, decodes greedily, prints what a user would compare (and where weights and
 # graphs came from); with "wait", stays up until stdin closes.
 ENGINE = """
-import hashlib, json, sys
+import hashlib, json, logging, os, sys
 from medusa.engine.config import EngineConfig
+logging.basicConfig(level=logging.INFO)
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
 cfg, art, store = json.loads(sys.argv[1]), sys.argv[2] or None, sys.argv[3] or None
-e = LLMEngine(EngineConfig(**cfg), artifact=art, store=store)
+e = LLMEngine(EngineConfig(**cfg), artifact=art, store=store,
+              store_checked=os.environ.get("MEDUSA_STORE_CHECKED", ""))
 seq = e.add_request([5, 17, 42, 7, 99, 3], SamplingParams(max_tokens=5))
 h = hashlib.sha256()
 while e.has_unfinished():
@@ -54,9 +56,16 @@ def restore_env(tmp: Path) -> dict[str, str]:
     return recorder_env(tmp / "restore-%p.mtr", mode="restore", base=clean_env())
 
 
-def run_engine(config: dict, tmp: Path, artifact: Path | None = None, store: Path | None = None):
-    """Runs ENGINE (under the recorder in restore mode when given an artifact); (result, log)."""
-    env = restore_env(tmp) if artifact else clean_env()
+def run_engine(
+    config: dict,
+    tmp: Path,
+    artifact: Path | None = None,
+    store: Path | None = None,
+    env: dict[str, str] | None = None,
+):
+    """Runs ENGINE (under the recorder in restore mode when given an artifact) with extra `env`;
+    (result, log)."""
+    env = {**(restore_env(tmp) if artifact else clean_env()), **(env or {})}
     res = subprocess.run(engine_cmd(config, artifact, store), env=env, capture_output=True,
                          text=True, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]

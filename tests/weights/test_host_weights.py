@@ -5,11 +5,13 @@ registration, and a bad store falls back (the graphs are then captured, said in 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 
 import pytest
 
+from medusa.env import STORE_CHECKED
 from medusa.weights import open_store
 from tests.weights.conftest import (
     CONFIG,
@@ -90,3 +92,34 @@ def test_a_bad_host_store_falls_back_and_the_graphs_are_captured(
     assert not got["restored"] and "diverges" in got["restore_error"], got
     assert "recorded with the store will be refused" in log
     assert (got["tokens"], got["logits"]) == (normal["tokens"], normal["logits"])
+
+
+def test_a_store_the_gateway_checked_is_not_read_again_unless_the_file_changed(
+    tiny_gguf, host_artifact, tmp_path
+):
+    # The gateway reads and checks a host-weight store in full and holds it mapped, then tells
+    # each worker the file's identity: a worker mapping that same unchanged file skips the
+    # 70-90 ms pass; a file changed since (here a flipped bit) is checked, and its damage found.
+    cfg = {**HOST, "model": str(tiny_gguf)}
+    normal, _ = run_engine(cfg, tmp_path)
+    with open_store(host_artifact / "weights.store") as s:
+        checked = {STORE_CHECKED.name: s.identity}
+    got, log = run_engine(cfg, tmp_path, host_artifact, env=checked)
+    assert got["restored"] and got["store_error"] is None, got
+    assert "checked in full by the gateway" in log
+    assert (got["tokens"], got["logits"]) == (normal["tokens"], normal["logits"])
+
+    copy = shutil.copytree(host_artifact, tmp_path / "art")
+    with open_store(copy / "weights.store") as s:
+        before = {STORE_CHECKED.name: s.identity}  # what the gateway checked ...
+    time.sleep(0.05)  # (file times are coarse: a change within a few ms could keep them)
+    with open_store(copy / "weights.store") as s:  # ... changed in place since
+        at = s.header.data_offset + s.header.chunk_range(1)[0] + 7
+    with open(copy / "weights.store", "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x10]))
+    got, log = run_engine(cfg, tmp_path, copy, env=before)
+    assert "chunk 1 of" in got["store_error"], got
+    assert "checked in full by the gateway" not in log

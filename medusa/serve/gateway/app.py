@@ -21,10 +21,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException
 
+from medusa.serve.gateway.admission import prompt_tokens
 from medusa.serve.gateway.backends import WorkerBackend
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.instances import Instance, InstanceManager, QueueFull, Unavailable
 from medusa.serve.gateway.metrics import GatewayMetrics
+from medusa.serve.gateway.sharing import Sharing
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.protocol import MAX_BODY_BYTES, APIError, error_body, loads, read_body
 
@@ -109,6 +111,7 @@ def create_gateway(
         slices,
         on_cold_start=on_cold_start,
         pool_size=config.pool_size,
+        sharing=Sharing(config, slices),
         backend=backend,
     )
 
@@ -188,6 +191,7 @@ def create_gateway(
             for state in ("starting", "warm", "draining"):
                 n = len([i for i in manager.instances[m] if i.state.value == state])
                 metrics.instances.labels(m, state).set(n)
+        manager.sharing.report(metrics, manager.live())
         for kind in {s.kind for s in slices}:
             for state, idle in (("warming", False), ("idle", True)):
                 metrics.pool_workers.labels(kind, state).set(
@@ -267,6 +271,7 @@ def create_gateway(
                 metrics.requests.labels(model, "503").inc()
                 headers = {"Retry-After": str(e.retry_after)}
                 return _error(503, str(e), "unavailable", headers, code=e.code)
+            await manager.sharing.admit(inst, prompt_tokens(body))  # elastic slices: its turn
             t0 = time.perf_counter()
             try:
                 req = client.build_request(

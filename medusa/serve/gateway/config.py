@@ -37,6 +37,9 @@ class ModelConfig:
     max_instances: int = 1
     target: int = 4  # concurrent requests per instance before scaling up
     keep_alive: float = 60.0  # seconds idle before an instance is stopped
+    # engine.weights: host: seconds the gateway keeps the store mapped (resident, checked) after
+    # the model's last worker ends, so that a slice switched back to it loads nothing
+    host_keep_alive: float = 60.0
     max_queue: int = 64  # requests waiting for an instance (or beyond `target` each), at most
     start_attempts: int = 3  # failed starts in a row before requests are refused with the reason
     failure_cooldown: float = 60.0  # seconds a failed model refuses requests before trying again
@@ -44,6 +47,8 @@ class ModelConfig:
     ttft_target: float = (
         2.0  # seconds; with engine.weights: host, what prefill chunks are sized for
     )
+    slo_ttft: float = 2.0  # seconds to first token: an elastic slice's queue deadlines, its KVPR
+    slo_tpot: float = 0.1  # seconds per output token the model is meant to keep
     engine: dict[str, Any] = field(default_factory=dict)
 
     def worker_args(self) -> list[str]:
@@ -60,15 +65,30 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class PrismSettings:
+    """How the gateway schedules elastic slices (`prism:` in models.yaml)."""
+
+    prefill_speed: float = 2000.0  # prompt tokens/s a slice prefills: a request's length estimate
+    concurrency: int = 8  # requests let through to one elastic slice's workers at a time
+    rate_window: float = 60.0  # seconds over which each model's request rate is measured
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     models: dict[str, ModelConfig]
     slices: str | None = None  # topology file for simulated slices (CPU machines)
     api_keys: tuple[str, ...] = ()
     # pooled workers (warmed up, no model) per slice class; "*": every class
     warm_pool: dict[str, int] = field(default_factory=dict)
+    # slice class -> "elastic" (several models share its memory) or "static"; "*": every class
+    sharing: dict[str, str] = field(default_factory=dict)
+    prism: PrismSettings = field(default_factory=PrismSettings)
 
     def pool_size(self, kind: str) -> int:
         return self.warm_pool.get(kind, self.warm_pool.get("*", 0))
+
+    def sharing_of(self, kind: str) -> str:
+        return self.sharing.get(kind, self.sharing.get("*", "static"))
 
 
 def _int(where: str, raw: dict[str, Any], key: str, default: int, minimum: int) -> int:
@@ -85,6 +105,16 @@ def _seconds(where: str, raw: dict[str, Any], key: str, default: float) -> float
     return float(v)
 
 
+def _slo(where: str, raw: dict[str, Any], key: str, default: float) -> float:
+    v = raw.get(key, default)
+    if not isinstance(v, int | float) or isinstance(v, bool) or not 0 < v < float("inf"):
+        raise ConfigError(
+            f"{where}.{key}: expected seconds > 0, got {v!r}; e.g. {key}: {default} "
+            f"({'to the first token' if key == 'slo_ttft' else 'per output token'})"
+        )
+    return float(v)
+
+
 def load_config(path: str | Path) -> GatewayConfig:
     path = Path(path)
     try:
@@ -95,7 +125,7 @@ def load_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("models"), dict) or not raw["models"]:
         raise ConfigError(f"{path}: expected a 'models:' mapping of model name to settings")
-    unknown = set(raw) - {"models", "slices", "api_keys", "warm_pool"}
+    unknown = set(raw) - {"models", "slices", "api_keys", "warm_pool", "sharing", "prism"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level field(s) {sorted(unknown)}")
     models = {}
@@ -113,9 +143,12 @@ def load_config(path: str | Path) -> GatewayConfig:
             "max_instances",
             "target",
             "keep_alive",
+            "host_keep_alive",
             "max_queue",
             "start_attempts",
             "failure_cooldown",
+            "slo_ttft",
+            "slo_tpot",
             "engine",
         }
         if bad:
@@ -154,11 +187,14 @@ def load_config(path: str | Path) -> GatewayConfig:
             max_instances=hi,
             target=_int(where, m, "target", 4, 1),
             keep_alive=keep,
+            host_keep_alive=_seconds(where, m, "host_keep_alive", keep),
             max_queue=_int(where, m, "max_queue", 64, 0),
             start_attempts=_int(where, m, "start_attempts", 3, 1),
             failure_cooldown=_seconds(where, m, "failure_cooldown", 60.0),
             tpot_target=float(m.get("tpot_target", 0.1)),
             ttft_target=float(m.get("ttft_target", 2.0)),
+            slo_ttft=_slo(where, m, "slo_ttft", 2.0),
+            slo_tpot=_slo(where, m, "slo_tpot", 0.1),
             engine=engine,
         )
     keys = raw.get("api_keys") or []
@@ -167,7 +203,14 @@ def load_config(path: str | Path) -> GatewayConfig:
     slices = raw.get("slices")
     if slices is not None:
         slices = str(path.parent / slices) if not Path(slices).is_absolute() else slices
-    return GatewayConfig(models, slices, tuple(keys), _warm_pool(path, raw.get("warm_pool", 0)))
+    return GatewayConfig(
+        models,
+        slices,
+        tuple(keys),
+        _warm_pool(path, raw.get("warm_pool", 0)),
+        _sharing(path, raw.get("sharing", {})),
+        _prism(path, raw.get("prism", {})),
+    )
 
 
 def _warm_pool(path: Path, raw: Any) -> dict[str, int]:
@@ -181,3 +224,33 @@ def _warm_pool(path: Path, raw: Any) -> dict[str, int]:
                 f"got {n!r}"
             )
     return {str(k): n for k, n in sizes.items()}
+
+
+def _sharing(path: Path, raw: Any) -> dict[str, str]:
+    """`sharing: elastic` (every slice class) or `sharing: {1g.24gb: elastic, "*": static}`."""
+    modes = raw if isinstance(raw, dict) else {"*": raw}
+    for kind, mode in modes.items():
+        if mode not in ("elastic", "static"):
+            where = f"sharing.{kind}" if isinstance(raw, dict) else "sharing"
+            raise ConfigError(
+                f"{path}: {where}: expected 'elastic' (the slice's models share its memory) or "
+                f"'static' (one model per slice), got {mode!r}"
+            )
+    return {str(k): str(v) for k, v in modes.items()}
+
+
+def _prism(path: Path, raw: Any) -> PrismSettings:
+    """`prism: {prefill_speed: 2000, concurrency: 8, rate_window: 60}`, each optional."""
+    where = f"{path}: prism"
+    if not isinstance(raw, dict) or set(raw) - {"prefill_speed", "concurrency", "rate_window"}:
+        raise ConfigError(
+            f"{where}: expected a mapping with prefill_speed (prompt tokens/s), concurrency "
+            f"(requests per elastic slice) and rate_window (seconds), got {raw!r}"
+        )
+    speed = raw.get("prefill_speed", 2000.0)
+    if not isinstance(speed, int | float) or isinstance(speed, bool) or not 0 < speed < 1e12:
+        raise ConfigError(f"{where}.prefill_speed: expected prompt tokens/s > 0, got {speed!r}")
+    window = raw.get("rate_window", 60.0)
+    if not isinstance(window, int | float) or isinstance(window, bool) or not 0 < window < 1e9:
+        raise ConfigError(f"{where}.rate_window: expected seconds > 0, got {window!r}")
+    return PrismSettings(float(speed), _int(where, raw, "concurrency", 8, 1), float(window))

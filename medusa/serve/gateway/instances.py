@@ -13,10 +13,12 @@ from enum import Enum
 import httpx
 
 from medusa.engine.loader import DEFAULT_MODEL
+from medusa.env import STORE_CHECKED
 from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
-from medusa.serve.gateway.config import ModelConfig
+from medusa.serve.gateway.config import GatewayConfig, ModelConfig
 from medusa.serve.gateway.host_weights import HostWeights
 from medusa.serve.gateway.pool import PooledWorker, WarmPool
+from medusa.serve.gateway.sharing import Sharing
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import Failure, StartPolicy
 from medusa.serve.gateway.worker_process import WorkerAddress
@@ -85,6 +87,7 @@ class InstanceManager:
         startup_timeout: float = 300.0,
         drain_timeout: float = 30.0,
         pool_size: Callable[[str], int] = lambda kind: 0,
+        sharing: Sharing | None = None,
         backend: WorkerBackend | None = None,
     ) -> None:
         if backend is None:
@@ -105,6 +108,7 @@ class InstanceManager:
         prepare = sorted({m.model or DEFAULT_MODEL for m in models.values()})
         self.pool = WarmPool(slices, pool_size, prepare, self._spawn, warm_timeout=startup_timeout)
         self.host_weights = HostWeights(models)
+        self.sharing = sharing or Sharing(GatewayConfig(models), slices)
 
     # ---- state ----
     def state(self, model: str) -> str:
@@ -120,11 +124,21 @@ class InstanceManager:
         return "cold"
 
     def free_slice(self) -> Slice | None:
-        return next((s for s in self.slices if not s.busy), None)
+        return next((s for s in self.slices if not s.busy and not s.shared), None)
 
-    def can_place(self) -> bool:
-        """A worker can start now: from the warm pool or on a free slice."""
-        return self.pool.available() or self.free_slice() is not None
+    def can_place(self, model: str) -> bool:
+        """A worker of `model` can start now: on an elastic slice with room for it, from the warm
+        pool or on a free slice."""
+        if self.sharing.choose(model, self.live(), self.waiting) is not None:
+            return True
+        return self.pool.available(self.sharing.static) or self.free_slice() is not None
+
+    def live(self) -> list[Instance]:
+        return [i for insts in self.instances.values() for i in insts if i.state != State.DEAD]
+
+    def _args(self, model: str, slc: Slice) -> list[str]:
+        cfg = self.models[model]
+        return [*cfg.worker_args(), *self.sharing.worker_args(slc), "--served-model-name", model]
 
     def _spawn(self, task: Coroutine[object, object, None]) -> None:
         t = asyncio.get_running_loop().create_task(task)
@@ -137,15 +151,17 @@ class InstanceManager:
 
     # ---- starting and stopping ----
     def start(self, model: str) -> Instance:
-        cfg = self.models[model]
-        pooled = self.pool.take()
+        choice = self.sharing.choose(model, self.live(), self.waiting)
+        if choice is not None and not self.sharing.make_room(model, choice, self._retire):
+            raise NoCapacity(f"the pages of {model}'s weights are not free on {choice.slice.id}")
+        pooled = self.pool.take(lambda s: s is choice.slice if choice else self.sharing.static(s))
         if pooled is not None:
             return self._start_pooled(model, pooled)
-        slc = self.free_slice()
+        slc = choice.slice if choice else self.free_slice()
         if slc is None:
             raise NoCapacity(f"no free slice for {model}")
         slc.busy = True
-        proc = self.backend.launch(slc, [*cfg.worker_args(), "--served-model-name", model])
+        proc = self.backend.launch(slc, self._args(model, slc), self.host_weights.worker_env(model))
         inst = Instance(model, slc, proc.port, proc, proc.token)
         self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
@@ -158,12 +174,13 @@ class InstanceManager:
         self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
         log.info("starting %s on %s from the warm pool (pid %d)", model, w.slice.id, w.proc.pid)
-        args = [*self.models[model].worker_args(), "--served-model-name", model]
+        args = self._args(model, w.slice)
         self._spawn(self._assign(inst, w, args))
         return inst
 
     async def _assign(self, inst: Instance, w: PooledWorker, args: list[str]) -> None:
-        done = await self.pool.assign(w, args, self.startup_timeout)
+        checked = self.host_weights.worker_env(inst.model).get(STORE_CHECKED.name, "")
+        done = await self.pool.assign(w, args, self.startup_timeout, checked)
         if inst.state == State.STARTING:  # else stopped while it started (the gateway shuts down)
             inst.stages, inst.timings = done.stages, done.timings
             if done.error is None and inst.proc.poll() is None:
@@ -231,6 +248,7 @@ class InstanceManager:
             return
         inst.state = State.DEAD
         inst.slice.busy = False
+        self.sharing.release(inst.slice, inst.model)
         if inst in self.instances[inst.model]:
             self.instances[inst.model].remove(inst)
         self._spawn(self._reap(inst.proc))
@@ -270,7 +288,7 @@ class InstanceManager:
         active = [i for i in self.instances[model] if i.state in (State.WARM, State.STARTING)]
         load = sum(i.inflight for i in active) + self.waiting[model]
         if len(active) < cfg.max_instances and (not active or load > cfg.target * len(active)):
-            if self.can_place() and self.policy.can_start(model) and not self.closing:
+            if self.can_place(model) and self.policy.can_start(model) and not self.closing:
                 self.start(model)
 
     def _check_admission(self, model: str) -> None:
@@ -288,6 +306,7 @@ class InstanceManager:
     async def acquire(self, model: str, timeout: float) -> Instance:
         """The least-loaded warm instance, starting one if needed; waits while it starts."""
         self._check_admission(model)
+        self.sharing.rates.arrived(model)
         self.waiting[model] += 1
         try:
             self._maybe_scale_up(model)
@@ -326,6 +345,7 @@ class InstanceManager:
     def release(self, inst: Instance) -> None:
         inst.inflight -= 1
         inst.last_used = time.monotonic()
+        self.sharing.done(inst)
 
     # ---- the autoscaler ----
     async def autoscale(self, period: float = 0.25) -> None:
@@ -339,6 +359,10 @@ class InstanceManager:
                 active = len([i for i in self.instances[model] if i.state != State.DEAD])
                 for inst in warm:
                     idle = now - inst.last_used
+                    # NOTE: an idle worker on an elastic slice holds only its weights (its KV pages
+                    # went back): it stays until placement evicts it for a model that needs room.
+                    if inst.slice.shared:
+                        continue
                     if inst.inflight == 0 and idle > cfg.keep_alive and active > cfg.min_instances:
                         log.info("scaling %s down (idle %.1f s)", model, idle)
                         active -= 1
@@ -348,7 +372,7 @@ class InstanceManager:
                 ]
                 while (
                     len(starting_or_warm) < cfg.min_instances
-                    and self.can_place()
+                    and self.can_place(model)
                     and self.policy.can_start(model)
                     and not self.closing
                 ):
@@ -379,6 +403,7 @@ class InstanceManager:
         await self._stop_all()
         await self.pool.shutdown()
         await self.host_weights.close()
+        self.sharing.close()
         await self.backend.close()
         await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
         for task in list(self._tasks):

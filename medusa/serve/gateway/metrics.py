@@ -65,6 +65,30 @@ class GatewayMetrics:
             registry=r,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         )
+        self.prism_pages = Gauge(
+            "medusa_prism_pages_held",
+            "elastic slices: KV pages (2 MiB) the ledger counts for a model's workers",
+            ["slice", "model"],
+            registry=r,
+        )
+        self.prism_kvpr = Gauge(
+            "medusa_prism_kvpr",
+            "elastic slices: KV pressure ratio, sum(rate / slo_ttft) per GiB of shared KV memory",
+            ["slice"],
+            registry=r,
+        )
+        self.prism_ledger = Gauge(
+            "medusa_prism_ledger_pages",
+            "elastic slices: the page ledger's capacity and free pages",
+            ["slice", "state"],
+            registry=r,
+        )
+        self.prism_queue = Gauge(
+            "medusa_prism_queue_length",
+            "elastic slices: requests waiting in the slice's Moore-Hodgson queue",
+            ["slice"],
+            registry=r,
+        )
         self.requests = Counter(
             "medusa_gateway_requests", "requests by outcome", ["model", "status"], registry=r
         )

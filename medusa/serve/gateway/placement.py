@@ -10,6 +10,11 @@ from medusa.serve.gateway.slices import Slice
 
 def required_bytes(m: ModelConfig) -> int:
     """Device memory a worker needs before it can serve one full-length sequence."""
+    return sum(footprint(m))
+
+
+def footprint(m: ModelConfig) -> tuple[int, int]:
+    """(bytes besides the KV cache: weights and activations, one full-length sequence's KV)."""
     if m.artifact:
         from medusa.artifact.store import read_manifest
 
@@ -18,12 +23,12 @@ def required_bytes(m: ModelConfig) -> int:
         per_seq = kv.get("block_bytes", 0) * -(
             -eng.get("max_model_len", 0) // eng.get("block_size", 16)
         )
-        return int(kv.get("non_kv_bytes", 0)) + per_seq
+        return int(kv.get("non_kv_bytes", 0)), per_seq
     from medusa.engine.loader import open_model
 
     spec = open_model(m.model).spec
     max_len = int(m.engine.get("max_model_len", 2048))
-    return spec.num_params * 4 + 2 * spec.num_layers * spec.kv_size * 4 * max_len
+    return spec.num_params * 4, 2 * spec.num_layers * spec.kv_size * 4 * max_len
 
 
 def check_c2c(config: GatewayConfig) -> None:
@@ -77,10 +82,11 @@ def plan_chunks(config: GatewayConfig, slices: list[Slice]) -> GatewayConfig:
 def check_placement(config: GatewayConfig, slices: list[Slice]) -> None:
     check_c2c(config)
     kinds = sorted({s.kind for s in slices})
-    for kind in set(config.warm_pool) - {"*", *kinds}:
-        raise ConfigError(
-            f"warm_pool.{kind}: no slice is of class {kind!r}; the slices' classes: {kinds}"
-        )
+    for field, classes in (("warm_pool", config.warm_pool), ("sharing", config.sharing)):
+        for kind in set(classes) - {"*", *kinds}:
+            raise ConfigError(
+                f"{field}.{kind}: no slice is of class {kind!r}; the slices' classes: {kinds}"
+            )
     largest = max(s.memory for s in slices)
     for m in config.models.values():
         need = required_bytes(m)

@@ -147,31 +147,38 @@ class WarmPool:
         log.warning("pool: the worker on %s is gone (%s); next in %.0f s", w.slice.id, why, wait)
 
     # ---- taking ----
-    def available(self) -> bool:
-        return any(w.proc.poll() is None and not w.failed for w in self.workers)
+    def available(self, where: Callable[[Slice], bool] = lambda s: True) -> bool:
+        return any(w.proc.poll() is None and not w.failed and where(w.slice) for w in self.workers)
 
-    def take(self) -> PooledWorker | None:
-        """The pooled worker a cold model gets: an idle one, else the one warming longest. The
-        slice stays busy: it is the model's now."""
-        live = [w for w in self.workers if w.proc.poll() is None and not w.failed]
+    def take(self, where: Callable[[Slice], bool] = lambda s: True) -> PooledWorker | None:
+        """The pooled worker (on a slice `where` accepts) a cold model gets: an idle one, else
+        the one warming longest. The slice stays busy: it is the model's now."""
+        live = [
+            w for w in self.workers if w.proc.poll() is None and not w.failed and where(w.slice)
+        ]
         if not live:
             return None
         w = min(live, key=lambda w: (not w.idle, w.started))
         self.workers.remove(w)
         return w
 
-    async def assign(self, w: PooledWorker, argv: list[str], timeout: float) -> Assigned:
-        """Has `w` start the model `medusa run ARGV` would; returns once it serves or failed.
+    async def assign(
+        self, w: PooledWorker, argv: list[str], timeout: float, store_checked: str = ""
+    ) -> Assigned:
+        """Has `w` start the model `medusa run ARGV` would (store_checked: as
+        MEDUSA_STORE_CHECKED would say); returns once it serves or failed.
         Stages: wait (for its warm-up, if it was still warming), assign (the gateway's round trip
         beyond the engine's start), weights, restore (or, without an artifact, KV sizing and graph
         capture), ready (taken to serving)."""
         self._assigning += 1
         try:
-            return await self._assign(w, argv, timeout)
+            return await self._assign(w, argv, timeout, store_checked)
         finally:
             self._assigning -= 1
 
-    async def _assign(self, w: PooledWorker, argv: list[str], timeout: float) -> Assigned:
+    async def _assign(
+        self, w: PooledWorker, argv: list[str], timeout: float, store_checked: str
+    ) -> Assigned:
         t0 = time.monotonic()
         deadline = t0 + timeout
         while not w.idle and w.proc.poll() is None and time.monotonic() < deadline:
@@ -182,7 +189,7 @@ class WarmPool:
         try:
             r = await self.client.post(
                 f"{w.url}/pool/assign",
-                json={"argv": argv},
+                json={"argv": argv, "store_checked": store_checked},
                 headers=w.headers,
                 timeout=max(1.0, deadline - t1),
             )

@@ -28,6 +28,7 @@ class Slice:
     env: dict[str, str] = field(default_factory=dict)  # what binds a worker to this slice
     busy: bool = False  # a worker (serving, starting or pooled) runs on it
     kind: str = "sim"  # the slice class (MIG profile): the warm pool is sized per class
+    shared: bool = False  # sharing: elastic: several models' workers share it (then `busy` is moot)
 
 
 def simulated_slices(topology: str | Path) -> list[Slice]:

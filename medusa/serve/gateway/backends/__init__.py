@@ -51,8 +51,10 @@ class WorkerBackend(abc.ABC):
         """The slices workers can be placed on now (the list `refresh` keeps up to date)."""
 
     @abc.abstractmethod
-    def launch(self, slc: Slice, args: list[str]) -> WorkerHandle:
-        """Starts `medusa run ARGS` on `slc` (returns at once; see WorkerHandle.placed)."""
+    def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
+        """Starts `medusa run ARGS` on `slc` (returns at once; see WorkerHandle.placed).
+        `local_env`: settings that hold only on the gateway's own machine (a host-weight store
+        the gateway has checked and mapped); a back-end whose workers run elsewhere drops it."""
 
     def check(self, config: GatewayConfig) -> None:  # noqa: B027 - most honour all
         """Raises ConfigError for settings this back-end cannot honour."""

@@ -13,6 +13,6 @@ class LocalBackend(WorkerBackend):
     def discover(self, topology: str | None) -> list[Slice]:
         return discover_slices(topology)
 
-    def launch(self, slc: Slice, args: list[str]) -> WorkerHandle:
-        proc, _, _ = launch(slc.env, args)
+    def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
+        proc, _, _ = launch({**slc.env, **local_env}, args)
         return proc

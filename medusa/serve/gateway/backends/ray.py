@@ -79,6 +79,11 @@ class RayBackend(WorkerBackend):
                 "warm_pool: the ray back-end has no warm pool yet; set warm_pool: 0 or drop "
                 "--cluster ray"
             )
+        if any(mode != "static" for mode in config.sharing.values()):
+            raise ConfigError(
+                "sharing: elastic slices share a page ledger on one machine; the ray back-end "
+                "places one worker per slice: set sharing: static or drop --cluster ray"
+            )
 
     def discover(self, topology: str | None) -> list[Slice]:
         # NOTE: the actors import medusa from where this process did (a checkout or the
@@ -114,7 +119,9 @@ class RayBackend(WorkerBackend):
             )
         return slices
 
-    def launch(self, slc: Slice, args: list[str]) -> WorkerHandle:
+    def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
+        # NOTE: local_env is dropped: it vouches for files on the gateway's machine, and a node
+        # checks its own copy of an artifact.
         held = next(h for h in self._held if h.slice is slc)
         started = self._pool.submit(self._start, held.actor, args)
         return RayWorker(held.actor, held.node, started)

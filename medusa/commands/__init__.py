@@ -1,0 +1,1 @@
+"""The `medusa` subcommands, one module per idea (medusa/cli.py assembles them)."""

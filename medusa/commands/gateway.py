@@ -1,0 +1,71 @@
+"""`medusa gateway`: a catalog of models scaled from zero onto slices."""
+
+from __future__ import annotations
+
+import click
+
+from medusa.serve import MAX_BODY_BYTES
+
+
+@click.command(
+    short_help="Serve a catalog of models, scaled from zero.",
+    context_settings={"show_default": True},
+)
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="models.yaml: the catalog (see runtime/models.yaml).",
+)
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--port", default=9000, type=int, help="Port to listen on.")
+@click.option(
+    "--max-request-bytes",
+    default=MAX_BODY_BYTES,
+    type=click.IntRange(min=1024),
+    help="Larger request bodies get 413.",
+)
+@click.option(
+    "--cluster",
+    default="local",
+    help="Where workers run: local (processes here), ray (the Ray cluster RAY_ADDRESS names, or "
+    "a new one on this machine) or ray://HOST:PORT (join the Ray cluster headed there; needs "
+    "the [ray] extra).",
+)
+def gateway(config_path: str, host: str, port: int, max_request_bytes: int, cluster: str) -> None:
+    """Serve a catalog of models, each scaled from zero onto device slices, behind one
+    OpenAI-compatible endpoint."""
+    import logging
+
+    import uvicorn
+
+    from medusa.serve.gateway.app import create_gateway
+    from medusa.serve.gateway.backends import make_backend
+    from medusa.serve.gateway.config import ConfigError, load_config
+    from medusa.serve.gateway.placement import check_placement, plan_chunks
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        config = load_config(config_path)
+        backend = make_backend(cluster)
+        backend.check(config)
+        slices = backend.discover(config.slices)
+        check_placement(config, slices)
+        config = plan_chunks(config, slices)
+    except (ConfigError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(
+        f"gateway: {len(config.models)} models, {len(slices)} slices "
+        f"({', '.join(s.id for s in slices)})",
+        err=True,
+    )
+    # NOTE: no access log: a line per proxied request is a measurable share of its overhead.
+    uvicorn.run(
+        create_gateway(config, slices, max_body_bytes=max_request_bytes, backend=backend),
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=False,
+    )

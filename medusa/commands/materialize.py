@@ -1,0 +1,141 @@
+"""`medusa materialize`: record a start-up twice, analyze it, write the artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from medusa.commands.options import engine_choice, engine_options
+from medusa.commands.run import _refuse_reference_options
+
+
+@click.command(
+    short_help="Record a start-up once and write an artifact.",
+    context_settings={"show_default": True, "ignore_unknown_options": True},
+)
+@click.argument("model", required=False)
+@engine_choice(
+    "medusa: the reference engine; vllm: a vLLM server (needs a GPU; arguments after -- "
+    "go to vLLM)."
+)
+@engine_options
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Artifact directory (default: artifacts/<model>-<device>/).",
+)
+@click.option(
+    "--command",
+    "command",
+    is_flag=True,
+    help="Materialize any program instead: medusa materialize --command -- python x.py",
+)
+@click.option(
+    "--skip-phase",
+    "skip_phase",
+    multiple=True,
+    help="With --command: a phase (medusa.trace.mark) the program's own restore skips.",
+)
+@click.option(
+    "--sign",
+    metavar="KEYFILE",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Sign the artifact with this ed25519 private key (medusa keygen makes one).",
+)
+@click.option(
+    "--no-weights",
+    "no_weights",
+    is_flag=True,
+    help="Do not write the weight store (the weights as they lie in device memory, which a "
+    "restored start copies or, with --weights host, maps); restores then load the model file.",
+)
+@click.option(
+    "--check-accesses",
+    type=click.Choice(["warn", "strict"]),
+    default=None,
+    help="Record a third run with kernels' accesses traced (simcuda; slow) and check the "
+    "pointer classification against them: warn on a disagreement, or (strict) refuse.",
+)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def materialize(
+    model: str | None,
+    engine_name: str,
+    out: str | None,
+    command: bool,
+    skip_phase: tuple[str, ...],
+    sign: str | None,
+    no_weights: bool,
+    check_accesses: str | None,
+    argv: tuple[str, ...],
+    **engine: object,
+) -> None:
+    """Record MODEL's start-up twice, analyze it, and write an artifact `medusa run --artifact`
+    restores (KV size, CUDA graphs with relocated pointers, kernel identities)."""
+    from medusa.artifact import sign_artifact
+    from medusa.artifact.inspect import describe
+    from medusa.artifact.seal import load_private_key
+    from medusa.artifact.store import load_artifact
+    from medusa.cuda.backend import NoDeviceError, load_backend
+    from medusa.engine.config import EngineConfig
+    from medusa.engine.loader import locate_model
+    from medusa.materialize.analysis import MaterializeError
+    from medusa.materialize.driver import materialize_command, materialize_engine
+
+    echo = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    try:
+        if sign:
+            load_private_key(sign)  # a bad key file fails now, not after the recording
+        kind = load_backend().kind
+        if engine_name == "vllm":
+            from medusa.integrations.vllm.materialize import materialize_vllm
+
+            _refuse_reference_options(
+                [*engine, "skip_phase", "command", "no_weights", "check_accesses"],
+                "medusa materialize --engine vllm MODEL -- --max-model-len 4096",
+            )
+            vargs = [model, *argv] if model else list(argv)
+            name = Path(vargs[0]).name if vargs else "model"
+            target = Path(out or f"artifacts/vllm-{name}-{kind}")
+            summary = materialize_vllm(vargs, target, kind, echo)
+        elif command:
+            if check_accesses:
+                raise click.UsageError(
+                    "--check-accesses replays the reference engine's graphs; a --command "
+                    "program has no such replay: drop --check-accesses"
+                )
+            argv_list = list(argv if not model else (model, *argv))
+            if not argv_list:
+                raise click.UsageError(
+                    "--command needs a program: medusa materialize --command -- CMD"
+                )
+            target = Path(out or f"artifacts/command-{kind}")
+            summary = materialize_command(argv_list, target, kind, echo, skip_phase)
+        else:
+            if argv:
+                raise click.UsageError(
+                    f"unexpected arguments {' '.join(argv)} (did you mean --command?)"
+                )
+            locate_model(model)
+            config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
+            name = Path(model).stem if model else "smollm2"
+            target = Path(out or f"artifacts/{name}-{kind}")
+            summary = materialize_engine(
+                config,
+                target,
+                kind,
+                echo,
+                weights=not no_weights,
+                check_accesses=check_accesses or "",
+            )
+        art = sign_artifact(target, sign) if sign else load_artifact(target)
+    except (MaterializeError, ValueError, NoDeviceError) as e:  # ArtifactError is a ValueError
+        raise click.ClickException(str(e)) from None
+    click.echo(describe(art))
+    t = summary["timings"]
+    click.echo(
+        f"  size      {summary['bytes'] / 1024:.0f} KiB; stages: "
+        + ", ".join(f"{k} {v:.2f}s" for k, v in t.items())
+    )

@@ -1,0 +1,87 @@
+"""Options several commands share: the reference engine's settings, the engine choice, --trust."""
+
+from __future__ import annotations
+
+import click
+
+
+def engine_options(f):  # type: ignore[no-untyped-def]
+    """The engine settings `run` and `materialize` share (they must match to restore)."""
+    opts = [
+        click.option(
+            "--max-num-seqs", default=8, type=int, help="Sequences decoded together at most."
+        ),
+        click.option("--max-model-len", default=2048, type=int, help="Prompt + completion tokens."),
+        click.option("--max-num-batched-tokens", default=512, type=int, help="Tokens in one step."),
+        click.option(
+            "--gpu-memory-utilization", default=0.9, type=float, help="Device memory fraction."
+        ),
+        click.option(
+            "--kv-cache-memory",
+            default=None,
+            type=int,
+            help="KV-cache bytes; skips the profiling pass.",
+        ),
+        click.option(
+            "--kv-memory",
+            type=click.Choice(["static", "elastic"]),
+            default="static",
+            help="elastic: reserve the KV range and map 2 MiB pages as requests need them, drawn "
+            "from the device's page ledger (MEDUSA_KV_LEDGER) that workers sharing a device use; "
+            "an idle model gives its pages back at once.",
+        ),
+        click.option("--enforce-eager", is_flag=True, help="Do not capture decode graphs."),
+        click.option("--seed", default=0, type=int, help="Seed for requests that bring none."),
+        click.option(
+            "--max-prefill-chunk",
+            default=None,
+            type=int,
+            help="Prefill long prompts in chunks of at most this many tokens.",
+        ),
+        click.option(
+            "--weights",
+            type=click.Choice(["device", "host"]),
+            default="device",
+            help="host: projection weights stay in host-mapped memory (HybridGEMM).",
+        ),
+        click.option(
+            "--alpha",
+            default=0.0,
+            type=float,
+            help="With --weights host: HybridGEMM's output-stationary share of columns.",
+        ),
+        click.option(
+            "--tune-alpha",
+            is_flag=True,
+            help="With --weights host: tune alpha online (C2CServe Algorithm 2).",
+        ),
+        click.option(
+            "--slice-profile",
+            default="7g.96gb",
+            help="The GH200 MIG profile alpha tuning models utilisation for.",
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def engine_choice(help: str):  # type: ignore[no-untyped-def]
+    """--engine medusa|vllm, as run and materialize take it."""
+    return click.option(
+        "--engine",
+        "engine_name",
+        type=click.Choice(["medusa", "vllm"]),
+        default="medusa",
+        help=help,
+    )
+
+
+def trust_option(f):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--trust",
+        metavar="PUBKEY",
+        type=click.Path(dir_okay=False, exists=True),
+        default=None,
+        help="Public key file: refuse an artifact not signed by it (medusa keygen makes keys).",
+    )(f)

@@ -1,0 +1,342 @@
+"""`medusa run`: serve a model (the reference engine or vLLM), restored from an artifact or
+started the normal way, or wait in the gateway's warm pool."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from medusa.commands.options import engine_choice, engine_options, trust_option
+from medusa.serve import MAX_BODY_BYTES
+
+if TYPE_CHECKING:
+    from medusa.engine.config import EngineConfig
+
+RESTORE_TRACE_PREFIX = "medusa-restore-"
+
+
+@click.command(
+    short_help="Serve a model with an OpenAI-compatible API.",
+    context_settings={"show_default": True, "ignore_unknown_options": True},
+)
+@click.argument("model", required=False)
+@engine_choice(
+    "medusa: the reference engine; vllm: `vllm serve` with the medusa plugin "
+    "(arguments after -- go to vllm serve)."
+)
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("--port", default=8000, type=int, help="Port to listen on.")
+@click.option("--served-model-name", default=None, help="Model id clients send (default: MODEL).")
+@engine_options
+@click.option(
+    "--artifact",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Restore start-up from this artifact (medusa materialize makes it).",
+)
+@click.option(
+    "--require-artifact",
+    is_flag=True,
+    help="Exit with the reason instead of starting normally when the artifact is unusable.",
+)
+@trust_option
+@click.option(
+    "--validate",
+    is_flag=True,
+    help="Replay each restored graph once on a probe input and compare with eager.",
+)
+@click.option(
+    "--demo",
+    metavar="PROMPT",
+    default=None,
+    help="Serve, answer PROMPT over HTTP, print the answer and stop.",
+)
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Log start-up stages and failures' tracebacks to stderr."
+)
+@click.option(
+    "--max-request-bytes",
+    default=MAX_BODY_BYTES,
+    type=click.IntRange(min=1024),
+    help="Larger request bodies get 413.",
+)
+@click.option(
+    "--pool",
+    is_flag=True,
+    help="Warm up without a model and wait for the gateway to assign one (its warm pool).",
+)
+@click.option(
+    "--prepare",
+    multiple=True,
+    metavar="MODEL",
+    help="With --pool: open MODEL's file and tokenizer ahead (repeatable).",
+)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def run(
+    model: str | None,
+    engine_name: str,
+    argv: tuple[str, ...],
+    host: str,
+    port: int,
+    served_model_name: str | None,
+    demo: str | None,
+    artifact: str | None,
+    require_artifact: bool,
+    trust: str | None,
+    validate: bool,
+    verbose: bool,
+    max_request_bytes: int,
+    pool: bool,
+    prepare: tuple[str, ...],
+    **engine: object,
+) -> None:
+    """Serve MODEL (default: SmolLM2-135M-Instruct) with an OpenAI-compatible API.
+
+    MODEL is 'smollm2', a .gguf file, or a Hugging Face-layout directory. The server answers
+    /health with 503 until the engine has started; requests made meanwhile wait. A model that
+    cannot load, a missing --artifact directory or a busy port end the command at once with the
+    reason (an artifact that exists but does not fit falls back to a normal start).
+    """
+    from medusa.child import die_with_parent
+    from medusa.engine.config import EngineConfig
+
+    die_with_parent()
+    _setup_logging(verbose, quiet=demo is not None)
+    if engine_name == "vllm":
+        _refuse_reference_options(
+            [*engine, "served_model_name", "demo", "validate"],
+            "medusa run --engine vllm --artifact DIR -- --seed 3",
+        )
+        _run_vllm(model, artifact, list(argv), host, port, require_artifact, trust)
+    if argv:
+        raise click.UsageError(
+            f"unexpected arguments {' '.join(argv)} (only --engine vllm takes them)"
+        )
+    if pool:
+        _check_pool_inputs(model, artifact, prepare)
+    try:
+        config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    _check_run_inputs(model, artifact, host, port)
+    if (artifact or pool) and not os.environ.get("MEDUSA_TRACE"):
+        # Restore maps allocations through the recorder in restore mode: re-exec under it.
+        from medusa.child import medusa_cli
+        from medusa.trace import recorder_env
+
+        trace_dir = tempfile.mkdtemp(prefix=RESTORE_TRACE_PREFIX)
+        env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore")
+        cmd = medusa_cli(*sys.argv[1:])
+        os.execve(cmd[0], cmd, env)
+    if pool:
+        from medusa import env as medusa_env
+        from medusa.serve.pool_worker import serve_pooled
+
+        try:
+            serve_pooled(
+                click.get_current_context().command, host, port, medusa_env.WORKER_TOKEN.get(),
+                list(prepare), max_request_bytes,
+            )  # fmt: skip
+        finally:
+            _remove_restore_trace()
+        return
+    _serve(
+        config, model, host, port, served_model_name, demo, artifact, require_artifact, validate,
+        trust=trust, max_request_bytes=max_request_bytes,
+    )  # fmt: skip
+
+
+def _check_pool_inputs(model: str | None, artifact: str | None, prepare: tuple[str, ...]) -> None:
+    """A pooled worker gets its model from the gateway, on a route guarded by the worker token."""
+    from medusa import env
+    from medusa.engine.loader import ModelError, locate_model
+
+    if model or artifact:
+        raise click.UsageError("--pool takes no MODEL or --artifact: the gateway assigns them")
+    if not env.WORKER_TOKEN.get():
+        raise click.UsageError(
+            f"--pool needs {env.WORKER_TOKEN.name}: only the gateway that set it may assign a model"
+        )
+    for m in prepare:
+        try:
+            locate_model(m)
+        except ModelError as e:
+            raise click.ClickException(f"--prepare {e}") from None
+
+
+def _setup_logging(verbose: bool, quiet: bool) -> None:
+    """INFO by default; WARNING for --demo (its output is the answer); DEBUG with --verbose;
+    MEDUSA_LOG_LEVEL over all of them."""
+    import logging
+
+    from medusa import env
+
+    level = env.LOG_LEVEL.get().upper() or ("DEBUG" if verbose else "WARNING" if quiet else "INFO")
+    if not isinstance(logging.getLevelName(level), int):
+        raise click.UsageError(
+            f"MEDUSA_LOG_LEVEL={level!r}: use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    if level != "DEBUG":
+        # NOTE: httpx logs a line per request at INFO (the demo polls /health).
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def _check_run_inputs(model: str | None, artifact: str | None, host: str, port: int) -> None:
+    """What would otherwise surface only after a slow start, or never (another server answering
+    on the port): refuse it now, with the fix."""
+    import errno
+    import socket
+
+    from medusa.cuda.backend import NoDeviceError, load_backend
+    from medusa.engine.loader import ModelError, locate_model
+
+    try:
+        locate_model(model)
+    except ModelError as e:
+        raise click.ClickException(str(e)) from None
+    if artifact and not Path(artifact).is_dir():
+        make = " ".join(["medusa materialize", *([model] if model else []), "--out", artifact])
+        raise click.ClickException(
+            f"--artifact {artifact}: no such directory; make it with `{make}`, or drop --artifact"
+        )
+    try:
+        load_backend()
+    except (NoDeviceError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise click.ClickException(f"port {port} is in use; pass --port") from None
+            raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
+def _serve(
+    config: EngineConfig,
+    model: str | None,
+    host: str,
+    port: int,
+    served_model_name: str | None,
+    demo: str | None,
+    artifact: str | None,
+    require_artifact: bool,
+    validate: bool,
+    *,
+    trust: str | None,
+    max_request_bytes: int,
+) -> None:
+    import threading
+
+    import uvicorn
+
+    from medusa.serve.async_engine import AsyncEngine
+    from medusa.serve.worker import create_app
+
+    factory = None
+    if artifact:
+        from medusa import env
+        from medusa.engine.llm_engine import LLMEngine
+
+        def factory() -> LLMEngine:
+            return LLMEngine(
+                config,
+                artifact=artifact,
+                require_artifact=require_artifact,
+                validate=validate,
+                trust=trust,
+                store_checked=env.STORE_CHECKED.get(),
+            )
+
+    async_engine = AsyncEngine(config, factory)
+    async_engine.start()
+    name = served_model_name or model or "smollm2"
+    app = create_app(async_engine, name, max_body_bytes=max_request_bytes)
+    try:
+        if require_artifact:
+            async_engine.ready.wait()
+            if async_engine.error:
+                click.echo(f"medusa run: {async_engine.error}", err=True)
+                raise SystemExit(3)
+        if demo is not None:
+            from medusa.serve.demo import run_demo
+
+            raise SystemExit(run_demo(app, async_engine, host, port, name, demo))
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+
+        def stop_if_failed() -> None:
+            async_engine.ready.wait()
+            if async_engine.error:
+                server.should_exit = True
+
+        threading.Thread(target=stop_if_failed, daemon=True).start()
+        server.run()
+        if async_engine.error:
+            click.echo(f"medusa run: the engine failed to start: {async_engine.error}", err=True)
+            raise SystemExit(1)
+        if not server.started:
+            raise SystemExit(1)
+    finally:
+        async_engine.shutdown()
+        _remove_restore_trace()
+
+
+def _remove_restore_trace() -> None:
+    """The restore-mode trace `run --artifact` re-executed itself under is read during start-up
+    only; its directory goes when the server stops."""
+    import shutil
+
+    from medusa import env
+
+    trace = env.TRACE.get()
+    if trace and Path(trace).parent.name.startswith(RESTORE_TRACE_PREFIX):
+        shutil.rmtree(Path(trace).parent, ignore_errors=True)
+
+
+def _refuse_reference_options(names: list[str], example: str) -> None:
+    """With --engine vllm, options of the reference engine given on the command line would be
+    silently dropped: name them and say where vLLM's own go."""
+    ctx = click.get_current_context()
+    given = [
+        "--" + name.replace("_", "-")
+        for name in names
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)}: the reference engine's option(s); with --engine vllm pass "
+            f"vLLM's own after --, e.g. {example}"
+        )
+
+
+def _run_vllm(
+    model: str | None,
+    artifact: str | None,
+    argv: list[str],
+    host: str,
+    port: int,
+    require: bool,
+    trust: str | None,
+) -> None:
+    from medusa.artifact import ArtifactError
+    from medusa.integrations.vllm.serve import serve_command
+
+    try:
+        cmd, env = serve_command(artifact, model, argv, host, port, require, trust)
+    except ArtifactError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo("medusa run: " + " ".join(cmd), err=True)
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as e:
+        raise click.ClickException(
+            f"cannot start vLLM ({e}): install it with pip install 'medusa-coldstart[vllm]'"
+        ) from None

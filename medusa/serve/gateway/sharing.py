@@ -1,0 +1,236 @@
+"""Elastic slices (`sharing: elastic`): several models' workers on one slice, drawing KV pages from
+one page ledger that the gateway makes per slice, placed and scheduled as Prism does.
+
+- The ledger's budget is the slice's memory in 2 MiB pages. The gateway holds a row per model it
+  starts there for the model's weights (and activations), so the KV memory the workers share is
+  the slice's memory minus its models' weights, as in Prism's KV pressure ratio.
+- Global placement (Prism Alg. 1, `medusa.prism.placement`): a model that must start goes to the
+  elastic slice whose KVPR = sum(rate / slo_ttft) / shared KV memory, with it, is lowest, rates
+  measured over a sliding window. A slice short of memory for it takes it only by evicting idle
+  models, larger slo_ttft first, and only when no slice has room without evicting.
+- Local scheduling (Alg. 2): one `SliceQueue` per slice orders its requests by Moore-Hodgson.
+
+Workers started there get MEDUSA_KV_LEDGER (in the slice's env, so pooled workers have it too)
+and `--kv-memory elastic`; an idle worker's KV pages go back to the ledger at once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from medusa import env
+from medusa.prism.ledger import PageLedger
+from medusa.prism.placement import ModelLoad, PlacementError, evict, kvpr
+from medusa.serve.gateway.admission import RateMeter, SliceQueue
+from medusa.serve.gateway.config import GatewayConfig
+from medusa.serve.gateway.metrics import GatewayMetrics
+from medusa.serve.gateway.placement import footprint
+from medusa.serve.gateway.slices import Slice
+
+log = logging.getLogger("medusa.gateway")
+
+PAGE_BYTES = 2 << 20  # the VMM granularity of simcuda and of current NVIDIA GPUs
+
+
+class _Process(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+
+class _State(Protocol):
+    @property
+    def value(self) -> str: ...
+
+
+class Resident(Protocol):
+    """What placement needs of a worker (the gateway's Instance)."""
+
+    inflight: int
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def slice(self) -> Slice: ...
+
+    @property
+    def proc(self) -> _Process: ...
+
+    @property
+    def state(self) -> _State: ...
+
+
+@dataclass(frozen=True)
+class Choice:
+    slice: Slice
+    evict: list[Resident]  # idle workers to stop before the model starts there
+
+
+def _pages(nbytes: int) -> int:
+    return -(-nbytes // PAGE_BYTES)
+
+
+def _ledger_dir() -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+class Sharing:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        slices: list[Slice],
+        *,
+        ledger_dir: Path | None = None,
+        footprints: dict[str, tuple[int, int]] | None = None,
+    ) -> None:
+        self.models = config.models
+        self.rates = RateMeter(config.prism.rate_window)
+        self.slices = [s for s in slices if config.sharing_of(s.kind) == "elastic"]
+        self._footprints = dict(footprints or {})
+        self.ledgers: dict[str, PageLedger] = {}
+        self.queues: dict[str, SliceQueue] = {}
+        self._weights: dict[tuple[str, str], PageLedger] = {}  # (slice, model) -> its row
+        where = ledger_dir or _ledger_dir()
+        for s in self.slices:
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", s.id)
+            path = where / f"medusa-ledger-{os.getpid()}-{name}"
+            self.ledgers[s.id] = PageLedger.create(path, s.memory // PAGE_BYTES, PAGE_BYTES)
+            s.shared = True
+            s.env = {**s.env, env.KV_LEDGER.name: str(path)}
+            self.queues[s.id] = SliceQueue(config.prism.prefill_speed, config.prism.concurrency)
+            log.info("slice %s is elastic: page ledger %s", s.id, path)
+
+    @staticmethod
+    def static(s: Slice) -> bool:
+        return not s.shared
+
+    @staticmethod
+    def worker_args(s: Slice) -> list[str]:
+        return ["--kv-memory", "elastic"] if s.shared else []
+
+    # ---- global placement ----
+    def load(self, model: str) -> ModelLoad:
+        if model not in self._footprints:
+            self._footprints[model] = footprint(self.models[model])
+        weights, min_kv = self._footprints[model]
+        return ModelLoad(
+            model,
+            _pages(weights) * PAGE_BYTES,
+            self.rates.rate(model),
+            self.models[model].slo_ttft,
+            min_kv,
+        )
+
+    def choose(
+        self, model: str, live: Sequence[Resident], waiting: Mapping[str, int]
+    ) -> Choice | None:
+        """The elastic slice `model` should start on, and whom to evict there; None: none can
+        take it now (a static slice may). Idle: warm, no request in flight or waiting."""
+        new = self.load(model)
+        best: tuple[tuple[bool, float, int, int], Choice] | None = None
+        for index, s in enumerate(self.slices):
+            here = [i for i in live if i.slice is s]
+            if any(i.model == model for i in here) or s.id not in self.ledgers:
+                continue  # one worker per model and slice (scaling up goes elsewhere); closed
+            loads = {i.model: self.load(i.model) for i in here}
+            ledger = self.ledgers[s.id]
+            free = ledger.free() * PAGE_BYTES
+            weights = sum(m.weight_bytes for m in loads.values())
+            idle = {
+                i.model
+                for i in here
+                if i.state.value == "warm" and not i.inflight and not waiting.get(i.model)
+            }
+            try:
+                need = new.weight_bytes + new.min_kv_bytes
+                out = evict(list(loads.values()), idle, free + weights, need)
+            except PlacementError:
+                continue
+            stay = [m for name, m in loads.items() if name not in out]
+            score = kvpr([*stay, new], ledger.capacity * PAGE_BYTES)
+            if score == float("inf"):
+                continue
+            key = (bool(out), score, -free, index)
+            if best is None or key < best[0]:
+                best = (key, Choice(s, [i for i in here if i.model in out]))
+        return None if best is None else best[1]
+
+    def make_room(self, model: str, choice: Choice, retire: Callable[[Any], None]) -> bool:
+        """Stops the idle workers `choice` evicts, then takes the pages of `model`'s weights;
+        False if they are still not free (another worker mapped KV pages meanwhile)."""
+        for victim in choice.evict:
+            log.info("evicting idle %s from %s for %s", victim.model, choice.slice.id, model)
+            retire(victim)
+        return self.reserve(choice.slice, model)
+
+    def reserve(self, s: Slice, model: str) -> bool:
+        """Takes the pages of `model`'s weights on elastic slice `s`; False if they are not free."""
+        row = PageLedger(self.ledgers[s.id].path)
+        row.join(f"weights:{model}")
+        if not row.try_acquire(_pages(self.load(model).weight_bytes)):
+            row.leave()
+            row.close()
+            return False
+        self._weights[(s.id, model)] = row
+        return True
+
+    def release(self, s: Slice, model: str) -> None:
+        """Gives back what `reserve` took (the worker's own KV row goes when it exits)."""
+        row = self._weights.pop((s.id, model), None)
+        if row is not None:
+            row.leave()
+            row.close()
+
+    # ---- local scheduling ----
+    async def admit(self, inst: Resident, prompt_tokens: int) -> None:
+        """On an elastic slice: waits for the request's turn in the slice's queue; at once
+        elsewhere. An admitted request ends with `done` (the gateway's release)."""
+        if not inst.slice.shared:
+            return
+        try:
+            await self.queues[inst.slice.id].admit(self.models[inst.model].slo_ttft, prompt_tokens)
+        except BaseException:
+            inst.inflight -= 1  # NOTE: not admitted (its client left): no slot to give back
+            raise
+
+    def done(self, inst: Resident) -> None:
+        if inst.slice.shared:
+            self.queues[inst.slice.id].done()
+
+    # ---- reporting ----
+    def report(self, metrics: GatewayMetrics, live: Sequence[Resident]) -> None:
+        """Sets the Prism gauges: KV pages held per slice and model (the ledger's rows of that
+        model's workers), each slice's KVPR, and its ledger's free and total pages."""
+        for s in [s for s in self.slices if s.id in self.ledgers]:
+            ledger = self.ledgers[s.id]
+            here = [i for i in live if i.slice is s]
+            by_pid = {i.proc.pid: i.model for i in here}
+            held = dict.fromkeys(self.models, 0)
+            for h in ledger.holders():
+                if h.pid in by_pid:
+                    held[by_pid[h.pid]] += h.pages
+            for model, pages in held.items():
+                metrics.prism_pages.labels(s.id, model).set(pages)
+            score = kvpr([self.load(i.model) for i in here], ledger.capacity * PAGE_BYTES)
+            metrics.prism_kvpr.labels(s.id).set(score * 2**30)
+            metrics.prism_ledger.labels(s.id, "free").set(ledger.free())
+            metrics.prism_ledger.labels(s.id, "capacity").set(ledger.capacity)
+            metrics.prism_queue.labels(s.id).set(len(self.queues[s.id]))
+
+    def close(self) -> None:
+        """Removes the ledgers (at shutdown, once the workers are gone)."""
+        for row in self._weights.values():
+            row.leave()
+            row.close()
+        self._weights.clear()
+        for ledger in self.ledgers.values():
+            ledger.close()
+            ledger.path.unlink(missing_ok=True)
+        self.ledgers.clear()
