@@ -15,6 +15,7 @@ import httpx
 from medusa.engine.loader import DEFAULT_MODEL
 from medusa.env import STORE_CHECKED
 from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
+from medusa.serve.gateway.backends.local import LocalBackend
 from medusa.serve.gateway.config import GatewayConfig, ModelConfig
 from medusa.serve.gateway.host_weights import HostWeights
 from medusa.serve.gateway.pool import PooledWorker, WarmPool
@@ -90,11 +91,7 @@ class InstanceManager:
         sharing: Sharing | None = None,
         backend: WorkerBackend | None = None,
     ) -> None:
-        if backend is None:
-            from medusa.serve.gateway.backends.local import LocalBackend
-
-            backend = LocalBackend()
-        self.backend = backend
+        self.backend = backend or LocalBackend()
         self.models, self.slices = models, slices
         self.instances: dict[str, list[Instance]] = {m: [] for m in models}
         self.waiting: dict[str, int] = {m: 0 for m in models}
