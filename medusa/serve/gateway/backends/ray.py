@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -54,6 +55,20 @@ class _Held:
     lost: bool = False  # set from a Ray thread when the actor (or its node) dies
 
 
+def _check_reachable(address: str) -> None:
+    """Fails in seconds where ray.init would retry for minutes: nothing listens at ADDRESS."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--cluster ray://{address}: expected ray://HOST:PORT (e.g. HOST:6379)")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        raise ValueError(
+            f"--cluster ray://{address}: nothing answers there ({e.strerror or e}); start the "
+            "cluster's head with `ray start --head` and give the address it prints"
+        ) from None
+
+
 class RayBackend(WorkerBackend):
     name = "ray"
 
@@ -91,6 +106,8 @@ class RayBackend(WorkerBackend):
         runtime_env = {"env_vars": {"PYTHONPATH": ROOT}}
         address = self.address or os.environ.get("RAY_ADDRESS")
         if address:
+            if self.address:  # RAY_ADDRESS may be "auto": Ray resolves it
+                _check_reachable(address)
             try:
                 ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError) as e:
