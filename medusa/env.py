@@ -93,6 +93,12 @@ WORKER_TOKEN = EnvVar(
     "",
     "medusa run: answer only requests that send it (the gateway sets one per worker)",
 )
+ARTIFACT_CACHE = EnvVar(
+    "MEDUSA_ARTIFACT_CACHE",
+    "",
+    "gateway --cluster ray: where each node keeps the artifacts shipped to it, by digest "
+    "(default ~/.cache/medusa/artifacts)",
+)
 
 STORE_CHECKED = EnvVar(
     "MEDUSA_STORE_CHECKED",
@@ -125,4 +131,5 @@ ALL: tuple[EnvVar, ...] = (
     REQUIRE_ARTIFACT,
     VLLM_SIDECAR,
     TRUST,
+    ARTIFACT_CACHE,
 )

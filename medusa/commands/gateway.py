@@ -26,7 +26,14 @@ from medusa.serve import MAX_BODY_BYTES
     type=click.IntRange(min=1024),
     help="Larger request bodies get 413.",
 )
-def gateway(config_path: str, host: str, port: int, max_request_bytes: int) -> None:
+@click.option(
+    "--cluster",
+    default="local",
+    help="Where workers run: local (processes here), ray (the Ray cluster RAY_ADDRESS names, or "
+    "a new one on this machine) or ray://HOST:PORT (join the Ray cluster headed there; needs "
+    "the [ray] extra).",
+)
+def gateway(config_path: str, host: str, port: int, max_request_bytes: int, cluster: str) -> None:
     """Serve a catalog of models, each scaled from zero onto device slices, behind one
     OpenAI-compatible endpoint."""
     import logging
@@ -34,15 +41,17 @@ def gateway(config_path: str, host: str, port: int, max_request_bytes: int) -> N
     import uvicorn
 
     from medusa.serve.gateway.app import create_gateway
+    from medusa.serve.gateway.backends import make_backend
     from medusa.serve.gateway.config import ConfigError, load_config
     from medusa.serve.gateway.placement import check_placement, plan_chunks
-    from medusa.serve.gateway.slices import discover_slices
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         config = load_config(config_path)
-        slices = discover_slices(config.slices)
+        backend = make_backend(cluster)
+        backend.check(config)
+        slices = backend.discover(config.slices)
         check_placement(config, slices)
         config = plan_chunks(config, slices)
     except (ConfigError, ValueError) as e:
@@ -54,7 +63,7 @@ def gateway(config_path: str, host: str, port: int, max_request_bytes: int) -> N
     )
     # NOTE: no access log: a line per proxied request is a measurable share of its overhead.
     uvicorn.run(
-        create_gateway(config, slices, max_body_bytes=max_request_bytes),
+        create_gateway(config, slices, max_body_bytes=max_request_bytes, backend=backend),
         host=host,
         port=port,
         log_level="info",

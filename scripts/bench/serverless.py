@@ -104,12 +104,13 @@ def start_gateway(
     return launch_gateway(cfg, env, subprocess.DEVNULL)
 
 
-def launch_gateway(cfg: Path, env: dict[str, str], log) -> tuple:  # type: ignore[no-untyped-def]
-    """`medusa gateway --config CFG` on a free port, output to `log`; (process, base URL) once
-    it answers /health."""
+def launch_gateway(cfg: Path, env: dict[str, str], log, *args: str) -> tuple:  # type: ignore[no-untyped-def]
+    """`medusa gateway --config CFG ARGS` on a free port, output to `log`; (process, base URL)
+    once it answers /health."""
     port = _port()
+    cmd = ["gateway", "--config", str(cfg), "--port", str(port), *args]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "medusa.cli", "gateway", "--config", str(cfg), "--port", str(port)],
+        [sys.executable, "-m", "medusa.cli", *cmd],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

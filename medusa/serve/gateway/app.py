@@ -22,6 +22,7 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException
 
 from medusa.serve.gateway.admission import prompt_tokens
+from medusa.serve.gateway.backends import WorkerBackend
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.instances import Instance, InstanceManager, QueueFull, Unavailable
 from medusa.serve.gateway.metrics import GatewayMetrics
@@ -83,6 +84,7 @@ def create_gateway(
     *,
     wait_timeout: float = 300.0,
     max_body_bytes: int = MAX_BODY_BYTES,
+    backend: WorkerBackend | None = None,
 ) -> FastAPI:
     metrics = GatewayMetrics()
     client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
@@ -110,6 +112,7 @@ def create_gateway(
         on_cold_start=on_cold_start,
         pool_size=config.pool_size,
         sharing=Sharing(config, slices),
+        backend=backend,
     )
 
     @contextlib.asynccontextmanager
@@ -207,6 +210,7 @@ def create_gateway(
                         "pid": i.proc.pid,
                         "port": i.port,
                         "slice": i.slice.id,
+                        "node": i.proc.node,
                         "state": i.state.value,
                         "inflight": i.inflight,
                     }

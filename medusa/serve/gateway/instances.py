@@ -14,6 +14,8 @@ import httpx
 
 from medusa.engine.loader import DEFAULT_MODEL
 from medusa.env import STORE_CHECKED
+from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
+from medusa.serve.gateway.backends.local import LocalBackend
 from medusa.serve.gateway.config import GatewayConfig, ModelConfig
 from medusa.serve.gateway.errors import (  # noqa: F401 - the gateway's errors, re-exported
     NoCapacity,
@@ -28,7 +30,7 @@ from medusa.serve.gateway.sharing import Choice, Sharing
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import StartPolicy
 from medusa.serve.gateway.weaving import WeavingPairs
-from medusa.serve.gateway.worker_process import WorkerAddress, WorkerProcess, launch
+from medusa.serve.gateway.worker_process import WorkerAddress
 
 log = logging.getLogger("medusa.gateway")
 
@@ -45,7 +47,7 @@ class Instance(WorkerAddress):
     model: str
     slice: Slice
     port: int
-    proc: WorkerProcess
+    proc: WorkerHandle
     token: str
     state: State = State.STARTING
     inflight: int = 0
@@ -69,7 +71,9 @@ class InstanceManager:
         drain_timeout: float = 30.0,
         pool_size: Callable[[str], int] = lambda kind: 0,
         sharing: Sharing | None = None,
+        backend: WorkerBackend | None = None,
     ) -> None:
+        self.backend = backend or LocalBackend()
         self.models, self.slices = models, slices
         self.instances: dict[str, list[Instance]] = {m: [] for m in models}
         self.waiting: dict[str, int] = {m: 0 for m in models}
@@ -79,7 +83,7 @@ class InstanceManager:
         self._on_cold_start = on_cold_start
         self.startup_timeout, self.drain_timeout = startup_timeout, drain_timeout
         self._tasks: set[asyncio.Task[None]] = set()
-        self._unreaped: set[WorkerProcess] = set()
+        self._unreaped: set[WorkerHandle] = set()
         prepare = sorted({m.model or DEFAULT_MODEL for m in models.values()})
         self.pool = WarmPool(slices, pool_size, prepare, self._spawn, warm_timeout=startup_timeout)
         self.host_weights = HostWeights(models)
@@ -137,13 +141,11 @@ class InstanceManager:
         if slc is None:
             raise NoCapacity(f"no free slice for {model}")
         slc.busy = True
-        proc, port, token = launch(
-            {**slc.env, **self.host_weights.worker_env(model)}, self._args(model, slc)
-        )
-        inst = Instance(model, slc, port, proc, token)
+        proc = self.backend.launch(slc, self._args(model, slc), self.host_weights.worker_env(model))
+        inst = Instance(model, slc, proc.port, proc, proc.token)
         self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
-        log.info("starting %s on slice %s (pid %d, port %d)", model, slc.id, inst.proc.pid, port)
+        log.info("starting %s on slice %s (%s back-end)", model, slc.id, self.backend.name)
         self._spawn(self._wait_ready(inst))
         return inst
 
@@ -175,6 +177,8 @@ class InstanceManager:
     async def _wait_ready(self, inst: Instance) -> None:
         deadline = time.monotonic() + self.startup_timeout
         health = None
+        if await inst.proc.placed(self.startup_timeout):
+            inst.host, inst.port, inst.token = inst.proc.host, inst.proc.port, inst.proc.token
         async with httpx.AsyncClient(timeout=2.0, headers=inst.headers) as client:
             while inst.proc.poll() is None and inst.state == State.STARTING and health is None:
                 if time.monotonic() > deadline:
@@ -234,7 +238,7 @@ class InstanceManager:
         if not self.closing:
             self.pool.fill()
 
-    async def _reap(self, proc: WorkerProcess) -> None:
+    async def _reap(self, proc: WorkerHandle) -> None:
         await proc.reap()
         self._unreaped.discard(proc)
 
@@ -347,6 +351,7 @@ class InstanceManager:
     # ---- the autoscaler ----
     async def autoscale(self, period: float = 0.25) -> None:
         while not self.closing:
+            self.backend.refresh(self.slices)
             self.pool.fill()
             self.host_weights.expire({m for m, insts in self.instances.items() if insts})
             await self.weaving.tick([i for insts in self.instances.values() for i in insts])
@@ -402,6 +407,7 @@ class InstanceManager:
         await self.pool.shutdown()
         await self.host_weights.close()
         self.sharing.close()
+        await self.backend.close()
         await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
         for task in list(self._tasks):
             task.cancel()

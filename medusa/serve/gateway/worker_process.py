@@ -28,10 +28,11 @@ class WorkerAddress:
 
     port: int
     token: str
+    host: str = "127.0.0.1"  # where it listens (a Ray node's address for the ray back-end)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @cached_property
     def headers(self) -> dict[str, str]:
@@ -40,7 +41,10 @@ class WorkerAddress:
 
 
 class WorkerProcess:
-    """A worker started with `argv`; its stderr is drained into the last `keep` lines."""
+    """A worker started with `argv`; its stderr is drained into the last `keep` lines (the local
+    back-end's WorkerHandle: placed as soon as started)."""
+
+    host, port, token, node = "127.0.0.1", 0, "", "local"
 
     def __init__(self, argv: list[str], env: dict[str, str], *, keep: int = 20) -> None:
         # NOTE: the parent-death signal fires when the *thread* that forked exits: start workers
@@ -65,6 +69,9 @@ class WorkerProcess:
 
     def poll(self) -> int | None:
         return self.popen.poll()
+
+    async def placed(self, timeout: float) -> bool:
+        return self.poll() is None
 
     def _drain(self, pipe: IO[bytes]) -> None:
         with pipe:
@@ -109,9 +116,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(slice_env: dict[str, str], args: list[str]) -> tuple[WorkerProcess, int, str]:
-    """`medusa run ARGS` bound to a slice (its env), on a free local port, with its own token:
-    (process, port, token)."""
+def launch(
+    slice_env: dict[str, str], args: list[str], host: str = "127.0.0.1"
+) -> tuple[WorkerProcess, int, str]:
+    """`medusa run ARGS` bound to a slice (its env), on a free port of `host`, with its own
+    token: (process, port, token)."""
     port, token = free_port(), secrets.token_urlsafe(32)
     env = {
         k: v
@@ -120,5 +129,7 @@ def launch(slice_env: dict[str, str], args: list[str]) -> tuple[WorkerProcess, i
     }
     env.update(slice_env)
     env[medusa_env.WORKER_TOKEN.name] = token
-    argv = medusa_cli("run", *args, "--host", "127.0.0.1", "--port", str(port))
-    return WorkerProcess(argv, env), port, token
+    argv = medusa_cli("run", *args, "--host", host, "--port", str(port))
+    proc = WorkerProcess(argv, env)
+    proc.host, proc.port, proc.token = host, port, token
+    return proc, port, token

@@ -1,0 +1,84 @@
+"""Where the gateway's workers run: a placement back-end starts `medusa run` for a slice and hands
+back a worker it can address and stop. `local`: processes on this machine's slices. `ray`: Ray
+actors on the nodes of a Ray cluster, which advertise their slices as custom resources.
+
+The gateway decides (queueing, scale-from-zero, keep_alive, admission); a back-end only places
+and supervises. Callers never branch on which one runs."""
+
+from __future__ import annotations
+
+import abc
+from typing import Protocol
+
+from medusa.serve.gateway.config import GatewayConfig
+from medusa.serve.gateway.slices import Slice
+
+
+class WorkerHandle(Protocol):
+    """One started worker. `host`, `port` and `token` are known once `placed()` returned True."""
+
+    host: str
+    port: int
+    token: str
+    node: str  # where it runs ("local", or a Ray node id)
+
+    @property
+    def pid(self) -> int: ...  # on its node; 0 until placed
+
+    def poll(self) -> int | None:
+        """None while it runs; its exit status once it ended (or its node was lost)."""
+
+    def last_error(self) -> str:
+        """Why it ended (its last stderr line), or how."""
+
+    async def placed(self, timeout: float) -> bool:
+        """Waits until it runs somewhere and its address is known; False if it never will."""
+
+    async def exited(self, timeout: float) -> bool:
+        """Waits up to `timeout` seconds for it to end."""
+
+    def terminate(self) -> None: ...
+
+    async def reap(self, timeout: float = 10.0) -> None:
+        """Stops it (SIGTERM, SIGKILL after `timeout`) and returns once it is gone."""
+
+
+class WorkerBackend(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def discover(self, topology: str | None) -> list[Slice]:
+        """The slices workers can be placed on now (the list `refresh` keeps up to date)."""
+
+    @abc.abstractmethod
+    def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
+        """Starts `medusa run ARGS` on `slc` (returns at once; see WorkerHandle.placed).
+        `local_env`: settings that hold only on the gateway's own machine (a host-weight store
+        the gateway has checked and mapped); a back-end whose workers run elsewhere drops it."""
+
+    def check(self, config: GatewayConfig) -> None:  # noqa: B027 - most honour all
+        """Raises ConfigError for settings this back-end cannot honour."""
+
+    def refresh(self, slices: list[Slice]) -> None:  # noqa: B027 - fixed slices
+        """Brings `slices` (in place) up to date with nodes that joined or were lost: free slices
+        of a lost node go, a new node's are added. Called from the event loop, often: cheap."""
+
+    async def close(self) -> None:  # noqa: B027 - nothing held
+        """Releases what the back-end holds (its cluster connection)."""
+
+
+def make_backend(cluster: str) -> WorkerBackend:
+    """`local`, `ray` (join the cluster RAY_ADDRESS names, or start one on this machine) or
+    `ray://HOST:PORT` (join the cluster whose head, `ray start --head`, listens there)."""
+    if cluster == "local":
+        from medusa.serve.gateway.backends.local import LocalBackend
+
+        return LocalBackend()
+    if cluster == "ray" or cluster.startswith("ray://"):
+        from medusa.serve.gateway.backends.ray import RayBackend
+
+        return RayBackend(cluster.removeprefix("ray").removeprefix("://") or None)
+    raise ValueError(
+        f"--cluster {cluster!r}: expected 'local', 'ray' or 'ray://HOST:PORT' (the address of a "
+        "Ray cluster's head)"
+    )

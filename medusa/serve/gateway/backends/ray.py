@@ -1,0 +1,231 @@
+"""The ray back-end: one `SliceActor` per slice of the cluster, which Ray places on the node that
+advertises the slice (`medusa_slice_<class>` resources) and supervises; a worker is `medusa run`
+started by its slice's actor. The gateway's slices are those actors: the list follows nodes that
+join (their slices are added once their actors run) and nodes that are lost (their slices go)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from medusa.child import ROOT
+from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
+from medusa.serve.gateway.backends.resources import (
+    class_slice,
+    cluster_slices,
+    node_resources,
+    resource_name,
+)
+from medusa.serve.gateway.config import ConfigError, GatewayConfig
+from medusa.serve.gateway.slices import Slice, discover_slices
+
+log = logging.getLogger("medusa.gateway")
+
+try:
+    import ray
+    from ray.exceptions import RayError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from medusa.serve.gateway.backends.ray_node import SliceActor
+    from medusa.serve.gateway.backends.ray_worker import RayWorker, why
+except ImportError:  # the [ray] extra is not installed
+    ray = None  # type: ignore[assignment]
+
+REFRESH_SECONDS = 1.0  # how often the gateway asks Ray which nodes are alive
+READY_SECONDS = 120.0  # for the first slice actors, at start
+
+
+@dataclass
+class _Held:
+    """A slice actor the gateway holds: its slice once it runs, and whether it was lost."""
+
+    actor: Any
+    node: str
+    kind: str
+    info: concurrent.futures.Future[dict[str, str]]
+    slice: Slice | None = None
+    lost: bool = False  # set from a Ray thread when the actor (or its node) dies
+
+
+def _check_reachable(address: str) -> None:
+    """Fails in seconds where ray.init would retry for minutes: nothing listens at ADDRESS."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--cluster ray://{address}: expected ray://HOST:PORT (e.g. HOST:6379)")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        raise ValueError(
+            f"--cluster ray://{address}: nothing answers there ({e.strerror or e}); start the "
+            "cluster's head with `ray start --head` and give the address it prints"
+        ) from None
+
+
+class RayBackend(WorkerBackend):
+    name = "ray"
+
+    def __init__(self, address: str | None) -> None:
+        if ray is None:
+            raise ValueError(
+                "--cluster ray needs Ray: pip install 'medusa[ray]' (or pip install 'ray>=2.40')"
+            )
+        self.address = address
+        self._source: Any = None
+        self._shipments: dict[tuple[str, str], Any] = {}
+        self._nodes: concurrent.futures.Future[list[dict[str, Any]]] | None = None
+        # NOTE: Ray calls that may wait (listing nodes, the first shipment of an artifact, an
+        # actor's creation) run here, never on the event loop.
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="medusa-ray")
+        self._next_refresh = 0.0
+        self._held: list[_Held] = []
+        self._shipping = threading.Lock()  # one source actor, each artifact put once
+
+    def check(self, config: GatewayConfig) -> None:
+        if any(config.warm_pool.values()):
+            raise ConfigError(
+                "warm_pool: the ray back-end has no warm pool yet; set warm_pool: 0 or drop "
+                "--cluster ray"
+            )
+        if any(mode != "static" for mode in config.sharing.values()):
+            raise ConfigError(
+                "sharing: elastic slices share a page ledger on one machine; the ray back-end "
+                "places one worker per slice: set sharing: static or drop --cluster ray"
+            )
+
+    def discover(self, topology: str | None) -> list[Slice]:
+        # NOTE: the actors import medusa from where this process did (a checkout or the
+        # installed package), as medusa.child's children do.
+        runtime_env = {"env_vars": {"PYTHONPATH": ROOT}}
+        address = self.address or os.environ.get("RAY_ADDRESS")
+        if address:
+            if self.address:  # RAY_ADDRESS may be "auto": Ray resolves it
+                _check_reachable(address)
+            try:
+                ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError) as e:
+                raise ValueError(
+                    f"--cluster ray://{address}: cannot join a Ray cluster there ({why(e)}); give "
+                    "the address `ray start --head` printed (HOST:6379 by default)"
+                ) from None
+        else:  # a one-node cluster on this machine, with this machine's slices
+            resources = node_resources(discover_slices(topology))
+            ray.init(
+                resources=resources,
+                runtime_env=runtime_env,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
+        self._grow(ray.nodes())
+        self._source_actor()  # now, not on the first cold start's path (a process to start)
+        concurrent.futures.wait([h.info for h in self._held], timeout=READY_SECONDS)
+        slices: list[Slice] = []
+        self._adopt(slices)
+        if not slices:
+            raise ValueError(
+                f"no node of the Ray cluster at {address or 'this machine'} has a free "
+                "medusa_slice_* resource: start nodes with ray start --resources "
+                '"$(python -m medusa.serve.gateway.backends.resources --slices slices.yaml)"'
+            )
+        return slices
+
+    def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
+        # NOTE: local_env is dropped: it vouches for files on the gateway's machine, and a node
+        # checks its own copy of an artifact.
+        held = next(h for h in self._held if h.slice is slc)
+        started = self._pool.submit(self._start, held.actor, args)
+        return RayWorker(held.actor, held.node, started)
+
+    def _start(self, actor: Any, args: list[str]) -> Any:
+        shipment = None
+        if "--artifact" in args:
+            shipment = self._shipment(Path(args[args.index("--artifact") + 1]))
+        return actor.start.remote(args, shipment)
+
+    def _shipment(self, path: Path) -> Any:
+        with self._shipping:
+            return self._ship(path)
+
+    def _ship(self, path: Path) -> Any:
+        from medusa.serve.gateway.artifact_cache import artifact_files, ship
+
+        digest, _ = artifact_files(path)  # a re-materialized artifact is shipped again
+        key = (str(path), digest)
+        if key not in self._shipments:
+            self._shipments[key] = ship(path, self._source_actor())
+            log.info("ray: shipping artifact %s (digest %s) to nodes", path, digest[:12])
+        return self._shipments[key]
+
+    def _source_actor(self) -> Any:
+        """The actor that serves chunks of shipped artifacts, on this (the gateway's) node."""
+        from medusa.serve.gateway.artifact_cache import ArtifactSource
+
+        if self._source is None:
+            here = ray.get_runtime_context().get_node_id()
+            strategy = NodeAffinitySchedulingStrategy(here, soft=False)
+            options = ArtifactSource.options  # type: ignore[attr-defined]  # @ray.remote adds it
+            self._source = options(scheduling_strategy=strategy).remote()
+        return self._source
+
+    def refresh(self, slices: list[Slice]) -> None:
+        self._adopt(slices)
+        if self._nodes is not None and self._nodes.done():
+            try:
+                nodes = self._nodes.result()
+            except RayError as e:
+                log.warning("ray: could not list the cluster's nodes: %s", why(e))
+            else:
+                alive = {str(n["NodeID"]) for n in nodes if n.get("Alive")}
+                for h in self._held:
+                    h.lost = h.lost or h.node not in alive
+                self._grow(nodes)
+            self._nodes = None
+        if self._nodes is None and time.monotonic() >= self._next_refresh:
+            self._next_refresh = time.monotonic() + REFRESH_SECONDS
+            self._nodes = self._pool.submit(ray.nodes)
+
+    def _grow(self, nodes: list[dict[str, Any]]) -> None:
+        """A slice actor for each slice a live node advertises and no held actor has yet."""
+        for node, kind, count in cluster_slices(nodes):
+            have = sum(1 for h in self._held if (h.node, h.kind) == (node, kind) and not h.lost)
+            for _ in range(count - have):
+                strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+                actor = SliceActor.options(  # type: ignore[attr-defined]
+                    resources={resource_name(kind): 1}, scheduling_strategy=strategy
+                ).remote(kind)
+                held = _Held(actor, node, kind, actor.info.remote().future())
+                actor.alive.remote().future().add_done_callback(
+                    lambda _, h=held: setattr(h, "lost", True)
+                )
+                self._held.append(held)
+
+    def _adopt(self, slices: list[Slice]) -> None:
+        """Adds the slices of actors that now run; drops lost ones (a busy one once free)."""
+        for h in list(self._held):
+            if h.slice is None and h.info.done() and not h.lost:
+                try:
+                    info = h.info.result()
+                except RayError as e:
+                    log.warning("ray: a slice actor on node %s failed: %s", h.node[:12], why(e))
+                    h.lost = True
+                else:
+                    h.slice = class_slice(h.kind, f"{h.node[:8]}/{info['slice']}")
+                    slices.append(h.slice)
+                    log.info("ray: slice %s joined", h.slice.id)
+            if h.lost and (h.slice is None or not h.slice.busy):
+                self._held.remove(h)
+                if h.slice in slices:
+                    slices.remove(h.slice)
+                    log.info("ray: slice %s lost (its node or its actor)", h.slice.id)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if ray.is_initialized():
+            await asyncio.to_thread(ray.shutdown)

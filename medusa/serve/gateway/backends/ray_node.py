@@ -1,0 +1,105 @@
+"""What runs on a Ray node for the gateway: one `SliceActor` per slice. Ray places it on a node
+with a free `medusa_slice_<class>` resource and holds that resource for it; the actor takes one
+slice of that class on the node (a lock file, so two actors never share one) and, when asked,
+fetches an artifact into the node's cache and starts `medusa run` there as a child process (the
+recorder's LD_PRELOAD and the restore work as with the local back-end). The child dies with the
+actor: a lost node loses its workers.
+
+NOTE: one actor per slice for the slice's life, not per worker: making an actor starts a Python
+process (about 1.2 s here), which would be on every cold start's path."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from medusa.serve.gateway.artifact_cache import ArtifactCache, Shipment, cache_root
+from medusa.serve.gateway.backends.resources import class_slice, resource_name
+from medusa.serve.gateway.slices import Slice, nvml_slices
+from medusa.serve.gateway.worker_process import WorkerProcess, launch
+
+
+def _node_slices(kind: str, node_id: str) -> list[Slice]:
+    """This node's slices of class `kind`: its MIG instances of that profile (NVML), else as many
+    simulated ones as the node advertises."""
+    try:
+        found = [s for s in nvml_slices() if s.kind == kind]
+    except Exception:  # noqa: BLE001 - no NVML library or no driver: a CPU node
+        found = []
+    if found:
+        return found
+    node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
+    count = int(node["Resources"].get(resource_name(kind), 0))
+    return [class_slice(kind, f"{kind}#{i}") for i in range(count)]
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class SliceActor:
+    def __init__(self, kind: str) -> None:
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.cache = ArtifactCache(cache_root(self.node_id))
+        self.slice = self._take_slice(kind)
+        self.proc: WorkerProcess | None = None
+        self._turn = asyncio.Lock()  # start and stop in the order the gateway sent them
+
+    def info(self) -> dict[str, str]:
+        return {"node": self.node_id, "slice": self.slice.id}
+
+    async def alive(self) -> None:
+        """Never returns: its result is an error once the actor (or its node) is gone."""
+        await asyncio.Event().wait()
+
+    async def fetch(self, shipment: Shipment) -> str:
+        """The node-local, verified copy of the shipped artifact (fetched once per node)."""
+        return str(await self.cache.ensure(shipment))
+
+    async def start(self, args: list[str], shipment: Shipment | None) -> dict[str, Any]:
+        """Starts `medusa run ARGS` on this actor's slice; its address and token."""
+        async with self._turn:
+            return await self._start(args, shipment)
+
+    async def _start(self, args: list[str], shipment: Shipment | None) -> dict[str, Any]:
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"slice {self.slice.id} on node {self.node_id[:12]} is in use")
+        args = list(args)
+        if shipment is not None:
+            args[args.index("--artifact") + 1] = await self.fetch(shipment)
+        # NOTE: started from the actor's event-loop thread, which lives as long as the actor:
+        # the child's parent-death signal fires when the thread that forked it ends.
+        self.proc, port, token = launch(self.slice.env, args, ray.util.get_node_ip_address())
+        return {"host": self.proc.host, "port": port, "token": token, "pid": self.proc.pid}
+
+    def _take_slice(self, kind: str) -> Slice:
+        locks = self.cache.root / "slices"
+        locks.mkdir(parents=True, exist_ok=True)
+        for slc in _node_slices(kind, self.node_id):
+            fd = os.open(locks / f"{Path(slc.id).name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._lock = fd  # held (the slice is ours) until this actor's process ends
+            return slc
+        raise RuntimeError(
+            f"node {self.node_id[:12]}: Ray placed a slice actor here for {resource_name(kind)} "
+            "but every slice of that class is taken; the node advertises more than it has"
+        )
+
+    async def wait(self) -> tuple[int, str]:
+        """Returns once the current `medusa run` has ended: (exit status, last stderr line)."""
+        assert self.proc is not None, "wait() before start()"
+        proc = self.proc
+        while not await proc.exited(3600.0):
+            pass
+        return int(proc.poll() or 0), proc.last_error()
+
+    async def stop(self, timeout: float) -> None:
+        async with self._turn:
+            if self.proc is not None:
+                await self.proc.reap(timeout)

@@ -1,0 +1,98 @@
+"""One worker started by a SliceActor: the ray back-end's WorkerHandle."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+
+# A start that failed: in Ray, or shipping the artifact (ArtifactError is a ValueError).
+START_ERRORS = (RayError, OSError, ValueError)
+
+
+def why(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+class RayWorker:
+    def __init__(self, actor: Any, node: str, started: concurrent.futures.Future[Any]) -> None:
+        """`started`: the ref of the actor's start() (submitted off the event loop)."""
+        self.host, self.port, self.token, self.node = "", 0, "", node
+        self._pid, self._error = 0, ""
+        self._code: int | None = None
+        self._lost = False  # its actor (its node) is gone: Ray refuses calls to it
+        self._actor, self._started = actor, started
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def poll(self) -> int | None:
+        return self._code
+
+    def last_error(self) -> str:
+        if self._error:
+            return self._error
+        return "it is still running" if self._code is None else f"it exited with {self._code}"
+
+    def _end(self, code: int, reason: str) -> None:
+        if self._code is None:
+            self._code, self._error = code, reason
+
+    async def placed(self, timeout: float) -> bool:
+        try:
+            start = await asyncio.wrap_future(self._started)
+            info = await asyncio.wait_for(asyncio.wrap_future(start.future()), timeout)
+        except asyncio.TimeoutError:
+            self._end(-1, f"its slice actor did not start it in {timeout:.0f} s")
+            return False
+        except START_ERRORS as e:
+            self._end(-1, f"its slice actor on node {self.node[:12]} could not start it: {why(e)}")
+            return False
+        self.host, self.port, self.token, self._pid = (
+            info["host"],
+            info["port"],
+            info["token"],
+            info["pid"],
+        )
+        self._actor.wait.remote().future().add_done_callback(self._on_exit)
+        return self._code is None
+
+    def _on_exit(self, fut: concurrent.futures.Future[tuple[int, str]]) -> None:
+        # NOTE: runs on a Ray thread; it only sets fields the event loop polls.
+        try:
+            code, reason = fut.result()
+        except RayError as e:
+            self._lost = True
+            self._end(-9, f"its node {self.node[:12]} (or its slice actor) was lost: {why(e)}")
+            return
+        self._end(code, reason)
+
+    async def exited(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._code is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self._code is not None
+
+    def terminate(self) -> None:
+        if not self._lost:
+            self._actor.stop.remote(10.0)
+
+    async def reap(self, timeout: float = 10.0) -> None:
+        """Stops `medusa run`; the slice actor stays, for the slice's next worker."""
+        if not self._lost:
+            try:
+                await asyncio.wrap_future(self._started)  # the actor stops after its start
+                stop = self._actor.stop.remote(timeout)
+                await asyncio.wait_for(asyncio.wrap_future(stop.future()), timeout + 30.0)
+            except (*START_ERRORS, asyncio.TimeoutError):
+                pass  # never started, or lost with its node
+        self._end(-15, "stopped by the gateway")
+
+
+__all__ = ["RayWorker", "START_ERRORS", "why", "ray"]
