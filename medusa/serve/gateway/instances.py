@@ -7,8 +7,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from enum import Enum
 
 import httpx
 
@@ -25,39 +23,14 @@ from medusa.serve.gateway.errors import (  # noqa: F401 - the gateway's errors, 
     Unavailable,
 )
 from medusa.serve.gateway.host_weights import HostWeights
+from medusa.serve.gateway.instance import Instance, State
 from medusa.serve.gateway.pool import PooledWorker, WarmPool
 from medusa.serve.gateway.sharing import Choice, Sharing
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import StartPolicy
 from medusa.serve.gateway.weaving import WeavingPairs
-from medusa.serve.gateway.worker_process import WorkerAddress
 
 log = logging.getLogger("medusa.gateway")
-
-
-class State(Enum):
-    STARTING = "starting"
-    WARM = "warm"
-    DRAINING = "draining"
-    DEAD = "dead"
-
-
-@dataclass
-class Instance(WorkerAddress):
-    model: str
-    slice: Slice
-    port: int
-    proc: WorkerHandle
-    token: str
-    state: State = State.STARTING
-    inflight: int = 0
-    started: float = field(default_factory=time.monotonic)
-    last_used: float = field(default_factory=time.monotonic)
-    ready_seconds: float = 0.0
-    pooled: bool = False  # started from the warm pool
-    stages: dict[str, float] = field(default_factory=dict)  # a pooled start's stages
-    timings: dict[str, float] = field(default_factory=dict)  # the engine's, when it sent them
-    replaces: Instance | None = None  # a migration: the worker this one retires once it serves
 
 
 class InstanceManager:
