@@ -3,9 +3,12 @@ at its kernel boundaries and runs the offloaded attention there (`WeaverReceiver
 
 The model runner's device is wrapped so that every eager kernel, GEMM and graph launch is followed
 by one poll. simcuda has no host nodes (no cuLaunchHostFunc, no cuGraphAddHostNode), so a decode
-graph is one launch and the poll comes after the whole graph: the hot engine may wait up to one
-cold decode step (the head-of-line blocking operator splitting bounds). On a GPU the paper's way is
-`csrc/kernels/cuda/weaver.cu`'s polling kernel captured after each kernel node of the graph."""
+graph would be one launch with one poll after it, and the hot engine could wait a whole cold decode
+step. So, by default (`per_kernel`), the cold engine decodes eagerly while it is paired: a poll
+after each of its kernels, as the paper's polling kernel after each pre-issued kernel gives (the
+cold model gives up what its graphs save, about 5% on simcuda), and its graphs come back when the
+pairing ends. On a GPU the paper's way is `csrc/kernels/cuda/weaver.cu`'s polling kernel captured
+after each kernel node of the graph."""
 
 from __future__ import annotations
 
@@ -66,7 +69,13 @@ class ColdWeaving:
     sequences. Ends with `close`, which gives the engine its plain device back."""
 
     def __init__(
-        self, engine: LLMEngine, path: str | Path, num_blocks: int, block_size: int | None = None
+        self,
+        engine: LLMEngine,
+        path: str | Path,
+        num_blocks: int,
+        block_size: int | None = None,
+        *,
+        per_kernel: bool = True,
     ) -> None:
         self.engine = engine
         self.region = ExchangeRegion(path)
@@ -86,6 +95,9 @@ class ColdWeaving:
         self.receiver = WeaverReceiver(self.region, engine.device, num_blocks, bs)
         self.device = PollingDevice(engine.device, self.receiver)
         engine.runner.dev = self.device  # type: ignore[assignment]
+        self._graphs = dict(engine.runner.graphs)
+        if per_kernel:  # eager decode: a poll after every kernel, none after whole graphs
+            engine.runner.graphs.clear()
 
     @property
     def stopped(self) -> bool:
@@ -103,5 +115,6 @@ class ColdWeaving:
 
     def close(self) -> None:
         self.engine.runner.dev = self.device.device
+        self.engine.runner.graphs.update(self._graphs)
         self.receiver.close()
         self.region.close()
