@@ -3,6 +3,7 @@ GPU it runs nothing and still prints its summary table, every check skipped with
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 GPU = Path(__file__).parents[2] / "scripts" / "gpu"
-CHECKS = ["interpose_torch", "engine_parity", "restore_parity", "simcuda_parity",
-          "hybridgemm_bandwidth", "vllm_coldstart"]  # fmt: skip
+# The checks all.sh runs: its CHECKS=(...) array.
+CHECKS = re.search(r"^CHECKS=\(([^)]*)\)", (GPU / "all.sh").read_text(), re.M).group(1).split()  # type: ignore[union-attr]
 
 
 def test_every_gpu_script_parses():

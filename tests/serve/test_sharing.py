@@ -324,15 +324,30 @@ def test_the_gateway_migrates_a_model_to_a_slice_with_less_kv_pressure(tmp_path)
             r = httpx.post(f"{base}/v1/completions", json={**body, "temperature": 0}, timeout=60)
             return r.status_code
 
+        def where() -> dict[str, list[str]]:
+            insts = httpx.get(f"{base}/admin/instances").json()
+            return {m: [i["slice"] for i in insts[m]] for m in "abc"}
+
         codes = [ask(m) for m in "abc"]
+        deadline = time.time() + 30
+        start = where()
+        while any(len(s) != 1 for s in start.values()) and time.time() < deadline:
+            time.sleep(0.2)  # (a move the first rates already called for, finished)
+            start = where()
+        # Three models, two slices: two share one. They get all the traffic, the third idles.
+        pairs = [[x, y] for x in "abc" for y in "abc" if x < y and start[x] == start[y]]
+        assert pairs, start
+        hot = pairs[0]
+        for m in "abc":
+            seen[m] |= set(start[m])
         moved, deadline = None, time.time() + 60
         while moved is None and time.time() < deadline:
-            codes += [ask(m) for m in "bc"]  # a idles
-            insts = httpx.get(f"{base}/admin/instances").json()
-            for m in "abc":
-                seen[m] |= {i["slice"] for i in insts[m]}
-                if len(seen[m]) == 2 and len(insts[m]) == 1:
-                    moved = (m, insts[m][0]["slice"])
+            codes += [ask(m) for m in hot]
+            now = where()
+            for m in hot:
+                seen[m] |= set(now[m])
+                if len(seen[m]) == 2 and len(now[m]) == 1:
+                    moved = (m, now[m][0])
         assert moved is not None, seen
         assert set(codes) == {200}
     finally:
