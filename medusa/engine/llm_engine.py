@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,11 +26,13 @@ from medusa.engine.sampling import SamplingParams
 from medusa.engine.scheduler import Scheduler
 from medusa.engine.sequence import Sequence
 from medusa.engine.tokenizer import IncrementalDecoder, Tokenizer
-from medusa.engine.weaving import HotWeaving, WeavingLink
 from medusa.restore import RestoreError, Restorer
 from medusa.restore.compat import check_compatible, device_fingerprint
 from medusa.trace import control as trace
 from medusa.weights import WeightStore, WeightStoreError, open_store
+
+if TYPE_CHECKING:
+    from medusa.engine.weaving import HotWeaving, WeavingLink
 
 log = logging.getLogger("medusa.engine.startup")
 
@@ -315,6 +318,8 @@ class LLMEngine:
         receiver that opens `link.region` (created here)."""
         if self.weaving is not None:
             raise RuntimeError(f"already paired through {self.weaving.region.path}")
+        from medusa.engine.weaving import HotWeaving  # NOTE: here, not at every start (14 ms)
+
         self.weaving = HotWeaving(link, self.runner, self.blocks)
         self.weaving.attach(self.scheduler.requeue)
         self.scheduler.blocks = self.weaving.blocks
