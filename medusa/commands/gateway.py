@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from medusa.serve import MAX_BODY_BYTES
+from medusa.commands.options import max_request_bytes_option
 
 
 @click.command(
@@ -20,12 +20,7 @@ from medusa.serve import MAX_BODY_BYTES
 )
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", default=9000, type=int, help="Port to listen on.")
-@click.option(
-    "--max-request-bytes",
-    default=MAX_BODY_BYTES,
-    type=click.IntRange(min=1024),
-    help="Larger request bodies get 413.",
-)
+@max_request_bytes_option
 @click.option(
     "--cluster",
     default="local",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from medusa.serve import MAX_BODY_BYTES
+
 
 def engine_options(f):  # type: ignore[no-untyped-def]
     """The engine settings `run` and `materialize` share (they must match to restore)."""
@@ -85,3 +87,12 @@ def trust_option(f):  # type: ignore[no-untyped-def]
         default=None,
         help="Public key file: refuse an artifact not signed by it (medusa keygen makes keys).",
     )(f)
+
+
+# Both servers (a worker and the gateway) bound request bodies the same way.
+max_request_bytes_option = click.option(
+    "--max-request-bytes",
+    default=MAX_BODY_BYTES,
+    type=click.IntRange(min=1024),
+    help="Larger request bodies get 413.",
+)

@@ -11,8 +11,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from medusa.commands.options import engine_choice, engine_options, trust_option
-from medusa.serve import MAX_BODY_BYTES
+from medusa.commands.options import (
+    engine_choice,
+    engine_options,
+    max_request_bytes_option,
+    trust_option,
+)
 
 if TYPE_CHECKING:
     from medusa.engine.config import EngineConfig
@@ -59,12 +63,7 @@ RESTORE_TRACE_PREFIX = "medusa-restore-"
 @click.option(
     "-v", "--verbose", is_flag=True, help="Log start-up stages and failures' tracebacks to stderr."
 )
-@click.option(
-    "--max-request-bytes",
-    default=MAX_BODY_BYTES,
-    type=click.IntRange(min=1024),
-    help="Larger request bodies get 413.",
-)
+@max_request_bytes_option
 @click.option(
     "--pool",
     is_flag=True,
