@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 import httpx
 
 from medusa.engine.loader import DEFAULT_MODEL
-from medusa.env import STORE_CHECKED
 from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
 from medusa.serve.gateway.backends.local import LocalBackend
 from medusa.serve.gateway.config import GatewayConfig, ModelConfig
@@ -132,7 +131,7 @@ class InstanceManager:
         return inst
 
     async def _assign(self, inst: Instance, w: PooledWorker, args: list[str]) -> None:
-        checked = self.host_weights.worker_env(inst.model).get(STORE_CHECKED.name, "")
+        checked = self.host_weights.vouched(inst.model)
         done = await self.pool.assign(w, args, self.startup_timeout, checked)
         if inst.state == State.STARTING:  # else stopped while it started (the gateway shuts down)
             inst.stages, inst.timings = done.stages, done.timings
