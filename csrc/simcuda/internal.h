@@ -239,6 +239,8 @@ CUresult sim_dev_alloc(size_t size, int kind, uintptr_t *out);
 CUresult sim_dev_free(uintptr_t p, int kind);
 int sim_mem_class(uintptr_t p); /* SIMCUDA_TRAFFIC_* */
 void sim_poison(uintptr_t p, size_t size); /* fill with the process's stale-byte pattern */
+#define SIM_POISON_CHUNK ((size_t)8 << 20) /* the pattern repeats every 8 MiB of a large block */
+void sim_pattern(uint64_t *w, size_t words, uint64_t offset); /* the pattern from byte `offset` */
 /* Before a copy of [src, +src_n) to [dst, +n): pages of a cudaMalloc block the copy (mostly)
  * overwrites get fresh memory instead of the copy-on-write stale-byte mapping (memory.c). Device
  * writes (kernels, copies, memsets) run between sim_writes_begin/end: shared, while a partly
