@@ -36,6 +36,25 @@ def test_tensors_read_back_aligned_and_every_chunk_checks(tmp_path):
         assert store.model["identity"] == "test:1"
 
 
+def test_the_tokenizer_record_reads_back_apart_from_the_model(tmp_path):
+    path = tmp_path / "w.store"
+    tok = {"kind": "json", "json": "{}", "eos_ids": [2], "chat_template": None}
+    tensors = _tensors()
+    model = {"identity": "test:1", "name": "t", "tokenizer": tok}
+    write_store(path, [(n, a.shape) for n, a in tensors], iter(tensors), model)
+    with open_store(path) as store:
+        assert "tokenizer" not in store.model and store.model["identity"] == "test:1"
+        assert store.tokenizer_record() == tok
+
+
+def test_a_store_without_a_usable_tokenizer_record_says_so_when_asked(tmp_path):
+    path = tmp_path / "w.store"
+    _write(path)  # no tokenizer: its record is JSON null
+    with open_store(path) as store, pytest.raises(WeightStoreError) as e:
+        store.tokenizer_record()
+    assert "tokenizer record is not usable" in str(e.value) and str(path) in str(e.value)
+
+
 def test_a_flipped_data_byte_is_found_in_its_chunk_named_with_its_tensor(tmp_path):
     path = tmp_path / "w.store"
     _write(path, chunk_size=MIN_CHUNK)

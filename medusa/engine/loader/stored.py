@@ -77,13 +77,11 @@ class StoredModel:
         where = f"{store.path}"
         try:
             self.spec = spec_from_record(store.model["spec"])
-            tok = store.model["tokenizer"]
-            if not isinstance(tok, dict) or tok.get("kind") not in ("gguf", "json"):
-                raise ValueError("no tokenizer record")
         except (KeyError, TypeError, ValueError) as e:
             raise WeightStoreError(f"{where}: its model record is not usable ({e!r}); "
                                    "materialize again") from None  # fmt: skip
         check_tensors(store, self.spec)
+        store.tokenizer_record()  # NOTE: refused here, at open, not at the tokenizer stage
 
     @classmethod
     def open(cls, store: WeightStore, model: str | Path | None) -> StoredModel:
@@ -103,10 +101,10 @@ class StoredModel:
         return cls(store, path, got)
 
     def tokenizer(self) -> Tokenizer:
-        return tokenizer_from_record(self.store.model["tokenizer"], self.path)
+        return tokenizer_from_record(self.store.tokenizer_record(), self.path)
 
     def tokenizer_record(self) -> dict[str, Any]:
-        return dict(self.store.model["tokenizer"])
+        return dict(self.store.tokenizer_record())
 
     def identity(self) -> str:
         return self._identity
