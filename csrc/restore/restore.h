@@ -73,7 +73,8 @@ typedef struct {
 } mr_graph;
 
 #define MR_KINDS 4
-#define MR_ABI_VERSION 3 /* 3: kernelParams from parameter layouts; attribute relocations; depth */
+#define MR_ABI_VERSION 4 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
+                          4: mr_load_chunks */
 int mr_abi_version(void);
 #define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
 /* Builds, instantiates and uploads one graph. Returns a CUresult; on failure err says which node. */
@@ -85,5 +86,35 @@ int mr_build_graph(const mr_graph *g, const mr_kernels *k,
  * for the first relocation i that lies outside the buffer or has no target. */
 int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32_t n,
                 const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS]);
+
+/* ---- weight-store chunks to the device (chunk_loader.c) ---- */
+typedef struct {
+    uint64_t dst;    /* device address */
+    uint64_t src;    /* offset in the chunk */
+    uint64_t nbytes;
+} mr_piece;
+
+typedef struct {
+    const uint8_t *data;     /* the store's data, in this process's mapping */
+    uint64_t data_size, chunk_size;
+    uint32_t num_chunks;
+    const uint8_t *digests;  /* XXH3-128 per chunk (16 bytes each); NULL: nothing is checked */
+    const uint64_t *piece_start; /* num_chunks + 1: chunk i's pieces are [start[i], start[i+1]) */
+    const mr_piece *pieces;
+    void *const *slots;      /* pinned staging slots of slot_bytes (>= chunk_size) each */
+    void *const *events;     /* one cudaEvent_t per slot */
+    uint32_t num_slots;
+    uint64_t slot_bytes;
+    void *stream;            /* cudaStream_t the copies are queued on */
+    uint32_t workers;        /* threads, this one included */
+} mr_load;
+
+/* Copies every chunk's pieces to the device through the slots and checks each chunk (staged, or
+ * in place when it has no pieces) against its digest, several chunks in flight. Runs without the
+ * caller's interpreter (the GIL is released), so start-up goes on meanwhile. Returns 0; 1 when a
+ * chunk does not match its digest (*bad: the lowest such chunk); 2 on a CUDA error (err says
+ * which call and code); 3 when the arguments do not fit together (err says how). The copies may
+ * still be in flight on return: synchronize the stream. */
+int mr_load_chunks(const mr_load *L, uint32_t *bad, char *err, size_t errlen);
 
 #endif

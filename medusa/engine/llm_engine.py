@@ -33,6 +33,7 @@ from medusa.weights import WeightStore, WeightStoreError, open_store
 
 if TYPE_CHECKING:
     from medusa.engine.weaving import HotWeaving, WeavingLink
+    from medusa.engine.weight_load import WeightLoad
 
 log = logging.getLogger("medusa.engine.startup")
 
@@ -87,21 +88,30 @@ class LLMEngine:
         self.runner = ModelRunner(config, self.spec, self.device)
         with self._stage("weights_alloc"):
             self.runner.allocate_weights(self.store)
+        self._loading: WeightLoad | None = None  # a store's copy, running beside what follows
         with self._stage("weights_load"):
             self._load_weights()
-        with self._stage("tokenizer"):
-            self.tokenizer: Tokenizer = self.source.tokenizer()
-        with self._stage("workspace"):
-            self.runner.allocate_workspace()
-        if art is not None:
-            try:
-                self._restore(art, validate)
-                self.restored = True
-            except Exception as e:  # NOTE: any failure, of any type: undo the restore, fall back
-                self._fall_back(f"restore failed: {_reason(e)}", require_artifact)
-                self.runner.free_kv()
-        if not self.restored:
-            self._start_normally()
+        try:
+            with self._stage("tokenizer"):
+                self.tokenizer: Tokenizer = self.source.tokenizer()
+            with self._stage("workspace"):
+                self.runner.allocate_workspace()
+            if art is not None:
+                try:
+                    if validate:
+                        self._weights_ready()
+                    self._restore(art, validate)
+                    self.restored = True
+                except Exception as e:  # NOTE: any failure, of any type: undo it, fall back
+                    self._fall_back(f"restore failed: {_reason(e)}", require_artifact)
+                    self.runner.free_kv()
+            self._weights_ready()
+            if not self.restored:
+                self._start_normally()
+        except BaseException:
+            if self._loading is not None:  # NOTE: no copy may outlive a failed start
+                self._loading.wait_quietly()
+            raise
         trace.mark("ready")
         self.timings["total"] = time.perf_counter() - t0
         num_blocks = self.runner.num_blocks
@@ -184,20 +194,42 @@ class LLMEngine:
         return given or open_model(self.config.model)
 
     def _load_weights(self) -> None:
-        with self.runner.staging():
-            if self.store is not None:
-                try:
-                    checked = (
-                        bool(self._store_checked) and self._store_checked == self.store.identity
-                    )
-                    if checked:
-                        log.info("%s: checked in full by the gateway, unchanged since: not "
-                                 "hashed again", self.store.path)  # fmt: skip
+        """A store's weights copy in the background (device memory: a bad chunk found later
+        reloads the same buffers from the model file, so nothing else depends on it); host-mapped
+        ones are checked now, since a bad store there changes the allocations the restore
+        replays. A model file loads now."""
+        if self.store is not None:
+            checked = bool(self._store_checked) and self._store_checked == self.store.identity
+            if checked:
+                log.info("%s: checked in full by the gateway, unchanged since: not hashed again",
+                         self.store.path)  # fmt: skip
+            if not self.runner.maps_store:
+                self._loading = self.runner.start_store_load(self.store, checked=checked)
+                return
+            try:
+                with self.runner.staging():
                     self.runner.load_store(self.store, checked=checked)
-                    return
-                except WeightStoreError as e:
-                    self._store_failed(str(e))
+                return
+            except WeightStoreError as e:
+                self._store_failed(str(e))
+        with self.runner.staging():
             self.runner.load_weights(self._model_file().weights())
+
+    def _weights_ready(self) -> None:
+        """Waits for a background store load (stage weights_wait; weights_copy is the copy's own
+        time); a bad chunk: the model file's weights instead, into the same buffers."""
+        load, self._loading = self._loading, None
+        if load is None:
+            return
+        try:
+            with self._stage("weights_wait"):
+                self.runner.finish_store_load(load)
+        except WeightStoreError as e:
+            self._store_failed(str(e))
+            with self._stage("weights_fallback"), self.runner.staging():
+                self.runner.load_weights(self._model_file().weights())
+        finally:
+            self.timings["weights_copy"] = load.seconds
 
     def _model_file(self) -> ModelSource:
         """The model's own files (a store's model was only stat'ed)."""

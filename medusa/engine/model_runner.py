@@ -16,6 +16,7 @@ from medusa.engine.device import Buffer, Device
 from medusa.engine.kv_cache import KVCache, make_kv_cache
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
+from medusa.engine.weight_load import WeightLoad
 from medusa.weights import WeightStore
 from medusa.weights.loader import StagingRing
 
@@ -105,9 +106,22 @@ class ModelRunner:
         chunk, and the weights are then not usable."""
         if self._ring is None:
             raise RuntimeError("load_store runs inside staging()")
-        dsts = {n: b.ptr for n, b in self.weights.items() if n not in self._mapped}
-        self._ring.load_store(store, dsts, checked=checked)
+        self._ring.load_store(store, self._copied(), checked=checked)
         self._upload_rope()
+
+    def start_store_load(self, store: WeightStore, *, checked: bool = False) -> WeightLoad:
+        """load_store in the background (medusa.engine.weight_load): call finish_store_load
+        with what this returns before anything reads a weight."""
+        return WeightLoad(self.dev.b, store, self._copied(), checked=checked)
+
+    def finish_store_load(self, load: WeightLoad) -> None:
+        load.wait()
+        self._upload_rope()
+
+    def _copied(self) -> dict[str, int]:
+        """The weights a store load copies (name -> device address): all but those that point
+        into the registered store mapping."""
+        return {n: b.ptr for n, b in self.weights.items() if n not in self._mapped}
 
     def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> None:
         if self._ring is None:

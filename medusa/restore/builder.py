@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from typing import Any
 
@@ -13,7 +14,7 @@ from medusa.cuda import paths
 from medusa.restore.layout import RELOC
 
 KINDS = 4
-ABI_VERSION = 3  # MR_ABI_VERSION in csrc/restore/restore.h
+ABI_VERSION = 4  # MR_ABI_VERSION in csrc/restore/restore.h
 
 
 class _Graph(ctypes.Structure):
@@ -40,19 +41,26 @@ class _Kernels(ctypes.Structure):
     ]
 
 
+@functools.cache
+def load_library() -> ctypes.CDLL:
+    """libmedusa_restore, refused unless built from this version's sources (its layouts)."""
+    path = paths.library("medusa_restore")
+    lib = ctypes.CDLL(str(path))
+    if getattr(lib, "mr_abi_version", lambda: 1)() != ABI_VERSION:
+        from medusa.restore.restorer import RestoreError  # restorer.py imports this module
+
+        raise RestoreError(
+            f"{path} was built for another version of medusa (its layouts differ); "
+            "reinstall the package (`pip install .`) or point MEDUSA_LIB_DIR at a fresh build"
+        )
+    return lib
+
+
 class GraphBuilder:
     """One graph at a time: returns the CUresult and the C side's message, never raises."""
 
     def __init__(self, bases: list[np.ndarray]) -> None:
-        path = paths.library("medusa_restore")
-        self.lib = ctypes.CDLL(str(path))
-        if getattr(self.lib, "mr_abi_version", lambda: 1)() != ABI_VERSION:
-            from medusa.restore.restorer import RestoreError  # restorer.py imports this module
-
-            raise RestoreError(
-                f"{path} was built for another version of medusa (its graph layout differs); "
-                "reinstall the package (`pip install .`) or point MEDUSA_LIB_DIR at a fresh build"
-            )
+        self.lib = load_library()
         self.lib.mr_build_graph.restype = c_int
         self.lib.mr_build_graph.argtypes = [
             POINTER(_Graph),

@@ -2,28 +2,27 @@
 
 A worker takes a free slot (waiting for the event of its last copy), copies a chunk of the store
 into it, checks the chunk's checksum on the staged bytes (the bytes that are sent, still in the
-CPU's cache), then queues a cudaMemcpyAsync per tensor piece and records the slot's event. Workers
-run in threads: the copies, the hash and the CUDA calls release the GIL. Arrays from a model file
+CPU's cache), then queues a cudaMemcpyAsync per tensor piece and records the slot's event. For a
+store the workers are C threads (csrc/restore/chunk_loader.c): the whole load is one call that
+releases the GIL, so the engine runs it beside its other start-up stages. Arrays from a model file
 take the same slots, so a start-up allocates the same whatever its weights come from (a restored
 graph's allocation check sees no difference)."""
 
 from __future__ import annotations
 
-import bisect
 import ctypes
+import functools
 import os
-import queue
-import threading
-from collections.abc import Iterator
 from ctypes import byref, c_int, c_size_t, c_uint, c_void_p
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from medusa.cuda import CudaError
 from medusa.cuda.backend import Backend
 from medusa.weights.errors import WeightStoreError
-from medusa.weights.format import MAX_CHUNK
+from medusa.weights.format import MAX_CHUNK, Header
 from medusa.weights.store import WeightStore
 
 # NOTE: fixed, not derived from the machine: the slots are recorded allocations, and a restore on
@@ -39,6 +38,57 @@ class Piece:
     dst: int  # device address
     src: int  # offset in the chunk
     nbytes: int
+
+
+PIECE = np.dtype([("dst", "<u8"), ("src", "<u8"), ("nbytes", "<u8")])  # mr_piece
+
+
+class _Load(ctypes.Structure):  # mr_load in csrc/restore/restore.h
+    _fields_ = [
+        ("data", c_void_p),
+        ("data_size", ctypes.c_uint64),
+        ("chunk_size", ctypes.c_uint64),
+        ("num_chunks", ctypes.c_uint32),
+        ("digests", c_void_p),
+        ("piece_start", c_void_p),
+        ("pieces", c_void_p),
+        ("slots", ctypes.POINTER(c_void_p)),
+        ("events", ctypes.POINTER(c_void_p)),
+        ("num_slots", ctypes.c_uint32),
+        ("slot_bytes", ctypes.c_uint64),
+        ("stream", c_void_p),
+        ("workers", ctypes.c_uint32),
+    ]
+
+
+@functools.cache
+def _chunk_loader() -> Any:
+    from medusa.restore.builder import load_library
+
+    fn = load_library().mr_load_chunks
+    fn.restype = c_int
+    fn.argtypes = [ctypes.POINTER(_Load), ctypes.POINTER(ctypes.c_uint32), ctypes.c_char_p,
+                   c_size_t]  # fmt: skip
+    return fn
+
+
+def _pieces(h: Header, dsts: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk, the runs of it that go to the device: chunk i has pieces[start[i]:start[i+1]]."""
+    tensors = [t for t in h.tensors if t.name in dsts]
+    starts, out = [0], []
+    k = 0
+    for i in range(h.num_chunks):
+        lo, hi = h.chunk_range(i)
+        while k < len(tensors) and tensors[k].end <= lo:
+            k += 1
+        for t in tensors[k:]:
+            if t.offset >= hi:
+                break
+            a, b = max(t.offset, lo), min(t.end, hi)
+            if a < b:
+                out.append((dsts[t.name] + a - t.offset, a - lo, b - a))
+        starts.append(len(out))
+    return np.array(starts, np.uint64), np.array(out or [(0, 0, 0)], PIECE)
 
 
 class _Runtime:
@@ -102,77 +152,41 @@ class StagingRing:
         chunk of the store, those of tensors not copied (host-resident ones) included. Raises
         WeightStoreError naming the first bad chunk; nothing is used before all are checked.
         checked: the gateway read and checked this very file in full and holds it mapped, so
-        nothing is hashed again and only the copied tensors' bytes are staged."""
+        nothing is hashed again and only the copied tensors' bytes are staged. The work is one
+        call into C (csrc/restore/chunk_loader.c) that does not hold the GIL, so a thread that
+        runs it leaves the interpreter to the rest of the start-up."""
         h = store.header
-        tensors = [t for t in h.tensors if t.name in dsts]
-        starts = [t.offset for t in tensors]
-        chunks: Iterator[int] = iter(range(h.num_chunks))
-        lock = threading.Lock()
-        errors: list[BaseException] = []
-        free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        starts, pieces = _pieces(h, dsts)
         for s in range(SLOTS):
-            free.put(s)
-
-        def pieces(i: int) -> list[Piece]:
-            lo, hi = h.chunk_range(i)
-            out = []
-            for t in tensors[max(0, bisect.bisect_right(starts, lo) - 1) :]:
-                if t.offset >= hi:
-                    break
-                a, b = max(t.offset, lo), min(t.end, hi)
-                if a < b:
-                    out.append(Piece(dsts[t.name] + a - t.offset, a - lo, b - a))
-            return out
-
-        def work() -> None:
-            while not errors:
-                with lock:
-                    i = next(chunks, None)
-                if i is None:
-                    return
-                try:
-                    self._chunk(store, i, pieces(i), free, checked)
-                except BaseException as e:  # NOTE: handed to the caller, who re-raises it
-                    errors.append(e)
-
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(self.workers - 1)]
-        for t in threads:
-            t.start()
-        work()
-        for t in threads:
-            t.join()
-        self.synchronize()
-        if errors:
-            raise min(errors, key=lambda e: 0 if isinstance(e, WeightStoreError) else 1)
-
-    def _chunk(
-        self,
-        store: WeightStore,
-        i: int,
-        pieces: list[Piece],
-        free: queue.SimpleQueue[int],
-        checked: bool,
-    ) -> None:
-        src = store.data(*store.header.chunk_range(i))
-        if not pieces:  # host-resident: checked in place, nothing to copy
-            if not checked:
-                store.check_chunk(i, src)
-            return
-        s = free.get()
-        try:
             self._wait(s)
-            staged = self._views[s][: len(src)]
-            if checked:
-                for p in pieces:
-                    np.copyto(staged[p.src : p.src + p.nbytes], src[p.src : p.src + p.nbytes])
-            else:
-                np.copyto(staged, src)
-                store.check_chunk(i, staged)
-            for p in pieces:
-                self._copy(s, p)
-            self._record(s)
-        finally:
-            free.put(s)
+        digests = None if checked else np.frombuffer(h.chunk_digests, np.uint8)
+        args = _Load(
+            data=store.data(0, h.data_size).ctypes.data if h.data_size else None,
+            data_size=h.data_size,
+            chunk_size=h.chunk_size,
+            num_chunks=h.num_chunks,
+            digests=digests.ctypes.data if digests is not None else None,
+            piece_start=starts.ctypes.data,
+            pieces=pieces.ctypes.data,
+            slots=(c_void_p * SLOTS)(*self.slots),
+            events=(c_void_p * SLOTS)(*self.events),
+            num_slots=SLOTS,
+            slot_bytes=SLOT_BYTES,
+            stream=self.stream,
+            workers=self.workers,
+        )
+        bad, err = ctypes.c_uint32(), ctypes.create_string_buffer(256)
+        code = _chunk_loader()(byref(args), byref(bad), err, len(err))
+        self._pending = [True] * SLOTS  # NOTE: the last copies may still be in flight
+        self.synchronize()
+        if code == 1:
+            i = bad.value
+            raise WeightStoreError(
+                f"{store.path}: chunk {i} of {h.num_chunks} ({store.describe_chunk(i)}) does not "
+                "match its checksum (corrupted); materialize again to rewrite the store"
+            )
+        if code:
+            raise RuntimeError(f"loading {store.path}: {err.value.decode(errors='replace')}")
 
     # ---- arrays (a model file) ----
     def upload(self, dst: int, arr: np.ndarray) -> None:

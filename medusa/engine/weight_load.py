@@ -1,0 +1,70 @@
+"""A weight store's device-resident weights, copied while the rest of start-up goes on.
+
+The copy (csrc/restore/chunk_loader.c) runs in a thread without the GIL, on a stream of its own
+that never waits for the legacy stream (cudaStreamNonBlocking: on a GPU a blocking stream would
+hold up every synchronous copy the restore makes until the weights are in). The tokenizer, the
+workspace and the graph restore need none of the weights' bytes, only their addresses, so they run
+meanwhile; the engine waits for the load before anything reads a weight (profiling, validation,
+the first request). A bad chunk is raised at the wait, and the engine falls back to the model file
+then, into the same buffers."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from ctypes import c_uint, c_void_p
+
+from medusa.cuda.backend import Backend
+from medusa.weights import WeightStore
+from medusa.weights.loader import StagingRing
+
+STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking
+
+
+class WeightLoad:
+    def __init__(
+        self, b: Backend, store: WeightStore, dsts: dict[str, int], *, checked: bool
+    ) -> None:
+        """Starts copying the store's tensors named in `dsts` (name -> device address)."""
+        self.b = b
+        s = c_void_p()
+        b.call("cudaStreamCreateWithFlags", ctypes.byref(s), c_uint(STREAM_NON_BLOCKING))
+        self.stream = int(s.value or 0)
+        try:
+            self.ring = StagingRing(b, self.stream)
+        except BaseException:
+            b.call("cudaStreamDestroy", c_void_p(self.stream))
+            raise
+        self.error: BaseException | None = None
+        self.seconds = 0.0  # the copy's own time, from start to its last byte
+        self._thread = threading.Thread(
+            target=self._run, args=(store, dsts, checked), name="medusa-weights", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, store: WeightStore, dsts: dict[str, int], checked: bool) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.ring.load_store(store, dsts, checked=checked)
+        except BaseException as e:  # NOTE: raised in the engine's thread, by wait()
+            self.error = e
+        self.seconds = time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Returns once every weight is on the device; raises what the load raised (a
+        WeightStoreError names the bad chunk). Frees the staging slots and the stream."""
+        self._thread.join()
+        try:
+            self.ring.close()
+        finally:
+            self.b.call("cudaStreamDestroy", c_void_p(self.stream))
+        if self.error is not None:
+            raise self.error
+
+    def wait_quietly(self) -> None:
+        """wait() for a start that failed anyway: its own error is the one to report."""
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - the start's failure is what the caller raises
+            pass
