@@ -77,5 +77,5 @@ def add_weaving_routes(app: FastAPI, engine: AsyncEngine, ready: Callable[[], No
         cold = None
         if r is not None:
             cold = {"region": str(r.region.path), "served": r.receiver.served,
-                    "held": len(r.receiver.tables)}  # fmt: skip
+                    "held": len(r.receiver.tables), "kv": r.receiver.kv.describe()}  # fmt: skip
         return {"offloading": hot, "receiving": cold}
