@@ -105,6 +105,7 @@ def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models,
         w = hot.weaving
         assert w is not None and w.error is None
         assert w.num_offloaded == int(len(PROMPTS) * ratio)
+        assert bool(hot.runner.segments) == (ratio > 0)  # woven steps replayed graph segments
         hot.shutdown()  # releases what the receiver holds and stops the pairing
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -205,6 +206,8 @@ def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, e
         while polling.is_set():
             rec.poll()
             time.sleep(1e-4)
+        rec.close()  # NOTE: its host registration would outlive the mapping, and a region that
+        rec.region.close()  # a later test maps at the same address could not be registered
 
     thread = threading.Thread(target=receive, daemon=True)
     thread.start()
