@@ -64,6 +64,7 @@ class ModelRunner:
         self.graphs: dict[int, int] = {}  # batch size -> graph exec
         self.graph_out: dict[int, Buffer] = {}
         self._own_graph_out: list[Buffer] = []
+        self.segments: dict[int, list[int]] = {}  # batch size -> a woven step's graph execs
 
     # ---- start-up stages ----
     def allocate_weights(self, store: WeightStore | None = None) -> None:
@@ -272,6 +273,7 @@ class ModelRunner:
         return np.array([eager, graph]), np.stack([eager_logits, self.last_logits(size)])
 
     def drop_graphs(self) -> None:
+        self.drop_segments()
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
         for buf in self._own_graph_out:
@@ -285,6 +287,7 @@ class ModelRunner:
 
     def release(self) -> None:
         """Frees everything this runner allocated (graphs, KV cache, workspace, weights)."""
+        self.drop_segments()
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
         # NOTE: restored graphs' output buffers belong to the restorer, not to this runner.
@@ -318,10 +321,44 @@ class ModelRunner:
     def execute_woven(
         self, seqs: list[Sequence], remote: Container[int], after_attention: Callable[[int], None]
     ) -> list[int]:
-        """A decode step, eagerly, whose rows `remote` attend elsewhere (Weaver): they get no
-        local slot and no local attention, and after_attention(layer) writes their output."""
-        batch = self._decode_batch(seqs, len(seqs), remote)
-        return self._run(batch, self.kv, self.ws["tokens"], after_attention)
+        """A decode step whose rows `remote` attend elsewhere (Weaver): they get no local slot and
+        no local attention, and after_attention(layer) writes their output. At a graph size it
+        replays the step's segments (captured at the first such step), else runs eagerly."""
+        size = next((g for g in sorted(self.graphs) if g >= len(seqs)), None)
+        if size is None:
+            batch = self._decode_batch(seqs, len(seqs), remote)
+            return self._run(batch, self.kv, self.ws["tokens"], after_attention)
+        if size not in self.segments:
+            self.segments[size] = self._capture_segments(size)
+        self._upload(self._decode_batch(seqs, size, remote))
+        *layers, last = self.segments[size]
+        for i, exec_ in enumerate(layers):
+            self.dev.replay(exec_)
+            after_attention(i)  # NOTE: it synchronizes before it reads the layer's q/k/v
+        self.dev.replay(last)
+        self.dev.synchronize()
+        return self.dev.download(self.graph_out[size], np.int32, size)[: len(seqs)].tolist()
+
+    def _capture_segments(self, size: int) -> list[int]:
+        """The decode step at `size` as graphs cut after each layer's attention: num_layers + 1
+        of them, the host's work (Weaver's exchange) between two replays."""
+        execs: list[int] = []
+
+        def cut(layer: int) -> None:
+            execs.append(self.dev.instantiate(self.dev.end_capture()))
+            self.dev.begin_capture()
+
+        self._upload(self._padding_batch(size))
+        self.dev.synchronize()
+        self.dev.begin_capture()
+        self._forward(size, size, self.kv, self.graph_out[size], after_attention=cut)
+        execs.append(self.dev.instantiate(self.dev.end_capture()))
+        return execs
+
+    def drop_segments(self) -> None:
+        for exec_ in (e for execs in self.segments.values() for e in execs):
+            self.dev.destroy_exec(exec_)
+        self.segments = {}
 
     def last_logits(self, num_seqs: int) -> np.ndarray:
         """The logits the last step sampled from, [num_seqs, vocab]."""

@@ -7,9 +7,12 @@ on a receiver (a cold model's worker, `medusa.engine.weaving_cold`) through an e
 - An offloaded sequence's prefill KV is sent over once (an APPEND task per layer: the K and V rows
   its local blocks hold, after RoPE), then its local blocks are freed. Sending is exact and costs
   the receiver no compute; recomputing the prefill there would need the hot model's weights.
-- A decode step with offloaded sequences runs eagerly: each layer's attention runs here for the
-  local rows (offloaded rows have no slot and length 0), then the offloaded rows' q/k/v go to the
-  receiver and its output replaces theirs before the o projection. Steps without one replay graphs.
+- A decode step with offloaded sequences replays the step's graph cut after each layer's
+  attention (`ModelRunner.execute_woven`, num_layers + 1 segments captured at the first such step
+  of a batch size; eager past the largest graph size): each layer's attention runs here for the
+  local rows (offloaded rows have no slot and length 0), then between two segments the offloaded
+  rows' q/k/v go to the receiver and its output replaces theirs before the o projection. Steps
+  without one replay the whole-step graphs.
 - A receiver that dies, hangs (heartbeat timeout) or refuses a task: the step is dropped, the
   offloaded sequences are requeued to be prefilled again here from their tokens, offloading stops,
   and `error` names what happened. The wait is bounded by the sender's timeout: never a hang.
@@ -192,6 +195,7 @@ class HotWeaving:
                 log.warning("weaving: closing the pairing: %s", e)
         self.region.close()
         self.region.path.unlink(missing_ok=True)
+        self.runner.drop_segments()
 
     # ---- work ----
     def _hand_over(self, seq: Sequence) -> None:

@@ -12,12 +12,15 @@ after each kernel node of the graph."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from medusa.engine.device import Device
+from medusa.engine.kv_cache import ElasticKV
 from medusa.engine.llm_engine import LLMEngine
+from medusa.weaver.kv import ElasticOffloadedKV, OffloadedKV, StaticOffloadedKV
 from medusa.weaver.receiver import WeaverReceiver
 from medusa.weaver.region import ExchangeRegion
 
@@ -66,7 +69,8 @@ class PollingDevice:
 class ColdWeaving:
     """Makes `engine` (started) the receiver of the region at `path`: `num_blocks` KV blocks of
     `block_size` tokens (the hot model's layers and heads) of its device hold the offloaded
-    sequences. Ends with `close`, which gives the engine its plain device back."""
+    sequences, pages of its elastic KV's budget if it has one (medusa.weaver.kv). Ends with
+    `close`, which gives the engine its plain device back and the blocks' memory."""
 
     def __init__(
         self,
@@ -80,24 +84,40 @@ class ColdWeaving:
         self.engine = engine
         self.region = ExchangeRegion(path)
         bs = block_size or engine.config.block_size
-        g = self.region.geometry
-        need, (free, _) = (
-            num_blocks * 2 * g.num_layers * bs * g.kv_size * 4,
-            engine.device.mem_info(),
-        )
-        if need > free:
+        kv: OffloadedKV | None = None
+        try:
+            kv = self._offloaded_kv(num_blocks, bs)
+            self.receiver = WeaverReceiver(self.region, engine.device, num_blocks, bs, kv)
+        except BaseException:
+            if kv is not None:
+                kv.close()
             self.region.close()
-            raise MemoryError(
-                f"{num_blocks} KV blocks for the offloaded sequences need {need / 2**20:.0f} MiB, "
-                f"the device has {free / 2**20:.0f} MiB free: pair a less loaded worker, or fewer "
-                "blocks"
-            )
-        self.receiver = WeaverReceiver(self.region, engine.device, num_blocks, bs)
+            raise
         self.device = PollingDevice(engine.device, self.receiver)
         engine.runner.dev = self.device  # type: ignore[assignment]
         self._graphs = dict(engine.runner.graphs)
         if per_kernel:  # eager decode: a poll after every kernel, none after whole graphs
             engine.runner.graphs.clear()
+
+    def _offloaded_kv(self, num_blocks: int, bs: int) -> OffloadedKV:
+        """The receiver's blocks: drawn from the engine's elastic KV pages and ledger if it has
+        them, else one allocation set aside now. MemoryError (the worker answers 409) if the
+        device cannot hold them, or with elastic KV not even one offloaded sequence."""
+        g, cache = self.region.geometry, self.engine.runner.kv_cache
+        block_bytes = 2 * g.num_layers * bs * g.kv_size * 4
+        if isinstance(cache, ElasticKV):
+            ledger = cache.ledger.path if cache.ledger is not None else None
+            name = f"{Path(self.engine.config.model or 'model').name}:{os.getpid()}"
+            return ElasticOffloadedKV(cache.pool.vmm, num_blocks, bs, block_bytes, ledger=ledger,
+                                      name=name, min_blocks=-(-g.max_tokens // bs))  # fmt: skip
+        need, (free, _) = num_blocks * block_bytes, self.engine.device.mem_info()
+        if need > free:
+            raise MemoryError(
+                f"{num_blocks} KV blocks for the offloaded sequences need {need / 2**20:.0f} MiB, "
+                f"the device has {free / 2**20:.0f} MiB free: pair a less loaded worker, or fewer "
+                "blocks"
+            )
+        return StaticOffloadedKV(self.engine.device, num_blocks, block_bytes)
 
     @property
     def stopped(self) -> bool:

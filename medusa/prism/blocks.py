@@ -47,16 +47,7 @@ class ElasticBlockManager:
             seq.block_table.append(self._take())
 
     def deallocate(self, seq: Sequence) -> None:
-        for b in seq.block_table:
-            self._free.add(b)
-            emptied = False
-            for p in self._pages(b):
-                self._use[p] -= 1
-                if self._use[p] == 0:
-                    self._unmap(p)
-                    emptied = True
-            if not emptied:
-                self._ready.add(b)
+        self.give(seq.block_table)
         seq.block_table.clear()
 
     def can_append(self, seq: Sequence) -> bool:
@@ -77,6 +68,27 @@ class ElasticBlockManager:
     def refill(self) -> None:
         """Tops up the spare pages (between steps, off a step's critical path)."""
         self.pool.refill()
+
+    # ---- blocks by id, for holders other than the scheduler's sequences (Weaver's receiver) ----
+    def take(self, n: int) -> list[int] | None:
+        """n blocks, their pages mapped (drawn from the ledger); None, and nothing taken, if the
+        budget cannot back them all."""
+        if not self._ensure(n):
+            return None
+        return [self._take() for _ in range(n)]
+
+    def give(self, blocks: list[int]) -> None:
+        """Frees `blocks`; pages no live block touches any more are unmapped."""
+        for b in blocks:
+            self._free.add(b)
+            emptied = False
+            for p in self._pages(b):
+                self._use[p] -= 1
+                if self._use[p] == 0:
+                    self._unmap(p)
+                    emptied = True
+            if not emptied:
+                self._ready.add(b)
 
     # ---- elastic ----
     def pages_in_use(self) -> int:

@@ -4,7 +4,10 @@
     POST /weaving/receive {region, blocks}  this (cold) engine serves that region between kernels
     POST /weaving/unpair                    hot: takes its sequences' KV back and stops the
                                             receiver; cold: stops serving (what it held is lost)
-    GET  /weaving                           what this worker offloads or serves
+    GET  /weaving                           what this worker offloads or serves, and what
+                                            the gateway chooses receivers by: its profile
+                                            (kernel and attention times, measured once) and
+                                            the memory free for offloaded KV
 
 Each runs on the engine thread between two steps."""
 
@@ -49,12 +52,12 @@ def add_weaving_routes(app: FastAPI, engine: AsyncEngine, ready: Callable[[], No
     @app.post("/weaving/offload")
     async def offload(req: Offload) -> dict[str, Any]:
         await run(lambda e: e.pair(WeavingLink(req.region, req.ratio)))
-        return await status()
+        return await _state()
 
     @app.post("/weaving/receive")
     async def receive(req: Receive) -> dict[str, Any]:
         await run(lambda e: engine.receive(req.region, req.blocks))
-        return await status()
+        return await _state()
 
     @app.post("/weaving/unpair")
     async def unpair() -> dict[str, Any]:
@@ -63,10 +66,23 @@ def add_weaving_routes(app: FastAPI, engine: AsyncEngine, ready: Callable[[], No
             engine.stop_receiving()
 
         await run(both)
-        return await status()
+        return await _state()
+
+    profile: list[dict[str, Any]] = []  # measured at the first GET, then kept
+
+    def choice(e: LLMEngine) -> dict[str, Any]:
+        from medusa.engine.weaving_profile import free_bytes, measure
+
+        if not profile:
+            profile.append(measure(e.runner).to_json())
+        return {"profile": profile[0], "free_bytes": free_bytes(e.runner, e.device)}
 
     @app.get("/weaving")
     async def status() -> dict[str, Any]:
+        out = await _state()
+        return {**out, **(await run(choice))}
+
+    async def _state() -> dict[str, Any]:
         e, r = engine.engine, engine.receiver
         w = e.weaving if e is not None else None
         hot = None
@@ -77,5 +93,5 @@ def add_weaving_routes(app: FastAPI, engine: AsyncEngine, ready: Callable[[], No
         cold = None
         if r is not None:
             cold = {"region": str(r.region.path), "served": r.receiver.served,
-                    "held": len(r.receiver.tables)}  # fmt: skip
+                    "held": len(r.receiver.tables), "kv": r.receiver.kv.describe()}  # fmt: skip
         return {"offloading": hot, "receiving": cold}

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from medusa.engine.device import Device
+from medusa.weaver.kv import OffloadedKV, StaticOffloadedKV
 from medusa.weaver.region import (
     APPEND,
     ATTEND,
@@ -42,15 +43,21 @@ class WeaverReceiver:
     `block_size` tokens (all layers) for the offloaded sequences."""
 
     def __init__(
-        self, region: ExchangeRegion, device: Device, num_blocks: int, block_size: int
+        self,
+        region: ExchangeRegion,
+        device: Device,
+        num_blocks: int,
+        block_size: int,
+        kv: OffloadedKV | None = None,
     ) -> None:
+        """kv: where the blocks live (medusa.weaver.kv); default, one allocation of them all.
+        It is the receiver's from here: `close` gives it back."""
         g = region.geometry
         self.region, self.dev, self.block_size = region, device, block_size
-        self.num_blocks = self.max_blocks = num_blocks
+        self.max_blocks = num_blocks
         self._part = block_size * g.kv_size * F32  # one layer's K (or V) rows of one block
         self._block_bytes = 2 * g.num_layers * self._part
-        self.kv = device.alloc(num_blocks * self._block_bytes)
-        self._free = list(range(num_blocks - 1, -1, -1))
+        self.kv = kv or StaticOffloadedKV(device, num_blocks, self._block_bytes)
         self.tables: dict[int, list[int]] = {}  # offloaded sequence -> its block ids here
         self.lengths: dict[int, int] = {}  # tokens of it held here
         self._ws = {
@@ -107,8 +114,9 @@ class WeaverReceiver:
     def close(self) -> None:
         self.dev.synchronize()
         self.dev.host_unregister(self.region.address)
-        for buf in (*self._ws.values(), self.kv):
+        for buf in self._ws.values():
             self.dev.free(buf)
+        self.kv.close()
 
     # ---- tasks ----
     def _attend(self, layer: int, num_seqs: int, num_tokens: int, attention: bool = True) -> None:
@@ -127,7 +135,7 @@ class WeaverReceiver:
             bt[i, : len(self.tables[sid])] = self.tables[sid]
         d.upload(self._ws["slots"], np.asarray(slots, np.int32))
         d.upload(self._ws["block_tables"], bt)
-        kc = self.kv.ptr + 2 * layer * self._part
+        kc = self.kv.base + 2 * layer * self._part
         vc = kc + self._part
         stride = self._block_bytes // F32
         a = {name: self._dev_region + r.layout[name] for name in r.layout}
@@ -154,17 +162,19 @@ class WeaverReceiver:
             need[sid] = -(-total // self.block_size) - len(self.tables.get(sid, []))
             if len(self.tables.get(sid, [])) + need[sid] > self.max_blocks:
                 raise ReceiverError(f"sequence {sid}: {total} tokens exceed this receiver's KV")
-        if sum(need.values()) > len(self._free):
+        got = self.kv.take(sum(need.values()))
+        if got is None:
             raise ReceiverError(
                 f"out of KV blocks for sequences {sorted(lens)} ({sum(need.values())} more "
-                f"needed, {len(self._free)} free): offload fewer sequences to this receiver"
+                f"needed, {self.kv.num_free()} free): offload fewer sequences to this receiver"
             )
         for sid, n in need.items():
-            self.tables.setdefault(sid, []).extend(self._free.pop() for _ in range(n))
+            self.tables.setdefault(sid, []).extend(got[:n])
+            del got[:n]
 
     def _release(self, ids: list[int]) -> None:
         for sid in ids:
-            self._free += reversed(self.tables.pop(sid, []))
+            self.kv.give(self.tables.pop(sid, []))
             self.lengths.pop(sid, None)
 
     def _fetch(self, layer: int, sid: int) -> None:
@@ -179,7 +189,7 @@ class WeaverReceiver:
         rows = self.block_size * g.kv_size
         k, v = [], []
         for b in self.tables[sid]:  # this layer's K and V rows of each of the sequence's blocks
-            kc = self.kv.ptr + b * self._block_bytes + 2 * layer * self._part
+            kc = self.kv.base + b * self._block_bytes + 2 * layer * self._part
             k.append(self.dev.download(kc, np.float32, rows))
             v.append(self.dev.download(kc + self._part, np.float32, rows))
         r.array("k")[:n] = np.concatenate(k).reshape(-1, g.kv_size)[:n]

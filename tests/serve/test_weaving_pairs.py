@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as T
 from medusa.serve.gateway.config import ConfigError, ModelConfig, load_config
 from medusa.serve.gateway.instances import State
 from medusa.serve.gateway.weaving import WeavingPairs
+from medusa.weaver.choice import Candidate, WeavingProfile, expected_wait, rank_receivers
 from medusa.weaver.config import WeavingConfig
 from tests.engine.tiny_models import write_gguf
 
@@ -44,9 +45,21 @@ class Fake:
         return f"http://127.0.0.1:{self.port}"
 
 
-def fake_pairs(refuse: set[tuple[int, str]], calls: list[tuple[int, str, dict]]) -> WeavingPairs:
+def fake_pairs(
+    refuse: set[tuple[int, str]],
+    calls: list[tuple[int, str, dict]],
+    described: dict[int, dict] | None = None,
+) -> WeavingPairs:
+    """Pairs whose workers answer 200, or 409 for (port, path) in `refuse`; `GET /weaving` answers
+    described[port] (500 if the port is not there)."""
+
     def handle(req: httpx.Request) -> httpx.Response:
         port, path = req.url.port or 0, req.url.path
+        if req.method == "GET":
+            if port not in (described or {}):
+                return httpx.Response(500, json={"error": {"message": "engine failed"}})
+            return httpx.Response(200, json={"offloading": None, "receiving": None,
+                                              **(described or {})[port]})  # fmt: skip
         calls.append((port, path, json.loads(req.content or b"{}")))
         if (port, path) in refuse:
             return httpx.Response(409, json={"error": {"message": "not enough free memory"}})
@@ -94,6 +107,36 @@ def test_a_refusing_receiver_is_not_asked_again_soon_and_dead_workers_unpair():
     other.state = State.DEAD
     asyncio.run(pairs.tick([hot, cold, other]))
     assert [c[:2] for c in calls][:2] == [(1, "/weaving/unpair"), (3, "/weaving/unpair")]
+
+
+def described(ops: list[float], attention: float, free_gib: float) -> dict:
+    return {"profile": {"ops": ops, "attention": attention}, "free_bytes": int(free_gib * 2**30)}
+
+
+def test_the_receiver_is_the_one_the_hot_model_would_wait_least_on_ties_by_free_memory():
+    """hot (ratio 0.5) has K = N = 0.5 ms of attention per layer: a task waits about half the
+    receiver kernel it lands in. `long` has 2 ms kernels (most memory), `short` and `short2`
+    0.1 ms ones (a tie, `short2` with more memory), `mute` gives no profile."""
+    hot, long_, short, short2, mute = (Fake("hot", 1), Fake("cold", 2), Fake("cold", 3),
+                                       Fake("other", 4), Fake("other", 5))  # fmt: skip
+    times = {1: described([1e-4] * 30, 1e-3, 4), 2: described([2e-3] * 10, 9e-4, 12),
+             3: described([1e-4] * 200, 1e-4, 1), 4: described([1e-4] * 80, 2e-4, 3)}  # fmt: skip
+    for refuse, want in [(set(), [4]), ({(4, "/weaving/receive")}, [4, 3])]:
+        calls: list[tuple[int, str, dict]] = []
+        pairs = fake_pairs(refuse, calls, times)
+        asyncio.run(pairs.tick([hot, mute, long_, short, short2]))
+        tried = [c[0] for c in calls if c[1] == "/weaving/receive"]
+        assert tried == want  # mute (no profile) and long (most memory) are never tried first
+        assert len(pairs.pairs) == 1 and pairs.pairs[0].cold.port == want[-1]
+    hot_p = WeavingProfile.from_json(times[1]["profile"])
+    waits = [expected_wait(hot_p, 0.5, WeavingProfile.from_json(times[p]["profile"]))
+             for p in (2, 3)]  # fmt: skip
+    assert waits == pytest.approx([1e-3, 5e-5])  # T/2 per task: 2 ms kernels vs 0.1 ms ones
+    # without the hot worker's profile: by free memory alone; the mute one still last
+    cands = [Candidate(w, WeavingProfile.from_json(times[w.port]["profile"]),
+                       times[w.port]["free_bytes"]) for w in (short, long_, short2)]  # fmt: skip
+    assert rank_receivers(None, 0.5, [Candidate(mute, None, 0), *cands]) == [
+        long_, short2, short, mute]  # fmt: skip
 
 
 def test_models_yaml_weaving_is_parsed_and_checked(tmp_path):
@@ -175,8 +218,9 @@ def test_two_workers_paired_then_unpaired_answer_as_without_offload(tmp_path):
         asyncio.run(pairs.tick([hot, cold]))
         assert pairs.pairs == []
         for port in (hport, cport):
-            assert httpx.get(f"http://127.0.0.1:{port}/weaving").json() == {
-                "offloading": None, "receiving": None}  # fmt: skip
+            got = httpx.get(f"http://127.0.0.1:{port}/weaving").json()
+            assert got["offloading"] is None and got["receiving"] is None
+            assert len(got["profile"]["ops"]) > 10 and got["free_bytes"] > 0
         assert asyncio.run(complete_all(hport, "hot")) == want  # unpaired: all local again
     finally:
         for p in (hp, cp):

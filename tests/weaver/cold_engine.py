@@ -1,12 +1,15 @@
 """A cold model's engine for the tests: it starts, becomes the receiver of the region, waits for the
 hot engine's first task (so that its own requests run while it serves), generates greedily for
 its own prompts polling between its kernels, serves until the hot engine stops the pairing, and
-prints its completions' token ids as JSON."""
+prints its completions' token ids as JSON. `--elastic`: its KV (and so the receiver's) is elastic,
+from MEDUSA_KV_LEDGER's ledger; `--hold`: it waits for a line on stdin before it exits (its ledger
+row stays while the test looks)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from medusa.engine.config import EngineConfig
@@ -19,8 +22,8 @@ COLD_PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100, 3, 100, 3, 7, 7, 1]]
 COLD_TOKENS = 12
 
 
-def cold_config(model: str) -> EngineConfig:
-    return EngineConfig(model=model, max_num_seqs=4, max_model_len=128,
+def cold_config(model: str, kv_memory: str = "static") -> EngineConfig:
+    return EngineConfig(model=model, max_num_seqs=4, max_model_len=128, kv_memory=kv_memory,
                         max_num_batched_tokens=128, kv_cache_memory=4 << 20)  # fmt: skip
 
 
@@ -39,16 +42,21 @@ def main() -> None:
     ap.add_argument("region")
     ap.add_argument("model")
     ap.add_argument("--blocks", type=int, default=96)
+    ap.add_argument("--elastic", action="store_true")
+    ap.add_argument("--hold", action="store_true")
     args = ap.parse_args()
-    engine = LLMEngine(cold_config(args.model))
+    engine = LLMEngine(cold_config(args.model, "elastic" if args.elastic else "static"))
     weaving = ColdWeaving(engine, args.region, args.blocks, block_size=4)
     deadline = time.monotonic() + 60
     while weaving.region.counter(TASK) == 0 and time.monotonic() < deadline:
         weaving.device.poll()
         time.sleep(1e-3)
     out = generate(engine, weaving)
-    print(json.dumps({"tokens": out, "served": weaving.receiver.served}), flush=True)
+    served = weaving.receiver.served
     weaving.close()
+    print(json.dumps({"tokens": out, "served": served}), flush=True)
+    if args.hold:
+        sys.stdin.readline()
     engine.shutdown()
 
 

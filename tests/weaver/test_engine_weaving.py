@@ -22,8 +22,10 @@ from medusa.engine.llm_engine import LLMEngine, StepOutput
 from medusa.engine.sampling import SamplingParams
 from medusa.engine.sequence import Sequence
 from medusa.engine.weaving import WeavingLink
+from medusa.engine.weaving_cold import ColdWeaving
+from medusa.prism.ledger import PageLedger
 from medusa.weaver.receiver import WeaverReceiver
-from medusa.weaver.region import RECEIVER_PID, ExchangeRegion
+from medusa.weaver.region import RECEIVER_PID, ExchangeRegion, Geometry
 from tests.engine.tiny_models import write_gguf
 from tests.weaver.cold_engine import cold_config, generate
 
@@ -72,10 +74,13 @@ def expected(models: tuple[str, str]) -> tuple[list[list[int]], list[list[int]],
     return want_hot, want_cold, logits
 
 
-def start_cold(region: Path, model: str) -> subprocess.Popen[str]:
+def start_cold(
+    region: Path, model: str, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(HERE / "cold_engine.py"), str(region), model],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(HERE.parents[1])},
+        [sys.executable, str(HERE / "cold_engine.py"), str(region), model, *flags],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(HERE.parents[1]), **(env or {})},
     )  # fmt: skip
 
 
@@ -100,6 +105,7 @@ def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models,
         w = hot.weaving
         assert w is not None and w.error is None
         assert w.num_offloaded == int(len(PROMPTS) * ratio)
+        assert bool(hot.runner.segments) == (ratio > 0)  # woven steps replayed graph segments
         hot.shutdown()  # releases what the receiver holds and stops the pairing
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -200,6 +206,8 @@ def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, e
         while polling.is_set():
             rec.poll()
             time.sleep(1e-4)
+        rec.close()  # NOTE: its host registration would outlive the mapping, and a region that
+        rec.region.close()  # a later test maps at the same address could not be registered
 
     thread = threading.Thread(target=receive, daemon=True)
     thread.start()
@@ -222,3 +230,61 @@ def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, e
         hot.shutdown()
     i = PROMPTS.index(aborted[0].token_ids[: aborted[0].num_prompt_tokens])
     assert got[:i] + got[i + 1 :] == expected[0][:i] + expected[0][i + 1 :]
+
+
+def weaver_pages(ledger: PageLedger) -> int | None:
+    """Pages on the receivers' rows of the ledger (None: no such row)."""
+    rows = [h.pages for h in ledger.holders() if h.name.endswith(":weaver")]
+    return sum(rows) if rows else None
+
+
+def test_a_receiver_on_elastic_kv_draws_ledger_pages_and_gives_them_back(
+    tmp_path, models, expected
+):
+    """The cold engine's KV is elastic: the offloaded sequences' blocks are pages of the device's
+    ledger (on the cold worker's `:weaver` row) while they live, and go back as they finish; the
+    pairing's end gives the row back. The hot logits stay bit-identical."""
+    ledger = PageLedger.create(tmp_path / "ledger", 64, 2 << 20)
+    region = tmp_path / "weaver"
+    hot = LLMEngine(hot_config(models[0]), weaving=WeavingLink(region, 1.0, timeout=10.0))
+    proc = start_cold(region, models[1], "--elastic", "--hold",
+                      env={"MEDUSA_KV_LEDGER": str(ledger.path)})  # fmt: skip
+    pages: list[int | None] = []
+    try:
+        wait_for_receiver(hot, proc)
+        logits: list[bytes] = []
+        got = run(hot, lambda step, outs: pages.append(weaver_pages(ledger)), logits)
+        assert hot.weaving is not None and hot.weaving.error is None
+        assert hot.weaving.num_offloaded == len(PROMPTS)
+        assert max(p or 0 for p in pages) >= 1  # held while the sequences decode there
+        assert weaver_pages(ledger) == 0  # all finished: their pages went back, still paired
+        hot.unpair()
+        assert proc.stdout is not None
+        cold = json.loads(proc.stdout.readline())  # the cold engine closed its receiver
+        assert weaver_pages(ledger) is None  # the row is gone with the pairing
+        assert ledger.free() == ledger.capacity - sum(h.pages for h in ledger.holders())
+        proc.communicate("\n", timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        hot.shutdown()
+    want_hot, want_cold, want_logits = expected
+    assert got == want_hot and logits == want_logits
+    assert cold["tokens"] == want_cold
+
+
+def test_an_elastic_receiver_with_no_pages_free_refuses(tmp_path, models, monkeypatch):
+    ledger = PageLedger.create(tmp_path / "ledger", 8, 2 << 20)
+    monkeypatch.setenv("MEDUSA_KV_LEDGER", str(ledger.path))
+    region = ExchangeRegion.create(tmp_path / "weaver", Geometry(2, 4, 2, 64, 8, 128))
+    with LLMEngine(cold_config(models[1], "elastic")) as cold:
+        hog = PageLedger(ledger.path)
+        hog.join("another model")
+        assert hog.try_acquire(ledger.free())
+        with pytest.raises(MemoryError, match=r"page ledger .* has 0 of 8 pages free; holding one"):
+            ColdWeaving(cold, region.path, 96, block_size=4)
+        hog.release(hog.held())
+        weaving = ColdWeaving(cold, region.path, 96, block_size=4)  # pages free: it pairs
+        weaving.close()
+        assert weaver_pages(ledger) is None
+    region.close()

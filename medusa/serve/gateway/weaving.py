@@ -9,8 +9,11 @@ Every autoscaler tick:
   cold one is told to stop serving. Nothing is lost: a sequence whose KV cannot come back (the
   cold worker died) is prefilled again by the hot worker.
 - then pair each warm, unpaired hot worker with a warm, unpaired cold worker with nothing in
-  flight. A cold worker whose device has not the memory for `blocks` KV blocks refuses (409); a
-  refused pairing is not tried again for `retry_after` seconds.
+  flight: of several, the one its tasks would wait least on (medusa.weaver.choice: the splitting
+  model's expected wait on the cold worker's kernel times, from the workers' `GET /weaving`),
+  ties to the one with the most free memory. A cold worker whose device has not the memory for
+  `blocks` KV blocks (with elastic KV: whose page ledger cannot hold one offloaded sequence)
+  refuses (409); a refused pairing is not tried again for `retry_after` seconds.
 `release(inst)` unpairs a worker before the gateway stops it (scale-down, shutdown)."""
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any, Protocol
 import httpx
 
 from medusa.serve.gateway.config import ModelConfig
+from medusa.weaver.choice import Candidate, WeavingProfile, rank_receivers
 from medusa.weaver.config import WeavingConfig
 
 log = logging.getLogger("medusa.gateway.weaving")
@@ -95,7 +99,7 @@ class WeavingPairs:
         free = [w for w in workers if warm(w) and self.paired(w) is None]
         colds = [w for w in free if not self.config(w.model).enabled and w.inflight == 0]
         for hot in (w for w in free if self.config(w.model).enabled):
-            for cold in colds:
+            for cold in await self._rank(hot, colds):
                 if await self._pair(hot, cold):
                     colds.remove(cold)
                     break
@@ -116,9 +120,35 @@ class WeavingPairs:
             return f"{p.cold.model} is busy ({p.cold.inflight} requests in flight, target {target})"
         return None
 
+    def _refused_lately(self, hot: Worker, cold: Worker) -> bool:
+        when = self._refused.get((hot.port, cold.port), -1e9)
+        return time.monotonic() - when < self.retry_after
+
+    async def _rank(self, hot: Worker, colds: list[Worker]) -> list[Worker]:
+        """`colds` that `hot` may try, best first (medusa.weaver.choice)."""
+        colds = [c for c in colds if not self._refused_lately(hot, c)]
+        if len(colds) < 2:
+            return colds
+        mine, _ = await self._describe(hot)
+        cands = [Candidate(c, *(await self._describe(c))) for c in colds]
+        return rank_receivers(mine, self.config(hot.model).ratio, cands)
+
+    async def _describe(self, w: Worker) -> tuple[WeavingProfile | None, int]:
+        """A worker's profile and free memory from its `GET /weaving`; (None, 0) if it does not
+        say (it goes last)."""
+        try:
+            async with self._client(w) as c:
+                r = await c.get("/weaving")
+            r.raise_for_status()
+            body = r.json()
+            return WeavingProfile.from_json(body["profile"]), int(body["free_bytes"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+            log.warning("weaving: %s on port %d has no usable profile: %r", w.model, w.port, e)
+            return None, 0
+
     async def _pair(self, hot: Worker, cold: Worker) -> bool:
         key = (hot.port, cold.port)
-        if time.monotonic() - self._refused.get(key, -1e9) < self.retry_after:
+        if self._refused_lately(hot, cold):
             return False
         region = str(self.region_dir / f"medusa-weaver-{hot.port}-{cold.port}")
         try:
