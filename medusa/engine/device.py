@@ -4,8 +4,10 @@ through the CUDA ABI (simcuda or a GPU), so the recorder sees every call."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from ctypes import c_float, c_int, c_int64, c_size_t, c_void_p
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +32,9 @@ KERNELS = {
 }
 # cudaHostRegister flags (driver_types.h).
 _HOST_REGISTER_MAPPED, _HOST_REGISTER_READ_ONLY = 0x02, 0x08
-_CTYPES = {"p": c_void_p, "i": c_int, "f": c_float, "l": c_int64}
+_CTYPES: dict[str, Callable[[Any], ctypes._SimpleCData[Any]]] = {
+    "p": c_void_p, "i": c_int, "f": c_float, "l": c_int64
+}  # fmt: skip
 
 # Blocks per launch on a GPU (the CUDA kernels loop grid-stride, so any count is correct; these
 # give one block per token or row). On simcuda a kernel runs its whole grid in one call anyway.

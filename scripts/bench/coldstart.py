@@ -107,6 +107,7 @@ def main() -> None:
         "kv_alloc",
         "graph_capture",
         "graph_restore",
+        "weights_wait",
         "total",
         "first_step",
     ):
@@ -114,12 +115,23 @@ def main() -> None:
     nodes, graphs = manifest["graphs"]["nodes"], manifest["graphs"]["count"]
     kv = b["kv_profile"] / max(r["kv_restore"], 1e-6)
     gr = b["graph_capture"] / r["graph_restore"]
-    ex = (b["total"] - b["weights_load"]) / (r["total"] - r["weights_load"])
+
+    # NOTE: a store's copy runs beside the other stages; what it costs the start is the time spent
+    # starting it (weights_load) and waiting for it (weights_wait).
+    def weights(t: dict) -> float:
+        return t["weights_load"] + t.get("weights_wait", 0.0)
+
+    ex = (b["total"] - weights(b)) / (r["total"] - weights(r))
     rs = restored["restore"] or {}
     own = sum(rs.values()) * 1000 / nodes * 1000 if rs else float("nan")
     print(f"KV sizing: {kv:.0f}x faster (target >= 20x)")
     print(f"graph stage ({graphs} graphs, {nodes} nodes): {gr:.1f}x faster (target >= 20x)")
     print(f"start-up excluding weight load: {ex:.1f}x faster (target >= 5x)")
+    if "weights_copy" in r:
+        print(
+            f"weight store copy: {r['weights_copy']:.3f} s in the background, of which the start "
+            f"waited {r.get('weights_wait', 0.0):.3f} s"
+        )
     print(
         f"restore cost of our code: {own:.2f} ms per 1000 nodes (target <= 5); "
         + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in rs.items())
