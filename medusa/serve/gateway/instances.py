@@ -59,7 +59,9 @@ class InstanceManager:
         prepare = sorted({m.model or DEFAULT_MODEL for m in models.values()})
         self.pool = WarmPool(slices, pool_size, prepare, self._spawn, warm_timeout=startup_timeout)
         self.host_weights = HostWeights(models)
-        self.sharing = sharing or Sharing(GatewayConfig(models), slices)
+        self.sharing = sharing or Sharing(
+            GatewayConfig(models), slices, open_ledger=self.backend.open_ledger
+        )
         self.weaving = WeavingPairs(models)
 
     # ---- state ----
@@ -324,6 +326,7 @@ class InstanceManager:
     async def autoscale(self, period: float = 0.25) -> None:
         while not self.closing:
             self.backend.refresh(self.slices)
+            self.sharing.follow(self.slices)
             self.pool.fill()
             self.host_weights.expire({m for m, insts in self.instances.items() if insts})
             await self.weaving.tick([i for insts in self.instances.values() for i in insts])
