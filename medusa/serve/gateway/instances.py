@@ -381,8 +381,10 @@ class InstanceManager:
         await self._stop_all()
         await self.pool.shutdown()
         await self.host_weights.close()
+        # NOTE: workers gone before their ledgers and the back-end's connection (a Ray actor
+        # stops a worker; a ledger is removed through it).
+        await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
         self.sharing.close()
         await self.backend.close()
-        await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
         for task in list(self._tasks):
             task.cancel()
