@@ -101,14 +101,14 @@ class Sharing:
 
     def follow(self, slices: Sequence[Slice]) -> None:
         """Brings the elastic slices up to date with `slices` (the back-end's list, which may
-        grow and shrink): a new one gets its ledger, a lost one's ledger is forgotten (its
-        node's copy went with the node). Cheap when nothing changed."""
+        grow and shrink): a new one gets its ledger, a lost one's ledger goes (a lost node's
+        went with the node). Cheap when nothing changed."""
         present = {id(s) for s in slices}
         for s in [s for s in self.slices if id(s) not in present]:
             # NOTE: its queue stays: a request admitted there ends with done() once its worker,
             # lost with the slice, is found dead.
             self.slices = [x for x in self.slices if x is not s]
-            self.ledgers.pop(s.id, None)
+            self.ledgers.pop(s.id).remove()  # (a lost Ray node's: nothing left to call)
             self._weights = {(i, m) for i, m in self._weights if i != s.id}
             log.info("slice %s is gone, and its ledger with it", s.id)
         known = {id(s) for s in self.slices}
