@@ -1,6 +1,7 @@
-"""Prism under `medusa gateway --cluster ray`: two models share one elastic slice on a Ray node.
-Its page ledger is made on that node by the slice's actor (which starts the workers and names the
-ledger to them); the gateway holds the models' weight rows and reads free pages through it."""
+"""Prism and the warm pool under `medusa gateway --cluster ray`: two models share one elastic
+slice on a Ray node, one from the warm pool, one started. The slice's page ledger is made on that
+node by the slice's actor (which starts the workers, pooled too, and names the ledger to them);
+the gateway holds the models' weight rows and reads free pages through it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from gguf import GGMLQuantizationType as T
 
 from tests.cluster.conftest import ENGINE, RayCluster, RayGateway, ray_gateway_on
 from tests.engine.tiny_models import write_gguf
+from tests.serve.test_pool import _pool
 
 ray = pytest.importorskip("ray")
 
@@ -50,7 +52,7 @@ def _ask(gw: RayGateway, model: str, max_tokens: int) -> int:
     return int(r.json()["usage"]["completion_tokens"])
 
 
-def test_two_models_share_one_elastic_slice_on_a_node(ray_cluster: RayCluster) -> None:
+def test_two_models_share_a_nodes_elastic_slice_one_from_the_pool(ray_cluster: RayCluster) -> None:
     # a tiny model: 8 layers, 4 KV heads: 256 KiB blocks, 8 a page
     gguf = ray_cluster.tmp / "tiny.gguf"
     write_gguf(gguf, [T.F32], seed=1, dims={"layers": 8, "kv_heads": 4})
@@ -61,8 +63,10 @@ models:
   b: {{model: {gguf}, artifact: {artifact}, slo_ttft: 2, engine: {ENGINE}}}
 sharing: elastic
 prism: {{concurrency: 4}}
+warm_pool: 1
 """
     with ray_gateway_on(ray_cluster, 1, artifact, models) as gw:
+        (pooled,) = _pool(gw.base, 1)  # a pooled worker waits on the node's elastic slice
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             assert list(pool.map(_ask, [gw] * 2, "ab", [4, 4])) == [4, 4]  # both start there
             insts = {m: gw.instances(m) for m in "ab"}
@@ -74,6 +78,7 @@ prism: {{concurrency: 4}}
             assert _ledger_of(b["pid"]) == ledger and ledger.exists()
             assert ledger.name.startswith(f"medusa-ledger-{_parent(a['pid'])}-")
             assert _parent(b["pid"]) == _parent(a["pid"]) != gw.proc.pid
+            assert pooled["pid"] in (a["pid"], b["pid"])  # one came from the pool
             # The gateway reads it through the actor: the models' weights are held there.
             free = _metrics(gw, "medusa_prism_ledger_pages", "state")
             assert free["capacity"] == 8 * 2**30 // PAGE

@@ -63,6 +63,16 @@ class WorkerBackend(abc.ABC):
         slice's env (MEDUSA_KV_LEDGER)."""
         return file_ledgers()(slc, pages, page_bytes)
 
+    async def assignment(
+        self, worker: WorkerHandle, args: list[str], store_checked: str
+    ) -> tuple[list[str], str]:
+        """What a pooled worker `launch` started is told to start, for `medusa run ARGS` with
+        `store_checked` (HostWeights.vouched): as is where the worker runs here; a back-end
+        whose workers run elsewhere gives the artifact's copy on the worker's node, and no
+        store_checked (it vouches for a file here). Raises ValueError if the artifact cannot
+        get there."""
+        return args, store_checked
+
     def check(self, config: GatewayConfig) -> None:  # noqa: B027 - most honour all
         """Raises ConfigError for settings this back-end cannot honour."""
 

@@ -25,7 +25,6 @@ from medusa.serve.gateway.backends.resources import (
     node_resources,
     resource_name,
 )
-from medusa.serve.gateway.config import ConfigError, GatewayConfig
 from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice, discover_slices
 
@@ -130,13 +129,6 @@ class RayBackend(WorkerBackend):
         self._held: list[_Held] = []
         self._shipping = threading.Lock()  # one source actor, each artifact put once
 
-    def check(self, config: GatewayConfig) -> None:
-        if any(config.warm_pool.values()):
-            raise ConfigError(
-                "warm_pool: the ray back-end has no warm pool yet; set warm_pool: 0 or drop "
-                "--cluster ray"
-            )
-
     def discover(self, topology: str | None) -> list[Slice]:
         # NOTE: the actors import medusa from where this process did (a checkout or the
         # installed package), as medusa.child's children do.
@@ -183,6 +175,22 @@ class RayBackend(WorkerBackend):
         held = next(h for h in self._held if h.slice is slc)
         started = self._pool.submit(self._start, held.actor, args)
         return RayWorker(held.actor, held.node, started)
+
+    async def assignment(
+        self, worker: WorkerHandle, args: list[str], store_checked: str
+    ) -> tuple[list[str], str]:
+        """A pooled worker restores the node's verified copy of the artifact, which its slice
+        actor fetches (shipped once per node, as for a started worker)."""
+        if "--artifact" not in args:
+            return args, ""
+        assert isinstance(worker, RayWorker), worker
+        at = args.index("--artifact") + 1
+        shipment = await asyncio.wrap_future(self._pool.submit(self._shipment, Path(args[at])))
+        try:
+            path = await asyncio.wrap_future(worker.actor.fetch.remote(shipment).future())
+        except RayError as e:
+            raise ValueError(f"its node could not fetch the artifact: {why(e)}") from None
+        return [*args[:at], str(path), *args[at + 1 :]], ""
 
     def _start(self, actor: Any, args: list[str]) -> Any:
         shipment = None

@@ -26,7 +26,7 @@ class RayWorker:
         self._pid, self._error = 0, ""
         self._code: int | None = None
         self._lost = False  # its actor (its node) is gone: Ray refuses calls to it
-        self._actor, self._started = actor, started
+        self.actor, self._started = actor, started  # its slice's actor
 
     @property
     def pid(self) -> int:
@@ -60,7 +60,7 @@ class RayWorker:
             info["token"],
             info["pid"],
         )
-        self._actor.wait.remote(self._pid).future().add_done_callback(self._on_exit)
+        self.actor.wait.remote(self._pid).future().add_done_callback(self._on_exit)
         return self._code is None
 
     def _on_exit(self, fut: concurrent.futures.Future[tuple[int, str]]) -> None:
@@ -82,7 +82,7 @@ class RayWorker:
     def terminate(self) -> None:
         """Stops it if it runs (one not yet placed is stopped by `reap`)."""
         if not self._lost and self._pid:
-            self._actor.stop.remote(self._pid, 10.0)
+            self.actor.stop.remote(self._pid, 10.0)
 
     async def reap(self, timeout: float = 10.0) -> None:
         """Stops `medusa run`; the slice actor stays, for the slice's next worker."""
@@ -93,7 +93,7 @@ class RayWorker:
                     start = await asyncio.wrap_future(self._started)
                     info = await asyncio.wait_for(asyncio.wrap_future(start.future()), timeout + 30)
                     pid = info["pid"]
-                stop = self._actor.stop.remote(pid, timeout)
+                stop = self.actor.stop.remote(pid, timeout)
                 await asyncio.wait_for(asyncio.wrap_future(stop.future()), timeout + 30.0)
             except (*START_ERRORS, asyncio.TimeoutError):
                 pass  # never started, or lost with its node
