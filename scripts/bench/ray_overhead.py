@@ -41,6 +41,9 @@ def _env() -> dict[str, str]:
     keep = ("MEDUSA_LIB_DIR",)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
     env.pop("RAY_ADDRESS", None)  # --cluster ray starts its own one-node cluster
+    # NOTE: Ray sets OMP_NUM_THREADS=1 in its actors (num_cpus=0), so the workers they start
+    # have it: the same for local workers, else they compete for this machine's few cores.
+    env["OMP_NUM_THREADS"] = "1"
     return env
 
 
