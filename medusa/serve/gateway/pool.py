@@ -23,14 +23,13 @@ from medusa.serve.gateway.backends import WorkerHandle
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.worker_process import WorkerAddress, launch
 
+log = logging.getLogger("medusa.gateway")
+
 Launch = Callable[[Slice, list[str]], WorkerHandle]  # starts `medusa run ARGS` on a slice
 
 
 def launch_here(slc: Slice, args: list[str]) -> WorkerHandle:
     return launch(slc.env, args)[0]
-
-
-log = logging.getLogger("medusa.gateway")
 
 
 @dataclass
