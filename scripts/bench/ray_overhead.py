@@ -10,7 +10,8 @@ Per back-end, one slice and one model (an artifact without a weight store), cold
                the artifact's fetch), its imports and HTTP server, the gateway's health polling
 The first cold start on Ray also ships the artifact to the node; it is reported apart.
 Target (issue 19): ray's overhead <= local's + 0.5 s on this machine.
-Run: python scripts/bench/ray_overhead.py [--repeats 3]   (needs the [ray] extra)
+Run: python scripts/bench/serverless.py --cluster ray [--repeats 3]   (needs the [ray] extra; or
+this script itself, with the same --repeats)
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def _env() -> dict[str, str]:
     keep = ("MEDUSA_LIB_DIR",)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
     env.pop("RAY_ADDRESS", None)  # --cluster ray starts its own one-node cluster
+    # NOTE: Ray sets OMP_NUM_THREADS=1 in its actors (num_cpus=0), so the workers they start
+    # have it: the same for local workers, else they compete for this machine's few cores.
+    env["OMP_NUM_THREADS"] = "1"
     return env
 
 
@@ -86,7 +90,11 @@ def run(tmp: Path, cluster: str, art: Path, repeats: int) -> dict[str, list[floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    a = ap.parse_args()
+    compare(ap.parse_args().repeats)
+
+
+def compare(repeats: int) -> None:
+    """Measures both back-ends' cold path and prints them side by side."""
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         art = tmp / "art"
@@ -106,14 +114,14 @@ def main() -> None:
             check=True,
             capture_output=True,
         )
-        rows = {"local": run(tmp, "local", art, a.repeats), "ray": run(tmp, "ray", art, a.repeats)}
+        rows = {"local": run(tmp, "local", art, repeats), "ray": run(tmp, "ray", art, repeats)}
     shipped = {k: v.pop(0) for k, v in rows["ray"].items()}  # the first: artifact shipped too
     over = {
         name: [c - r - w for c, r, w in zip(row["cold"], row["restore"], row["warm"], strict=True)]
         for name, row in rows.items()
     }
     ms = lambda xs: statistics.median(xs) * 1000  # noqa: E731
-    print(f"cold path, 1 slice, median of {a.repeats}        {'local':>9} {'ray':>9}")
+    print(f"cold path, 1 slice, median of {repeats}        {'local':>9} {'ray':>9}")
     for key, label in (
         ("cold", "cold TTFT"),
         ("restore", "worker restore (engine total)"),

@@ -11,6 +11,10 @@ ShareGPT-like log-normal distribution.
 Targets (issue 6): p99 TTFT >= 2x lower with Medusa; gateway overhead < 2 ms p50. Issue 17: the
 store and the pool lower it further.
 Run: python scripts/bench/serverless.py [--duration 60] [--rate 0.5] [--models 3]
+With --cluster ray (issue 19; needs the [ray] extra): instead of the trace, the gateway's own
+overhead on the cold path (cold TTFT minus the worker's restore and its generation) with
+`medusa gateway --cluster ray` beside `--cluster local`, median of --repeats cold starts each
+(scripts/bench/ray_overhead.py); target <= 0.5 s extra.
 """
 
 from __future__ import annotations
@@ -246,7 +250,19 @@ def main() -> None:
     ap.add_argument("--keep-alive", type=float, default=8.0, help="seconds idle before scale-down")
     ap.add_argument("--slo-ttft", type=float, default=3.0, help="TTFT SLO for goodput, seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--cluster",
+        choices=["local", "ray"],
+        default="local",
+        help="ray: the cold path's overhead on a one-node Ray cluster beside local, no trace",
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="cold starts per back-end (--cluster)")
     a = ap.parse_args()
+    if a.cluster == "ray":
+        from ray_overhead import compare  # scripts/bench/, next to this file
+
+        compare(a.repeats)
+        return
     reqs = (
         azure(a.trace, a.models, a.duration)
         if a.trace.endswith(".csv")

@@ -181,6 +181,27 @@ def test_only_a_short_slice_evicts_idle_models_larger_slo_first(tmp_path):
     sharing.close()
 
 
+def test_slices_that_join_get_a_ledger_and_lost_ones_take_theirs_with_them(tmp_path):
+    """The back-end's slice list changes (Ray nodes join and go): elastic slices follow it, each
+    ledger made by the back-end's `open_ledger` (here files in tmp_path, as the local one)."""
+    s0, s1 = Slice("s0", 100 * PAGE_BYTES, 16), Slice("s1", 100 * PAGE_BYTES, 16)
+    slices = [s0]
+    sharing = _sharing(tmp_path, slices, a=1.0, b=1.0)
+    assert sharing.reserve(s0, "a")
+    slices.append(s1)  # a node joined
+    sharing.follow(slices)
+    assert s1.shared and sharing.ledgers["s1"].free() == 100
+    assert sharing.choose("b", [Worker("a", s0)], {}).slice is s1  # the empty one
+    lost = Path(s0.env["MEDUSA_KV_LEDGER"])
+    slices.remove(s0)  # its node was lost, and a's worker with it
+    sharing.follow(slices)
+    assert "s0" not in sharing.ledgers and sharing.slices == [s1] and not lost.exists()
+    sharing.release(s0, "a")  # a's worker is retired later: nothing left to give back
+    assert sharing.choose("a", [], {}).slice is s1
+    sharing.close()
+    assert not Path(s1.env["MEDUSA_KV_LEDGER"]).exists() and not lost.exists()
+
+
 def test_sharing_config_errors_name_the_field_and_the_fix(tmp_path):
     (tmp_path / "slices.yaml").write_text("slices:\n  - {name: s0, profile: 1g.24gb}\n")
 

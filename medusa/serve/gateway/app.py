@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 
 from medusa.serve.gateway.admission import prompt_tokens
 from medusa.serve.gateway.backends import WorkerBackend
+from medusa.serve.gateway.backends.local import LocalBackend
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.instances import Instance, InstanceManager, QueueFull, Unavailable
 from medusa.serve.gateway.metrics import GatewayMetrics
@@ -87,6 +88,7 @@ def create_gateway(
     backend: WorkerBackend | None = None,
 ) -> FastAPI:
     metrics = GatewayMetrics()
+    backend = backend or LocalBackend()
     client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
 
     async def on_cold_start(inst: Instance) -> None:
@@ -111,7 +113,7 @@ def create_gateway(
         slices,
         on_cold_start=on_cold_start,
         pool_size=config.pool_size,
-        sharing=Sharing(config, slices),
+        sharing=Sharing(config, slices, open_ledger=backend.open_ledger),
         backend=backend,
     )
 

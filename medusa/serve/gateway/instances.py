@@ -23,7 +23,7 @@ from medusa.serve.gateway.errors import (  # noqa: F401 - the gateway's errors, 
 )
 from medusa.serve.gateway.host_weights import HostWeights
 from medusa.serve.gateway.instance import Instance, State
-from medusa.serve.gateway.pool import PooledWorker, WarmPool
+from medusa.serve.gateway.pool import Assigned, PooledWorker, WarmPool
 from medusa.serve.gateway.sharing import Choice, Sharing
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import StartPolicy
@@ -57,9 +57,18 @@ class InstanceManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._unreaped: set[WorkerHandle] = set()
         prepare = sorted({m.model or DEFAULT_MODEL for m in models.values()})
-        self.pool = WarmPool(slices, pool_size, prepare, self._spawn, warm_timeout=startup_timeout)
+        self.pool = WarmPool(
+            slices,
+            pool_size,
+            prepare,
+            self._spawn,
+            warm_timeout=startup_timeout,
+            launch=lambda slc, args: self.backend.launch(slc, args, {}),
+        )
         self.host_weights = HostWeights(models)
-        self.sharing = sharing or Sharing(GatewayConfig(models), slices)
+        self.sharing = sharing or Sharing(
+            GatewayConfig(models), slices, open_ledger=self.backend.open_ledger
+        )
         self.weaving = WeavingPairs(models)
 
     # ---- state ----
@@ -132,7 +141,13 @@ class InstanceManager:
 
     async def _assign(self, inst: Instance, w: PooledWorker, args: list[str]) -> None:
         checked = self.host_weights.vouched(inst.model)
-        done = await self.pool.assign(w, args, self.startup_timeout, checked)
+        try:
+            args, checked = await self.backend.assignment(w.proc, args, checked)
+        except ValueError as e:  # an artifact that cannot reach the worker's node
+            done = Assigned(str(e), {}, {})
+        else:
+            done = await self.pool.assign(w, args, self.startup_timeout, checked)
+        inst.host, inst.port, inst.token = w.host, w.port, w.token  # (placed once it warmed up)
         if inst.state == State.STARTING:  # else stopped while it started (the gateway shuts down)
             inst.stages, inst.timings = done.stages, done.timings
             if done.error is None and inst.proc.poll() is None:
@@ -324,6 +339,7 @@ class InstanceManager:
     async def autoscale(self, period: float = 0.25) -> None:
         while not self.closing:
             self.backend.refresh(self.slices)
+            self.sharing.follow(self.slices)
             self.pool.fill()
             self.host_weights.expire({m for m, insts in self.instances.items() if insts})
             await self.weaving.tick([i for insts in self.instances.values() for i in insts])
@@ -378,8 +394,10 @@ class InstanceManager:
         await self._stop_all()
         await self.pool.shutdown()
         await self.host_weights.close()
+        # NOTE: workers gone before their ledgers and the back-end's connection (a Ray actor
+        # stops a worker; a ledger is removed through it).
+        await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
         self.sharing.close()
         await self.backend.close()
-        await asyncio.gather(*(self._reap(p) for p in list(self._unreaped)))
         for task in list(self._tasks):
             task.cancel()

@@ -3,6 +3,9 @@ slices. Each has done its imports, made its device context and loaded its kernel
 catalog's model files and tokenizers, but holds no model memory. A cold model takes one and has it
 restore its artifact; the pool refills in the background and replaces pooled workers that die.
 
+Pooled workers are started by the placement back-end (`launch`): processes here, or, with Ray, by
+the slice actors on their nodes; a worker's address is known once it is placed.
+
 NOTE: a pooled worker occupies its slice (its device context) while it waits: the pool only fills
 slices no model uses, and never holds one back from a model that needs it (a model takes it)."""
 
@@ -16,17 +19,24 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from medusa.serve.gateway.backends import WorkerHandle
 from medusa.serve.gateway.slices import Slice
-from medusa.serve.gateway.worker_process import WorkerAddress, WorkerProcess, launch
+from medusa.serve.gateway.worker_process import WorkerAddress, launch
 
 log = logging.getLogger("medusa.gateway")
+
+Launch = Callable[[Slice, list[str]], WorkerHandle]  # starts `medusa run ARGS` on a slice
+
+
+def launch_here(slc: Slice, args: list[str]) -> WorkerHandle:
+    return launch(slc.env, args)[0]
 
 
 @dataclass
 class PooledWorker(WorkerAddress):
     slice: Slice
-    port: int
-    proc: WorkerProcess
+    port: int  # and token (and host): once placed
+    proc: WorkerHandle
     token: str
     started: float = field(default_factory=time.monotonic)
     idle: bool = False  # warmed up: a model can be assigned at once
@@ -55,8 +65,10 @@ class WarmPool:
         spawn: Callable[[Coroutine[object, object, None]], None],
         *,
         warm_timeout: float = 300.0,
+        launch: Launch = launch_here,
     ) -> None:
         self.slices, self.size, self.prepare = slices, size, prepare
+        self._launch = launch
         self.workers: list[PooledWorker] = []
         self.closing = False
         self.warm_timeout = warm_timeout
@@ -104,15 +116,18 @@ class WarmPool:
     def _start(self, slc: Slice) -> None:
         slc.busy = True
         args = ["--pool", *(a for m in self.prepare for a in ("--prepare", m))]
-        proc, port, token = launch(slc.env, args)
-        w = PooledWorker(slc, port, proc, token)
+        proc = self._launch(slc, args)
+        w = PooledWorker(slc, proc.port, proc, proc.token)
         self.workers.append(w)
-        log.info("pool: warming a worker on slice %s (pid %d)", slc.id, proc.pid)
         self._spawn(self._watch(w))
 
     async def _watch(self, w: PooledWorker) -> None:
         """Marks `w` idle once it has warmed up (or failed if it cannot)."""
         deadline = w.started + self.warm_timeout
+        if not await w.proc.placed(self.warm_timeout):
+            return  # it ended: fill() drops it, with why
+        w.host, w.port, w.token = w.proc.host, w.proc.port, w.proc.token
+        log.info("pool: warming a worker on slice %s (pid %d)", w.slice.id, w.proc.pid)
         while w.proc.poll() is None and time.monotonic() < deadline and not self.closing:
             try:
                 r = await self.client.get(f"{w.url}/pool", headers=w.headers)

@@ -1,5 +1,6 @@
 """Elastic slices (`sharing: elastic`): several models' workers on one slice, drawing KV pages from
-one page ledger that the gateway makes per slice, placed and scheduled as Prism does.
+one page ledger per slice, made where the slice is (the placement back-end's `open_ledger`: a
+file on this machine, or on a Ray node by its slice actor), placed and scheduled as Prism does.
 
 - The ledger's budget is the slice's memory in 2 MiB pages. The gateway holds a row per model it
   starts there for the model's weights (and activations), so the KV memory the workers share is
@@ -10,28 +11,25 @@ one page ledger that the gateway makes per slice, placed and scheduled as Prism 
   models, larger slo_ttft first, and only when no slice has room without evicting.
 - Local scheduling (Alg. 2): one `SliceQueue` per slice orders its requests by Moore-Hodgson.
 
-Workers started there get MEDUSA_KV_LEDGER (in the slice's env, so pooled workers have it too)
-and `--kv-memory elastic`; an idle worker's KV pages go back to the ledger at once."""
+Workers started there get MEDUSA_KV_LEDGER (from the back-end that starts them) and
+`--kv-memory elastic`; an idle worker's KV pages go back to the ledger at once. Slices that join
+later (a Ray node) become elastic as they come; a lost slice's ledger goes with it."""
 
 from __future__ import annotations
 
 import logging
-import os
-import re
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from medusa import env
-from medusa.prism.ledger import PageLedger
 from medusa.prism.placement import ModelLoad, PlacementError, evict, kvpr, place
 from medusa.serve.gateway.admission import RateMeter, SliceQueue
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.metrics import GatewayMetrics
 from medusa.serve.gateway.placement import footprint
+from medusa.serve.gateway.slice_ledger import OpenLedger, SliceLedger, file_ledgers
 from medusa.serve.gateway.slices import Slice
 
 log = logging.getLogger("medusa.gateway")
@@ -77,37 +75,53 @@ def _pages(nbytes: int) -> int:
     return -(-nbytes // PAGE_BYTES)
 
 
-def _ledger_dir() -> Path:
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-
-
 class Sharing:
     def __init__(
         self,
         config: GatewayConfig,
         slices: list[Slice],
         *,
+        open_ledger: OpenLedger | None = None,
         ledger_dir: Path | None = None,
         footprints: dict[str, tuple[int, int]] | None = None,
     ) -> None:
+        """`open_ledger`: makes a slice's ledger where its workers run (the back-end's); the
+        default makes files in `ledger_dir` on this machine."""
+        self.config = config
         self.models = config.models
         self.rates = RateMeter(config.prism.rate_window)
-        self.slices = [s for s in slices if config.sharing_of(s.kind) == "elastic"]
+        self.slices: list[Slice] = []
+        self._open = open_ledger or file_ledgers(ledger_dir)
         self._footprints = dict(footprints or {})
-        self.ledgers: dict[str, PageLedger] = {}
+        self.ledgers: dict[str, SliceLedger] = {}
         self.queues: dict[str, SliceQueue] = {}
-        self._weights: dict[tuple[str, str], PageLedger] = {}  # (slice, model) -> its row
+        self._weights: set[tuple[str, str]] = set()  # (slice, model): its weights' row is held
         self._moved: dict[str, float] = {}  # model -> when it was last migrated
-        where = ledger_dir or _ledger_dir()
-        for s in self.slices:
-            name = re.sub(r"[^A-Za-z0-9_.-]", "_", s.id)
-            path = where / f"medusa-ledger-{os.getpid()}-{name}"
-            self.ledgers[s.id] = PageLedger.create(path, s.memory // PAGE_BYTES, PAGE_BYTES)
+        self.follow(slices)
+
+    def follow(self, slices: Sequence[Slice]) -> None:
+        """Brings the elastic slices up to date with `slices` (the back-end's list, which may
+        grow and shrink): a new one gets its ledger, a lost one's ledger goes (a lost node's
+        went with the node). Cheap when nothing changed."""
+        present = {id(s) for s in slices}
+        for s in [s for s in self.slices if id(s) not in present]:
+            # NOTE: its queue stays: a request admitted there ends with done() once its worker,
+            # lost with the slice, is found dead.
+            self.slices = [x for x in self.slices if x is not s]
+            self.ledgers.pop(s.id).remove()  # (a lost Ray node's: nothing left to call)
+            self._weights = {(i, m) for i, m in self._weights if i != s.id}
+            log.info("slice %s is gone, and its ledger with it", s.id)
+        known = {id(s) for s in self.slices}
+        for s in slices:
+            if id(s) in known or self.config.sharing_of(s.kind) != "elastic":
+                continue
+            self.ledgers[s.id] = self._open(s, s.memory // PAGE_BYTES, PAGE_BYTES)
             s.shared = True
-            s.env = {**s.env, env.KV_LEDGER.name: str(path)}
-            self.queues[s.id] = SliceQueue(config.prism.prefill_speed, config.prism.concurrency)
-            log.info("slice %s is elastic: page ledger %s", s.id, path)
+            self.slices.append(s)
+            self.queues.setdefault(
+                s.id, SliceQueue(self.config.prism.prefill_speed, self.config.prism.concurrency)
+            )
+            log.info("slice %s is elastic: page ledger %s", s.id, self.ledgers[s.id].path)
 
     @staticmethod
     def static(s: Slice) -> bool:
@@ -213,21 +227,16 @@ class Sharing:
 
     def reserve(self, s: Slice, model: str) -> bool:
         """Takes the pages of `model`'s weights on elastic slice `s`; False if they are not free."""
-        row = PageLedger(self.ledgers[s.id].path)
-        row.join(f"weights:{model}")
-        if not row.try_acquire(_pages(self.load(model).weight_bytes)):
-            row.leave()
-            row.close()
+        if not self.ledgers[s.id].hold(f"weights:{model}", _pages(self.load(model).weight_bytes)):
             return False
-        self._weights[(s.id, model)] = row
+        self._weights.add((s.id, model))
         return True
 
     def release(self, s: Slice, model: str) -> None:
         """Gives back what `reserve` took (the worker's own KV row goes when it exits)."""
-        row = self._weights.pop((s.id, model), None)
-        if row is not None:
-            row.leave()
-            row.close()
+        if (s.id, model) in self._weights and any(x is s for x in self.slices):
+            self._weights.discard((s.id, model))
+            self.ledgers[s.id].drop(f"weights:{model}")
 
     # ---- local scheduling ----
     async def admit(self, inst: Resident, prompt_tokens: int) -> None:
@@ -267,11 +276,7 @@ class Sharing:
 
     def close(self) -> None:
         """Removes the ledgers (at shutdown, once the workers are gone)."""
-        for row in self._weights.values():
-            row.leave()
-            row.close()
         self._weights.clear()
         for ledger in self.ledgers.values():
-            ledger.close()
-            ledger.path.unlink(missing_ok=True)
+            ledger.remove()
         self.ledgers.clear()

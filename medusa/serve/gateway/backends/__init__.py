@@ -11,6 +11,7 @@ import abc
 from typing import Protocol
 
 from medusa.serve.gateway.config import GatewayConfig
+from medusa.serve.gateway.slice_ledger import SliceLedger, file_ledgers
 from medusa.serve.gateway.slices import Slice
 
 
@@ -55,6 +56,22 @@ class WorkerBackend(abc.ABC):
         """Starts `medusa run ARGS` on `slc` (returns at once; see WorkerHandle.placed).
         `local_env`: settings that hold only on the gateway's own machine (a host-weight store
         the gateway has checked and mapped); a back-end whose workers run elsewhere drops it."""
+
+    def open_ledger(self, slc: Slice, pages: int, page_bytes: int) -> SliceLedger:
+        """Makes the page ledger of elastic slice `slc` where its workers run, and has the
+        workers started there find it; the default: a file on this machine, named in the
+        slice's env (MEDUSA_KV_LEDGER)."""
+        return file_ledgers()(slc, pages, page_bytes)
+
+    async def assignment(
+        self, worker: WorkerHandle, args: list[str], store_checked: str
+    ) -> tuple[list[str], str]:
+        """What a pooled worker `launch` started is told to start, for `medusa run ARGS` with
+        `store_checked` (HostWeights.vouched): as is where the worker runs here; a back-end
+        whose workers run elsewhere gives the artifact's copy on the worker's node, and no
+        store_checked (it vouches for a file here). Raises ValueError if the artifact cannot
+        get there."""
+        return args, store_checked
 
     def check(self, config: GatewayConfig) -> None:  # noqa: B027 - most honour all
         """Raises ConfigError for settings this back-end cannot honour."""

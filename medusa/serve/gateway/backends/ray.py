@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.child import ROOT
+from medusa.prism.ledger import Holder
 from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
 from medusa.serve.gateway.backends.resources import (
     class_slice,
@@ -24,7 +25,7 @@ from medusa.serve.gateway.backends.resources import (
     node_resources,
     resource_name,
 )
-from medusa.serve.gateway.config import ConfigError, GatewayConfig
+from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice, discover_slices
 
 log = logging.getLogger("medusa.gateway")
@@ -41,6 +42,9 @@ except ImportError:  # the [ray] extra is not installed
 
 REFRESH_SECONDS = 1.0  # how often the gateway asks Ray which nodes are alive
 READY_SECONDS = 120.0  # for the first slice actors, at start
+# NOTE: a ledger call is a round trip to a live actor (about a millisecond here), made from the
+# event loop as placement needs it; a node that stopped answering must not hold the loop longer.
+LEDGER_SECONDS = 2.0
 
 
 @dataclass
@@ -69,6 +73,43 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
+class RayLedger:
+    """An elastic slice's page ledger on its node, through the slice's actor (SliceLedger). A
+    lost actor's ledger has no free pages and no holders: it went with its node."""
+
+    def __init__(self, held: _Held, pages: int, page_bytes: int) -> None:
+        self._held, self.capacity = held, pages
+        self.path = Path(self._get("", "open", lambda a: a.open_ledger.remote(pages, page_bytes)))
+
+    def _get(self, default: Any, what: str, call: Any) -> Any:
+        if self._held.lost:
+            return default
+        try:
+            return ray.get(call(self._held.actor), timeout=LEDGER_SECONDS)
+        except RayError as e:  # GetTimeoutError is one
+            slc = self._held.slice.id if self._held.slice else self._held.node[:8]
+            log.warning("ray: the page ledger of slice %s: %s failed: %s", slc, what, why(e))
+            return default
+
+    def _call(self, default: Any, method: str, *args: Any) -> Any:
+        return self._get(default, method, lambda a: a.ledger.remote(method, *args))
+
+    def free(self) -> int:
+        return int(self._call(0, "free"))
+
+    def holders(self) -> list[Holder]:
+        return list(self._call([], "holders"))
+
+    def hold(self, name: str, pages: int) -> bool:
+        return bool(self._call(False, "hold", name, pages))
+
+    def drop(self, name: str) -> None:
+        self._call(None, "drop", name)
+
+    def remove(self) -> None:
+        self._call(None, "remove")
+
+
 class RayBackend(WorkerBackend):
     name = "ray"
 
@@ -87,18 +128,6 @@ class RayBackend(WorkerBackend):
         self._next_refresh = 0.0
         self._held: list[_Held] = []
         self._shipping = threading.Lock()  # one source actor, each artifact put once
-
-    def check(self, config: GatewayConfig) -> None:
-        if any(config.warm_pool.values()):
-            raise ConfigError(
-                "warm_pool: the ray back-end has no warm pool yet; set warm_pool: 0 or drop "
-                "--cluster ray"
-            )
-        if any(mode != "static" for mode in config.sharing.values()):
-            raise ConfigError(
-                "sharing: elastic slices share a page ledger on one machine; the ray back-end "
-                "places one worker per slice: set sharing: static or drop --cluster ray"
-            )
 
     def discover(self, topology: str | None) -> list[Slice]:
         # NOTE: the actors import medusa from where this process did (a checkout or the
@@ -136,12 +165,32 @@ class RayBackend(WorkerBackend):
             )
         return slices
 
+    def open_ledger(self, slc: Slice, pages: int, page_bytes: int) -> SliceLedger:
+        """Made on the slice's node by its actor, which names it to the workers it starts."""
+        return RayLedger(next(h for h in self._held if h.slice is slc), pages, page_bytes)
+
     def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
         # NOTE: local_env is dropped: it vouches for files on the gateway's machine, and a node
         # checks its own copy of an artifact.
         held = next(h for h in self._held if h.slice is slc)
         started = self._pool.submit(self._start, held.actor, args)
         return RayWorker(held.actor, held.node, started)
+
+    async def assignment(
+        self, worker: WorkerHandle, args: list[str], store_checked: str
+    ) -> tuple[list[str], str]:
+        """A pooled worker restores the node's verified copy of the artifact, which its slice
+        actor fetches (shipped once per node, as for a started worker)."""
+        if "--artifact" not in args:
+            return args, ""
+        assert isinstance(worker, RayWorker), worker
+        at = args.index("--artifact") + 1
+        shipment = await asyncio.wrap_future(self._pool.submit(self._shipment, Path(args[at])))
+        try:
+            path = await asyncio.wrap_future(worker.actor.fetch.remote(shipment).future())
+        except RayError as e:
+            raise ValueError(f"its node could not fetch the artifact: {why(e)}") from None
+        return [*args[:at], str(path), *args[at + 1 :]], ""
 
     def _start(self, actor: Any, args: list[str]) -> Any:
         shipment = None

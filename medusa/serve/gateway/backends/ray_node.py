@@ -3,7 +3,9 @@ with a free `medusa_slice_<class>` resource and holds that resource for it; the 
 slice of that class on the node (a lock file, so two actors never share one) and, when asked,
 fetches an artifact into the node's cache and starts `medusa run` there as a child process (the
 recorder's LD_PRELOAD and the restore work as with the local back-end). The child dies with the
-actor: a lost node loses its workers.
+actor: a lost node loses its workers. An elastic slice's page ledger is made by its actor on the
+node (`open_ledger`), named in the env of every worker started there; the gateway reads it and
+holds its weight rows through the actor (`ledger`), and its rows die with the actor's process.
 
 NOTE: one actor per slice for the slice's life, not per worker: making an actor starts a Python
 process (about 1.2 s here), which would be on every cold start's path."""
@@ -18,8 +20,10 @@ from typing import Any
 
 import ray
 
+from medusa import env
 from medusa.serve.gateway.artifact_cache import ArtifactCache, Shipment, cache_root
 from medusa.serve.gateway.backends.resources import class_slice, resource_name
+from medusa.serve.gateway.slice_ledger import FileLedger
 from medusa.serve.gateway.slices import Slice, nvml_slices
 from medusa.serve.gateway.worker_process import WorkerProcess, launch
 
@@ -38,14 +42,18 @@ def _node_slices(kind: str, node_id: str) -> list[Slice]:
     return [class_slice(kind, f"{kind}#{i}") for i in range(count)]
 
 
+LEDGER_METHODS = ("free", "holders", "hold", "drop", "remove")
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class SliceActor:
     def __init__(self, kind: str) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.cache = ArtifactCache(cache_root(self.node_id))
         self.slice = self._take_slice(kind)
-        self.proc: WorkerProcess | None = None
-        self._turn = asyncio.Lock()  # start and stop in the order the gateway sent them
+        self.procs: dict[int, WorkerProcess] = {}  # by pid, until stopped
+        self._ledger: FileLedger | None = None
+        self._turn = asyncio.Lock()  # one start at a time (an artifact is fetched once)
 
     def info(self) -> dict[str, str]:
         return {"node": self.node_id, "slice": self.slice.id}
@@ -59,20 +67,42 @@ class SliceActor:
         return str(await self.cache.ensure(shipment))
 
     async def start(self, args: list[str], shipment: Shipment | None) -> dict[str, Any]:
-        """Starts `medusa run ARGS` on this actor's slice; its address and token."""
+        """Starts `medusa run ARGS` on this actor's slice; its address, token and pid. One at a
+        time, unless the slice is elastic (it has a page ledger): its models' workers share it."""
         async with self._turn:
             return await self._start(args, shipment)
 
     async def _start(self, args: list[str], shipment: Shipment | None) -> dict[str, Any]:
-        if self.proc is not None and self.proc.poll() is None:
+        if self._ledger is None and any(p.poll() is None for p in self.procs.values()):
             raise RuntimeError(f"slice {self.slice.id} on node {self.node_id[:12]} is in use")
         args = list(args)
         if shipment is not None:
             args[args.index("--artifact") + 1] = await self.fetch(shipment)
         # NOTE: started from the actor's event-loop thread, which lives as long as the actor:
         # the child's parent-death signal fires when the thread that forked it ends.
-        self.proc, port, token = launch(self.slice.env, args, ray.util.get_node_ip_address())
-        return {"host": self.proc.host, "port": port, "token": token, "pid": self.proc.pid}
+        slice_env = dict(self.slice.env)
+        if self._ledger is not None:
+            slice_env[env.KV_LEDGER.name] = str(self._ledger.path)
+        proc, port, token = launch(slice_env, args, ray.util.get_node_ip_address())
+        self.procs[proc.pid] = proc
+        return {"host": proc.host, "port": port, "token": token, "pid": proc.pid}
+
+    def open_ledger(self, pages: int, page_bytes: int) -> str:
+        """Makes this slice's page ledger on the node (once); its path there."""
+        if self._ledger is None:
+            self._ledger = FileLedger(self.slice.id, pages, page_bytes)
+        return str(self._ledger.path)
+
+    def ledger(self, method: str, *args: Any) -> Any:
+        """SliceLedger's `method` on this slice's ledger, for the gateway."""
+        if method not in LEDGER_METHODS:
+            raise ValueError(f"ledger method {method!r}: expected one of {LEDGER_METHODS}")
+        if self._ledger is None:
+            raise RuntimeError(f"slice {self.slice.id}: no page ledger; open_ledger first")
+        result = getattr(self._ledger, method)(*args)
+        if method == "remove":
+            self._ledger = None
+        return result
 
     def _take_slice(self, kind: str) -> Slice:
         locks = self.cache.root / "slices"
@@ -91,15 +121,17 @@ class SliceActor:
             "but every slice of that class is taken; the node advertises more than it has"
         )
 
-    async def wait(self) -> tuple[int, str]:
-        """Returns once the current `medusa run` has ended: (exit status, last stderr line)."""
-        assert self.proc is not None, "wait() before start()"
-        proc = self.proc
+    async def wait(self, pid: int) -> tuple[int, str]:
+        """Returns once the `medusa run` started as `pid` has ended: (exit status, last stderr
+        line)."""
+        proc = self.procs.get(pid)
+        if proc is None:
+            return -15, "stopped by the gateway"
         while not await proc.exited(3600.0):
             pass
         return int(proc.poll() or 0), proc.last_error()
 
-    async def stop(self, timeout: float) -> None:
-        async with self._turn:
-            if self.proc is not None:
-                await self.proc.reap(timeout)
+    async def stop(self, pid: int, timeout: float) -> None:
+        proc = self.procs.pop(pid, None)
+        if proc is not None:
+            await proc.reap(timeout)

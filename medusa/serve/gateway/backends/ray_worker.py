@@ -26,7 +26,7 @@ class RayWorker:
         self._pid, self._error = 0, ""
         self._code: int | None = None
         self._lost = False  # its actor (its node) is gone: Ray refuses calls to it
-        self._actor, self._started = actor, started
+        self.actor, self._started = actor, started  # its slice's actor
 
     @property
     def pid(self) -> int:
@@ -60,7 +60,7 @@ class RayWorker:
             info["token"],
             info["pid"],
         )
-        self._actor.wait.remote().future().add_done_callback(self._on_exit)
+        self.actor.wait.remote(self._pid).future().add_done_callback(self._on_exit)
         return self._code is None
 
     def _on_exit(self, fut: concurrent.futures.Future[tuple[int, str]]) -> None:
@@ -80,15 +80,20 @@ class RayWorker:
         return self._code is not None
 
     def terminate(self) -> None:
-        if not self._lost:
-            self._actor.stop.remote(10.0)
+        """Stops it if it runs (one not yet placed is stopped by `reap`)."""
+        if not self._lost and self._pid:
+            self.actor.stop.remote(self._pid, 10.0)
 
     async def reap(self, timeout: float = 10.0) -> None:
         """Stops `medusa run`; the slice actor stays, for the slice's next worker."""
         if not self._lost:
             try:
-                await asyncio.wrap_future(self._started)  # the actor stops after its start
-                stop = self._actor.stop.remote(timeout)
+                pid = self._pid
+                if not pid:  # not placed yet: stopped once its start returns its pid
+                    start = await asyncio.wrap_future(self._started)
+                    info = await asyncio.wait_for(asyncio.wrap_future(start.future()), timeout + 30)
+                    pid = info["pid"]
+                stop = self.actor.stop.remote(pid, timeout)
                 await asyncio.wait_for(asyncio.wrap_future(stop.future()), timeout + 30.0)
             except (*START_ERRORS, asyncio.TimeoutError):
                 pass  # never started, or lost with its node
