@@ -15,6 +15,8 @@ static uint64_t splitmix64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+static int poison_file(void);
+
 CUresult sim_arena_init(void) {
     size_t va = g_sim.cfg.total_mem * 4;
     uint64_t state = g_sim.cfg.seed;
@@ -33,6 +35,10 @@ CUresult sim_arena_init(void) {
         g_sim.va_base = want;
         g_sim.va_size = va;
         g_sim.poison_fd = -1;
+        /* NOTE: the stale-byte pattern file now, with the context (8 MiB written, ~10 ms), not
+         * at the first large cudaMalloc: a pooled worker's warm-up pays it, not its model's start. */
+        if (g_sim.cfg.poison)
+            poison_file();
         return rs_insert(&g_sim.va_free, (sim_range){.base = want, .size = va, .kind = 0, .aux = 0}) ? CUDA_ERROR_OUT_OF_MEMORY
                                                                        : CUDA_SUCCESS;
     }

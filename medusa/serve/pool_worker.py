@@ -155,7 +155,8 @@ class PooledWorker:
 
     async def _assign(self, argv: list[str], store_checked: str) -> JSONResponse:
         t0 = time.perf_counter()
-        await asyncio.to_thread(self.prepared.wait)
+        if not self.prepared.is_set():
+            await asyncio.to_thread(self.prepared.wait)
         try:
             if self.error:
                 raise ValueError(f"the pooled worker's warm-up failed: {self.error}")
@@ -164,10 +165,13 @@ class PooledWorker:
             return self._failed(str(e))
         engine = self.engine = AsyncEngine(job.config, lambda: self._build(job, store_checked))
         engine.start()
+        # NOTE: built while the engine starts (5 ms of FastAPI routes; its routes answer 503
+        # until the engine is ready, and nobody reaches them before self.inner is set).
+        app = create_app(engine, job.served_name, max_body_bytes=self.max_body_bytes)
         await asyncio.to_thread(engine.ready.wait)
         if engine.error:
             return self._failed(engine.error)
-        self.inner = create_app(engine, job.served_name, max_body_bytes=self.max_body_bytes)
+        self.inner = app
         assert engine.engine is not None
         timings = dict(engine.engine.timings)
         log.info("pooled worker: serving %s, ready in %.3f s", job.served_name, timings["total"])

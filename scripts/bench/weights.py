@@ -145,7 +145,10 @@ def main() -> None:
         write_hf(hf)
         for p in (store, hf / "model.safetensors"):
             p.read_bytes()  # warm page cache, as a restarted worker finds it
-        rows = {v: [run(v, store, hf) for _ in range(args.repeat)] for v in VARIANTS}
+        rows: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+        for _ in range(args.repeat):  # round by round, so that every variant meets the same noise
+            for v in VARIANTS:
+                rows[v].append(run(v, store, hf))
     print(f"SmolLM2-135M weights: {nbytes / 2**20:.0f} MiB float32 on the device; "
           f"median of {args.repeat} fresh processes")  # fmt: skip
     print(f"  {'variant':52} {'seconds':>8} {'GB/s':>6} {'of which open':>14}")
