@@ -42,6 +42,7 @@ class Artifact:
     manifest: dict[str, Any]
     plan: dict[str, Any]
     seal: Seal
+    plan_checked: bool = False  # validate_plan passed (a pooled worker checks ahead)
 
     @property
     def signer(self) -> str | None:

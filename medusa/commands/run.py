@@ -75,6 +75,14 @@ RESTORE_TRACE_PREFIX = "medusa-restore-"
     metavar="MODEL",
     help="With --pool: open MODEL's file and tokenizer ahead (repeatable).",
 )
+@click.option(
+    "--prepare-artifact",
+    "prepare_artifacts",
+    multiple=True,
+    metavar="DIR",
+    help="With --pool: check the artifact DIR and open its weight store ahead, so an assignment "
+    "of it restores without reading either again (repeatable).",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -92,6 +100,7 @@ def run(
     max_request_bytes: int,
     pool: bool,
     prepare: tuple[str, ...],
+    prepare_artifacts: tuple[str, ...],
     **engine: object,
 ) -> None:
     """Serve MODEL (default: SmolLM2-135M-Instruct) with an OpenAI-compatible API.
@@ -139,7 +148,7 @@ def run(
         try:
             serve_pooled(
                 click.get_current_context().command, host, port, medusa_env.WORKER_TOKEN.get(),
-                list(prepare), max_request_bytes,
+                list(prepare), max_request_bytes, list(prepare_artifacts),
             )  # fmt: skip
         finally:
             _remove_restore_trace()

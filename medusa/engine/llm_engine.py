@@ -26,6 +26,7 @@ from medusa.trace import control as trace
 from medusa.weights import WeightStore
 
 if TYPE_CHECKING:
+    from medusa.artifact import Artifact
     from medusa.engine.weaving import HotWeaving, WeavingLink
     from medusa.engine.weight_load import WeightLoad
 
@@ -46,21 +47,23 @@ class LLMEngine(StartUp):
         config: EngineConfig,
         *,
         source: ModelSource | None = None,
-        artifact: str | Path | None = None,
+        artifact: str | Path | Artifact | None = None,
         require_artifact: bool = False,
         validate: bool = False,
         trust: str | Path | None = None,
         device: Device | None = None,
-        store: str | Path | None = None,
+        store: str | Path | WeightStore | None = None,
         store_checked: str = "",
         weaving: WeavingLink | None = None,
     ) -> None:
-        """device: a Device made earlier in this process (a pooled worker's, whose runtime and
+        """artifact: a directory, or an Artifact loaded and checked ahead (a pooled worker's).
+        device: a Device made earlier in this process (a pooled worker's, whose runtime and
         kernels are already initialized); by default a new one. store: a weight store to load
-        (by default the artifact's, if it has one). store_checked: the identity of a store the
-        gateway checked in full and holds mapped (MEDUSA_STORE_CHECKED); if it is this store's,
-        nothing of it is hashed again. weaving: offload part of the decode batch's attention
-        to a receiver through the region it names (medusa.engine.weaving)."""
+        (by default the artifact's, if it has one), or one opened ahead. store_checked: the
+        identity of a store the gateway checked in full and holds mapped (MEDUSA_STORE_CHECKED);
+        if it is this store's, nothing of it is hashed again. weaving: offload part of the
+        decode batch's attention to a receiver through the region it names
+        (medusa.engine.weaving)."""
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}

@@ -61,9 +61,11 @@ class StartUp:
         with self._stage("graph_capture"):
             self.runner.capture_graphs()
 
-    def _load_artifact(self, path: str | Path | None, trust: str | Path | None) -> Artifact | None:
-        if path is None:
-            return None
+    def _load_artifact(
+        self, path: str | Path | Artifact | None, trust: str | Path | None
+    ) -> Artifact | None:
+        if path is None or isinstance(path, Artifact):  # an Artifact: checked by whoever loaded it
+            return path
         try:
             return load_artifact(Path(path), trust=trust)
         except Exception as e:  # NOTE: whatever is wrong, fall back (--require-artifact: exit)
@@ -86,15 +88,19 @@ class StartUp:
             return None
 
     # ---- weights ----
-    def _open_store(self, path: str | Path | None, art: Artifact | None) -> WeightStore | None:
-        digest = None
-        if path is None and art is not None and "weights" in art.manifest:
-            path = art.path / art.manifest["weights"]["file"]
+    def _open_store(
+        self, path: str | Path | WeightStore | None, art: Artifact | None
+    ) -> WeightStore | None:
+        if isinstance(path, WeightStore):  # opened, and checked against the artifact, ahead
+            return path
+        where, digest = path, None
+        if where is None and art is not None and "weights" in art.manifest:
+            where = art.path / art.manifest["weights"]["file"]
             digest = art.manifest["weights"]["header_sha256"]
-        if path is None:
+        if where is None:
             return None
         try:
-            return open_store(path, digest=digest)
+            return open_store(where, digest=digest)
         except WeightStoreError as e:
             self._store_failed(str(e))
             return None

@@ -11,13 +11,14 @@ then, into the same buffers."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from ctypes import c_uint, c_void_p
 
 from medusa.cuda.backend import Backend
 from medusa.weights import WeightStore
-from medusa.weights.loader import StagingRing
+from medusa.weights.loader import SLOTS, StagingRing
 
 STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking
 
@@ -32,7 +33,10 @@ class WeightLoad:
         b.call("cudaStreamCreateWithFlags", ctypes.byref(s), c_uint(STREAM_NON_BLOCKING))
         self.stream = int(s.value or 0)
         try:
-            self.ring = StagingRing(b, self.stream)
+            # NOTE: a core is left to the start-up the copy runs beside (on simcuda the copy is
+            # the CPU's; taking both cores of this machine slowed the graph restore threefold).
+            workers = max(1, min(SLOTS // 2, (os.cpu_count() or 1) - 1))
+            self.ring = StagingRing(b, self.stream, workers=workers)
         except BaseException:
             b.call("cudaStreamDestroy", c_void_p(self.stream))
             raise

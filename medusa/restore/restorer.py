@@ -41,8 +41,10 @@ class RestoreResult:
 
 class Restorer:
     def __init__(self, artifact: Artifact, backend: Backend) -> None:
-        # NOTE: the plan is checked whole before any C call reads it (validate.py).
-        validate_plan(artifact.plan, str(artifact.path))
+        # NOTE: the plan is checked whole before any C call reads it (validate.py); a pooled
+        # worker checked it at warm-up (Artifact.plan_checked).
+        if not artifact.plan_checked:
+            validate_plan(artifact.plan, str(artifact.path))
         self.art, self.plan, self.b = artifact, artifact.plan, backend
         self.bases: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in range(KINDS)]
         self.builder = GraphBuilder(self.bases)

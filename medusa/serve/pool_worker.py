@@ -7,10 +7,12 @@ with it: a second restore in one process would diverge from the recorded start-u
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -26,10 +28,12 @@ from medusa.serve.worker import create_app
 if TYPE_CHECKING:
     import uvicorn
 
+    from medusa.artifact import Artifact
     from medusa.engine.device import Device
     from medusa.engine.llm_engine import LLMEngine
     from medusa.engine.loader import ModelSource
     from medusa.engine.tokenizer import Tokenizer
+    from medusa.weights import WeightStore
 
 log = logging.getLogger("medusa.pool")
 
@@ -51,6 +55,42 @@ class _Prepared:
 
     def identity(self) -> str:
         return self._identity
+
+
+RACY_SECONDS = 2.0  # files changed this close to their check are not trusted unchanged (git's rule)
+
+
+class _PreparedArtifact:
+    """An artifact loaded and its plan checked at warm-up, its weight store opened against the
+    manifest's seal: an assignment of it restores without reading either again, while none of
+    its files has changed since (their identity: device, inode, size, times)."""
+
+    def __init__(self, path: Path) -> None:
+        from medusa.artifact import load_artifact
+        from medusa.restore.validate import validate_plan
+        from medusa.weights import open_store
+
+        self.files = _identity(path)
+        self.checked_at = time.time()
+        art = load_artifact(path)
+        validate_plan(art.plan, str(art.path))
+        self.artifact = dataclasses.replace(art, plan_checked=True)
+        w = art.manifest.get("weights")
+        self.store = open_store(path / w["file"], digest=w["header_sha256"]) if w else None
+        if self.store is not None:
+            self.files += _identity(self.store.path)
+
+    def unchanged(self, path: Path) -> bool:
+        newest = max((f[3] for f in self.files), default=0) / 1e9
+        extra = _identity(self.store.path) if self.store is not None else []
+        return newest < self.checked_at - RACY_SECONDS and _identity(path) + extra == self.files
+
+
+def _identity(path: Path) -> list[tuple[int, int, int, int, int]]:
+    """Each file of `path` (a directory's, recursively; or the file): what changes with it."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return [(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            for p in files for st in [p.stat()]]  # fmt: skip
 
 
 class Assignment:
@@ -79,8 +119,16 @@ class PooledWorker:
     """The ASGI app of a pooled worker: the pool's routes until a model is assigned, then the
     worker API over that model's engine."""
 
-    def __init__(self, command: click.Command, prepare: list[str], max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        command: click.Command,
+        prepare: list[str],
+        max_body_bytes: int,
+        prepare_artifacts: list[str] | None = None,
+    ) -> None:
         self.command, self.prepare, self.max_body_bytes = command, prepare, max_body_bytes
+        self.prepare_artifacts = prepare_artifacts or []
+        self.artifacts: dict[str, _PreparedArtifact] = {}
         self.device: Device | None = None
         self.sources: dict[str, _Prepared] = {}
         self.error: str | None = None
@@ -114,6 +162,12 @@ class PooledWorker:
             except (ModelError, OSError, ValueError) as e:
                 # NOTE: not fatal: a start of that model opens it itself and reports the error.
                 log.warning("pooled worker: cannot open %s ahead: %s", model, e)
+        for d in self.prepare_artifacts if self.error is None else []:
+            try:
+                where = Path(d).resolve()
+                self.artifacts[str(where)] = _PreparedArtifact(where)
+            except Exception as e:  # noqa: BLE001 - its start loads it itself and says why
+                log.warning("pooled worker: cannot prepare the artifact %s: %s", d, e)
         log.info("pooled worker: warm in %.2f s", time.perf_counter() - t0)
         self.prepared.set()
 
@@ -189,10 +243,17 @@ class PooledWorker:
         from medusa.engine.loader import locate_model
 
         source = self.sources.get(str(locate_model(job.model)))
+        artifact: str | Artifact | None = job.artifact
+        store: WeightStore | None = None
+        prep = self.artifacts.pop(str(Path(job.artifact).resolve()), None) if job.artifact else None
+        if prep is not None and job.trust is None and prep.unchanged(Path(job.artifact or "")):
+            log.info("pooled worker: %s was checked and its store opened at warm-up", job.artifact)
+            artifact, store = prep.artifact, prep.store
         return LLMEngine(
             job.config,
             source=source,  # type: ignore[arg-type]
-            artifact=job.artifact,
+            artifact=artifact,
+            store=store,
             require_artifact=job.require,
             validate=job.validate,
             trust=job.trust,
@@ -220,11 +281,12 @@ def serve_pooled(
     token: str,
     prepare: list[str],
     max_body_bytes: int,
+    prepare_artifacts: list[str] | None = None,
 ) -> None:
     """Runs a pooled worker until it is stopped (SIGTERM) or its assignment fails."""
     import uvicorn
 
-    worker = PooledWorker(command, prepare, max_body_bytes)
+    worker = PooledWorker(command, prepare, max_body_bytes, prepare_artifacts)
     app = TokenGuard(worker, token)
     server = worker.server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)

@@ -71,7 +71,8 @@ def main() -> None:
         "max_num_batched_tokens": max(512, args.max_num_seqs),
         "max_model_len": 1024,
     }
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+    keep = ("MEDUSA_LIB_DIR",)  # where the C libraries come from, for a build not installed
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
     with tempfile.TemporaryDirectory() as tmp:
         art = Path(tmp) / "art"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items()]

@@ -64,6 +64,7 @@ class InstanceManager:
             self._spawn,
             warm_timeout=startup_timeout,
             launch=lambda slc, args: self.backend.launch(slc, args, {}),
+            prepare_artifacts=sorted({m.artifact for m in models.values() if m.artifact}),
         )
         self.host_weights = HostWeights(models)
         self.sharing = sharing or Sharing(

@@ -66,8 +66,12 @@ class WarmPool:
         *,
         warm_timeout: float = 300.0,
         launch: Launch = launch_here,
+        prepare_artifacts: list[str] | None = None,
     ) -> None:
+        """prepare: the catalog's models, whose files and tokenizers a pooled worker opens ahead;
+        prepare_artifacts: their artifacts, checked (and weight stores opened) ahead."""
         self.slices, self.size, self.prepare = slices, size, prepare
+        self.prepare_artifacts = prepare_artifacts or []
         self._launch = launch
         self.workers: list[PooledWorker] = []
         self.closing = False
@@ -116,6 +120,7 @@ class WarmPool:
     def _start(self, slc: Slice) -> None:
         slc.busy = True
         args = ["--pool", *(a for m in self.prepare for a in ("--prepare", m))]
+        args += [a for d in self.prepare_artifacts for a in ("--prepare-artifact", d)]
         proc = self._launch(slc, args)
         w = PooledWorker(slc, proc.port, proc, proc.token)
         self.workers.append(w)
