@@ -59,13 +59,16 @@ class LLMEngine:
         store: str | Path | None = None,
         store_checked: str = "",
         weaving: WeavingLink | None = None,
+        restore_since: int = 0,
     ) -> None:
         """device: a Device made earlier in this process (a pooled worker's, whose runtime and
         kernels are already initialized); by default a new one. store: a weight store to load
         (by default the artifact's, if it has one). store_checked: the identity of a store the
         gateway checked in full and holds mapped (MEDUSA_STORE_CHECKED); if it is this store's,
         nothing of it is hashed again. weaving: offload part of the decode batch's attention
-        to a receiver through the region it names (medusa.engine.weaving)."""
+        to a receiver through the region it names (medusa.engine.weaving). restore_since: this
+        process's trace sequence number this engine's start-up began after (another engine
+        lives on in the process: medusa.restore.Restorer's `since`)."""
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}
@@ -76,6 +79,7 @@ class LLMEngine:
         self.restorer: Restorer | None = None
         self._require = require_artifact
         self._store_checked = store_checked
+        self._restore_since = restore_since
         t0 = time.perf_counter()
         loaded = self._load_artifact(artifact, trust)
         with self._stage("runtime_init"):
@@ -243,7 +247,7 @@ class LLMEngine:
         with self._stage("kv_alloc"):
             self.runner.allocate_kv(kv["num_blocks"])
         with self._stage("graph_restore"):
-            self.restorer = Restorer(art, self.device.b)
+            self.restorer = Restorer(art, self.device.b, since=self._restore_since)
             self.runner.trigger()
             result = self.restorer.restore(self.device.stream)
             sizes = art.manifest["graphs"]["keys"]
