@@ -20,6 +20,7 @@ import argparse
 import json
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 from medusa.artifact.store import load_artifact
@@ -50,7 +51,7 @@ class Side:
     """This process: one engine per group (sharing the process's device), their accesses."""
 
     def __init__(self, artifact: str, trace: str, groups: int) -> None:
-        manifest = load_artifact(artifact).manifest
+        manifest = load_artifact(Path(artifact)).manifest
         config = EngineConfig(**manifest["engine"])
         self.engines = [LLMEngine(config, artifact=artifact, require_artifact=True)]
         for _ in range(1, groups):
@@ -84,6 +85,11 @@ class Side:
         self.dev.replay = replay  # type: ignore[method-assign]
         return sum(len(p.segments) for p in table.values()) // len(self.engines)
 
+    def counted(self, exec_: int) -> None:
+        """The graph, unsplit (one device), counted."""
+        self.steps += 1
+        self.plain(exec_)
+
     def unsplit(self) -> None:
         self.dev.replay = self.plain  # type: ignore[method-assign]
 
@@ -101,8 +107,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--groups", type=int, default=1, help="request groups in flight")
-    ap.add_argument("--compare", type=int, default=0, metavar="N",
-                    help="time one placement N times unpipelined and pipelined instead")  # fmt: skip
+    ap.add_argument(
+        "--compare", type=int, default=0, metavar="N",
+        help="time one placement N times unpipelined and pipelined instead",
+    )  # fmt: skip
     a = ap.parse_args()
     side = Side(a.artifact, a.trace, a.groups)
     # One device's tokens for every group (the first engine's), and each group's own engine alone
@@ -137,7 +145,7 @@ def check(side: Side, a: argparse.Namespace, mux: Mux, turn: Turn, reference: li
 
 def compare(side: Side, a: argparse.Namespace, mux: Mux, turn: Turn, reference: list) -> dict:  # type: ignore[type-arg]
     side.steps, t0 = 0, time.perf_counter()
-    side.dev.replay = lambda exec_: (setattr(side, "steps", side.steps + 1), side.plain(exec_))  # type: ignore[method-assign]
+    side.dev.replay = side.counted  # type: ignore[method-assign]
     run_groups(side.work(a.tokens), turn, pipelined=False)
     alone = side.steps / (time.perf_counter() - t0)  # one device, every group, unsplit
     placements = [[int(n >= len(rows) // 2) for n in range(len(rows))]

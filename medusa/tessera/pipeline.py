@@ -68,8 +68,9 @@ class Mux:
     def _read(self) -> None:
         try:
             while True:
-                group, payload = self.link.recv()  # type: ignore[misc]
-                self._queues[group].put(payload)
+                msg = self.link.recv()
+                assert isinstance(msg, list)
+                self._queues[msg[0]].put(msg[1])
         except (ConnectionError, OSError, ValueError) as e:
             for q in self._queues:  # wakes every waiting group: the exchange is over
                 q.put(_Closed(str(e)))

@@ -50,7 +50,9 @@ def pair(tmp: Path, art: Path, trace: Path, *args: str) -> dict:  # type: ignore
     sock, procs = tmp / "exchange.sock", []
     sock.unlink(missing_ok=True)
     for rank in (0, 1):
-        env = recorder_env(tmp / f"r{rank}-%p.mtr", mode="restore", base={**os.environ, **ONE_THREAD})
+        env = recorder_env(
+            tmp / f"r{rank}-%p.mtr", mode="restore", base={**os.environ, **ONE_THREAD}
+        )
         cmd = python_module(
             "medusa.tessera.partition_check", str(art), str(trace), str(rank), str(sock), *args
         )
