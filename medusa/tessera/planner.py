@@ -120,7 +120,11 @@ def solve(
             return [(s(k, d), coef)], 0.0
         return [(s(k, j), -coef) for j in range(last)], coef
 
-    cost = [p.link.cost(b) for _, _, b in p.edges]
+    # Seconds in units of the mean kernel time: costs and coefficients near 1 (HiGHS deems
+    # 1e-5 "excessively small" and solves the latency objective 3x slower in seconds).
+    unit = float(p.times.mean()) if p.times.size and p.times.mean() > 0 else 1.0
+    times = p.times / unit
+    cost = [p.link.cost(b) / unit for _, _, b in p.edges]
     b = _Builder(nvars)
     if nd > 2:
         for k in range(nk):
@@ -129,9 +133,10 @@ def solve(
         for d in range(nd):
             b.add([(w(e, d), 1.0)] + on(v, d, -1.0)[0] + on(u, d)[0], 0, np.inf)
     if p.memory is not None:
+        big = float(np.abs(p.memory).max(initial=0.0)) or 1.0  # bytes, as fractions of the largest
         for d, dev in enumerate(p.devices):
-            terms, const = _sum(on(k, d, float(p.memory[k])) for k in range(nk))
-            b.add(terms, -np.inf, dev.memory - const)
+            terms, const = _sum(on(k, d, float(p.memory[k]) / big) for k in range(nk))
+            b.add(terms, -np.inf, dev.memory / big - const)
     for group in p.pinned:
         first, *rest = sorted(group)
         for k in rest:
@@ -140,16 +145,16 @@ def solve(
     c = np.zeros(nvars)
     if objective == "throughput":
         for d in range(nd):
-            terms, const = _sum(on(k, d, -float(p.times[k, d])) for k in range(nk))
+            terms, const = _sum(on(k, d, -float(times[k, d])) for k in range(nk))
             b.add([(z, 1.0)] + terms, const * -1.0, np.inf)
             b.add([(z, 1.0)] + [(w(e, d), -cost[e]) for e in range(ne)], 0, np.inf)
         c[z] = 1.0
     else:
         for k in range(nk):
             for d in range(nd):
-                for col, coef in on(k, d, float(p.times[k, d]))[0]:
+                for col, coef in on(k, d, float(times[k, d]))[0]:
                     c[col] += coef
-            c[one] += float(p.times[k, last])
+            c[one] += float(times[k, last])
         for e in range(ne):
             c[w(e, 0) : w(e, 0) + nd] = cost[e]
     lo, hi = np.zeros(nvars), np.ones(nvars)
@@ -179,7 +184,7 @@ def solve(
     placement = [int(row.argmax()) if row.max() > 0.5 else last for row in ss]
     comp, inc = evaluate(p, placement)
     gap_ = float(getattr(res, "mip_gap", 0.0) or 0.0)
-    return Plan(placement, float(res.fun), comp, inc, dt, res.message, gap_)
+    return Plan(placement, float(res.fun) * unit, comp, inc, dt, res.message, gap_)
 
 
 def _sum(parts: object) -> tuple[list[tuple[int, float]], float]:

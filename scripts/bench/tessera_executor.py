@@ -88,9 +88,11 @@ def main() -> None:
                 f"{r['seconds'] / r['placements']:.2f} s per placement"
             )
         if a.compare:
+            load = os.getloadavg()
             r = pair(tmp, art, trace, "--compare", str(a.compare), "--groups", str(a.groups),
                      "--tokens", str(a.compare_tokens))  # fmt: skip
             rates = {k: statistics.median(v) for k, v in r["steps_per_s"].items()}
+            busy = {k: statistics.median(v) for k, v in r["busy"].items()}
             print(
                 f"one placement (half the nodes on each device, {r['segments']:.0f} segments "
                 f"per graph), {a.groups} request groups x 2 sequences x {a.compare_tokens} "
@@ -98,6 +100,12 @@ def main() -> None:
                 f"steps/s, pipelined {rates['pipelined']:.2f} steps/s: "
                 f"{rates['pipelined'] / rates['unpipelined']:.2f}x; every group's tokens "
                 f"{'equal' if r['same'] and r['alone'] else 'DIFFER FROM'} one device's"
+            )
+            print(
+                f"  CPU share of device 0's process: unpipelined {busy['unpipelined']:.0%}, "
+                f"pipelined {busy['pipelined']:.0%}; one device alone, unsplit: "
+                f"{r['one_device_steps_per_s']:.2f} steps/s; load average before "
+                f"{load[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores, shared)"
             )
             print("  runs:", json.dumps({k: [round(x, 2) for x in v]
                                          for k, v in r["steps_per_s"].items()}))  # fmt: skip
