@@ -149,11 +149,14 @@ class PartitionedGraph:
         stream: int,
         pin: int = 0,
         host_inputs: bool = False,
+        max_nodes: int = 0,
     ) -> None:
         """host_inputs: only rank 0 runs the engine's host side (a server, with a follower
         process as device 1): the bytes device 1 reads before any node of the step writes them
         (what the host wrote: token ids, positions, block tables; weights aside) come from rank 0
-        at the start of every step, and only device 1's deltas go back at its end."""
+        at the start of every step, and only device 1's deltas go back at its end. max_nodes:
+        at most this many nodes per segment (0: no limit), so that between two segments on one
+        device another request group's can run there (pipelining, medusa.tessera.pipeline)."""
         self.r, self.rank, self.link, self.stream = restorer, rank, link, stream
         self.extents, self.base = accesses.graphs[graph], accesses.bases
         self.host_inputs, self.constant = host_inputs, accesses.constant
@@ -165,7 +168,8 @@ class PartitionedGraph:
         self.place = pinned_placement(placement, self.extents, self.dynamic, pin)
         self.segments: list[Segment] = []
         for n, d in enumerate(self.place):
-            if not self.segments or self.segments[-1].device != d:
+            last = self.segments[-1] if self.segments else None
+            if last is None or last.device != d or len(last.nodes) == max_nodes:
                 self.segments.append(Segment(d, []))
             self.segments[-1].nodes.append(n)
         self._plan_transfers()
@@ -243,11 +247,15 @@ class PartitionedGraph:
                 self.link.send(self._read(self.inputs))
             else:
                 self._write(self.link.recv())  # type: ignore[arg-type]
-        for s in self.segments:
+        pass_on = getattr(self.link, "pass_on", None)  # pipelining (medusa.tessera.pipeline)
+        for i, s in enumerate(self.segments):
             if s.device == self.rank:
                 b.graph_launch(s.exec_, self.stream)
                 b.call("cudaStreamSynchronize", ctypes.c_void_p(self.stream))
                 self.link.send(self._read(s.sends))
+                nxt = self.segments[i + 1] if i + 1 < len(self.segments) else None
+                if pass_on is not None and nxt is not None and nxt.device == self.rank:
+                    pass_on()  # another request group's segment may run here first
             else:
                 self._write(self.link.recv())  # type: ignore[arg-type]
         mine = self._read(self.deltas[self.rank])

@@ -4,8 +4,9 @@ reference), then again for each of `--placements` random kernel-to-device placem
 both processes: one seed; the KV cache's kernels on a random device), every decode graph split
 across the two processes (medusa.tessera.executor), the groups pipelined across the devices
 (medusa.tessera.pipeline); prints, as JSON, the placements where some group's tokens differ from
-its reference. With `--compare N`, instead: one placement (the first half of each graph's nodes
-on device 0, the rest and the KV cache's kernels on device 1) run N times each way, the groups one
+its reference. With `--compare N`, instead: one placement (each graph's nodes before a cut on
+device 0, the rest and the KV cache's kernels on device 1, balanced by the bytes each device's
+kernels touch) run N times each way, the groups one
 after another and pipelined, alternating; the JSON gives decode steps per second of each. Run
 two, rank 0 first:
   python -m medusa.tessera.partition_check ARTIFACT TRACE 0 SOCKET &
@@ -28,7 +29,8 @@ from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
 from medusa.materialize.analysis import RunView
-from medusa.tessera.executor import Accesses, Link, PartitionedGraph
+from medusa.tessera.accesses import Key
+from medusa.tessera.executor import Accesses, Extents, Link, PartitionedGraph
 from medusa.tessera.pipeline import Mux, Turn, run_groups, trace_position
 from medusa.trace import read_trace
 
@@ -66,7 +68,9 @@ class Side:
         self.plain = self.dev.replay
         self.steps = 0
 
-    def split(self, placements: list[list[int]], pin: int, rank: int, mux: Mux) -> int:
+    def split(
+        self, placements: list[list[int]], pin: int, rank: int, mux: Mux, max_nodes: int = 0
+    ) -> int:
         """Every group's decode graphs split by `placements` (one per graph); returns the
         segments per graph."""
         table: dict[int, PartitionedGraph] = {}
@@ -75,7 +79,7 @@ class Side:
             for gi, size in enumerate(self.sizes):
                 table[graphs[size]] = PartitionedGraph(
                     e.restorer, gi, self.accesses[g], placements[gi], rank, mux.channel(g),  # type: ignore[arg-type]
-                    e.device.stream, pin,
+                    e.device.stream, pin, max_nodes=max_nodes,
                 )  # fmt: skip
 
         def replay(exec_: int) -> None:
@@ -111,6 +115,8 @@ def main() -> None:
         "--compare", type=int, default=0, metavar="N",
         help="time one placement N times unpipelined and pipelined instead",
     )  # fmt: skip
+    ap.add_argument("--max-segment", type=int, default=0,
+                    help="at most this many nodes per segment (0: no limit)")  # fmt: skip
     a = ap.parse_args()
     side = Side(a.artifact, a.trace, a.groups)
     # One device's tokens for every group (the first engine's), and each group's own engine alone
@@ -133,7 +139,7 @@ def check(side: Side, a: argparse.Namespace, mux: Mux, turn: Turn, reference: li
     for p in range(a.placements):
         pin = rng.randrange(2)  # the device the KV cache lives on
         placements = [[rng.randrange(2) for _ in rows] for rows in side.accesses[0].graphs]
-        segments += side.split(placements, pin, a.rank, mux)
+        segments += side.split(placements, pin, a.rank, mux, a.max_segment)
         got = run_groups(side.work(a.tokens), turn, pipelined=a.groups > 1)
         side.unsplit()
         if got != reference:
@@ -143,14 +149,28 @@ def check(side: Side, a: argparse.Namespace, mux: Mux, turn: Turn, reference: li
             "segments": segments / max(1, a.placements * len(side.sizes))}  # fmt: skip
 
 
+def balanced(rows: list[Extents], dynamic: set[Key]) -> list[int]:
+    """Nodes before a cut on device 0, the rest and the KV cache's kernels on device 1, the cut
+    where the bytes each device's kernels touch (decode is memory-bound) are closest."""
+    cost = [sum(hi - lo for ext in e.values() for lo, hi, _ in ext) for e in rows]
+    pinned = [bool(dynamic & set(e)) for e in rows]
+    total, best = sum(cost), (float("inf"), 0)
+    first = 0.0  # device 0's bytes with the cut at c
+    for c in range(len(rows) + 1):
+        best = min(best, (abs(total - 2 * first), c))
+        if c < len(rows) and not pinned[c]:
+            first += cost[c]
+    return [int(n >= best[1]) for n in range(len(rows))]
+
+
 def compare(side: Side, a: argparse.Namespace, mux: Mux, turn: Turn, reference: list) -> dict:  # type: ignore[type-arg]
     side.steps, t0 = 0, time.perf_counter()
     side.dev.replay = side.counted  # type: ignore[method-assign]
     run_groups(side.work(a.tokens), turn, pipelined=False)
     alone = side.steps / (time.perf_counter() - t0)  # one device, every group, unsplit
-    placements = [[int(n >= len(rows) // 2) for n in range(len(rows))]
-                  for rows in side.accesses[0].graphs]  # fmt: skip
-    segments = side.split(placements, 1, a.rank, mux)
+    acc = side.accesses[0]
+    placements = [balanced(rows, acc.dynamic) for rows in acc.graphs]
+    segments = side.split(placements, 1, a.rank, mux, a.max_segment)
     rates: dict[str, list[float]] = {"unpipelined": [], "pipelined": []}
     busy: dict[str, list[float]] = {"unpipelined": [], "pipelined": []}
     same = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,31 +28,47 @@ from medusa.trace import read_trace
 
 
 class Turn:
-    """The one device of this process: a group uses it only while holding the turn."""
+    """The one device of this process: a group uses it only while holding the turn, which goes
+    to waiting groups in the order they asked for it; a group gives it up while it waits for the
+    other device, and between two of its own segments when another group waits."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._cv = threading.Condition()
         self._holder: int | None = None
-        self.interleaved = 0  # waits during which another group used the device
+        self._last: int | None = None
+        self._queue: deque[int] = deque()
+        self.interleaved = 0  # times another group used the device between two of a group's turns
 
-    def __enter__(self) -> Turn:
-        self._lock.acquire()
-        self._holder = threading.get_ident()
-        return self
+    def take(self, group: int) -> None:
+        with self._cv:
+            self._queue.append(group)
+            self._cv.wait_for(lambda: self._holder is None and self._queue[0] == group)
+            self._queue.popleft()
+            self._holder = group
+            if self._last is not None and self._last != group:
+                self.interleaved += 1
+            self._last = group
 
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
+    def give(self) -> None:
+        with self._cv:
+            self._holder = None
+            self._cv.notify_all()
 
-    def waiting(self, wait: Callable[[], Any]) -> Any:
+    def waiting(self, group: int, wait: Callable[[], Any]) -> Any:
         """Runs `wait` (a blocking receive) with the turn given up, and takes it back."""
-        self._lock.release()
+        self.give()
         try:
             return wait()
         finally:
-            self._lock.acquire()
-            if self._holder != threading.get_ident():
-                self.interleaved += 1
-            self._holder = threading.get_ident()
+            self.take(group)
+
+    def pass_on(self, group: int) -> None:
+        """Between two of a group's segments: the groups waiting go first."""
+        with self._cv:
+            waiting = bool(self._queue)
+        if waiting:
+            self.give()
+            self.take(group)
 
 
 class Mux:
@@ -98,8 +115,11 @@ class Channel:
         with self.mux._send:
             self.mux.link.send([self.group, obj])
 
+    def pass_on(self) -> None:
+        self.mux.turn.pass_on(self.group)
+
     def recv(self) -> object:
-        got = self.mux.turn.waiting(self.mux._queues[self.group].get)
+        got = self.mux.turn.waiting(self.group, self.mux._queues[self.group].get)
         if isinstance(got, _Closed):
             raise ConnectionError(f"group {self.group}: the other device's process closed the "
                                   f"exchange ({got.why})")  # fmt: skip
@@ -114,11 +134,13 @@ def run_groups(work: list[Callable[[], Any]], turn: Turn, *, pipelined: bool) ->
     errors: list[BaseException] = []
 
     def one(g: int) -> None:
+        turn.take(g)
         try:
-            with turn:
-                results[g] = work[g]()
+            results[g] = work[g]()
         except BaseException as e:  # NOTE: re-raised in the caller's thread
             errors.append(e)
+        finally:
+            turn.give()
 
     if not pipelined:
         for g in range(len(work)):

@@ -1,10 +1,12 @@
 """Tessera's executor on SmolLM2: its decode graphs split across two simcuda processes at random
 kernel-to-device placements, the greedy tokens compared with one device's (issue 21: 100
-placements, bit-identical); then one placement (half of each graph's nodes on each device) timed
-with request groups one after another and pipelined across the two devices, side by side.
-Each process is one device: its BLAS and OpenMP are held to one thread.
+placements, bit-identical); then one placement (a cut balancing the bytes each device touches) timed
+with request groups one after another and pipelined across the two devices, side by side, with
+devices as fast as the CPU and slower (MEDUSA_SIM_SLOWDOWN: the rest of a kernel's time spent
+off the CPU, as a GPU's is). Each process is one device: its BLAS is held to one thread.
 Run: python scripts/bench/tessera_executor.py [--placements 100] [--tokens 8]
                                               [--compare 3 --groups 2 --compare-tokens 16]
+                                              [--slowdown 1,4]
 """
 
 from __future__ import annotations
@@ -45,14 +47,14 @@ def prepare(tmp: Path) -> tuple[Path, Path]:
     return art, trace
 
 
-def pair(tmp: Path, art: Path, trace: Path, *args: str) -> dict:  # type: ignore[type-arg]
-    """Both sides of one partition_check; rank 0's JSON."""
+def pair(tmp: Path, art: Path, trace: Path, *args: str, slowdown: float = 1) -> dict:  # type: ignore[type-arg]
+    """Both sides of one partition_check; rank 0's JSON. slowdown: both simcuda devices that
+    many times slower than the CPU (their kernels' extra time spent off the CPU, as a GPU's)."""
     sock, procs = tmp / "exchange.sock", []
     sock.unlink(missing_ok=True)
     for rank in (0, 1):
-        env = recorder_env(
-            tmp / f"r{rank}-%p.mtr", mode="restore", base={**os.environ, **ONE_THREAD}
-        )
+        base = {**os.environ, **ONE_THREAD, "MEDUSA_SIM_SLOWDOWN": str(slowdown)}
+        env = recorder_env(tmp / f"r{rank}-%p.mtr", mode="restore", base=base)
         cmd = python_module(
             "medusa.tessera.partition_check", str(art), str(trace), str(rank), str(sock), *args
         )
@@ -72,6 +74,11 @@ def main() -> None:
     ap.add_argument("--compare", type=int, default=3, help="timed runs of each way (0: skip)")
     ap.add_argument("--groups", type=int, default=2, help="request groups in flight")
     ap.add_argument("--compare-tokens", type=int, default=16)
+    ap.add_argument("--max-segment", type=int, default=12,
+                    help="nodes per segment at most when timed (about one layer)")  # fmt: skip
+    ap.add_argument("--slowdown", type=lambda v: [float(x) for x in v.split(",")],
+                    default=[1.0, 4.0], help="devices this many times slower than the CPU, "
+                    "each timed in turn (MEDUSA_SIM_SLOWDOWN)")  # fmt: skip
     ap.add_argument("--keep", type=Path, help="keep (and reuse) the artifact and trace here")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -88,27 +95,47 @@ def main() -> None:
                 f"{r['seconds'] / r['placements']:.2f} s per placement"
             )
         if a.compare:
-            load = os.getloadavg()
-            r = pair(tmp, art, trace, "--compare", str(a.compare), "--groups", str(a.groups),
-                     "--tokens", str(a.compare_tokens))  # fmt: skip
-            rates = {k: statistics.median(v) for k, v in r["steps_per_s"].items()}
-            busy = {k: statistics.median(v) for k, v in r["busy"].items()}
-            print(
-                f"one placement (half the nodes on each device, {r['segments']:.0f} segments "
-                f"per graph), {a.groups} request groups x 2 sequences x {a.compare_tokens} "
-                f"tokens, median of {a.compare}: unpipelined {rates['unpipelined']:.2f} decode "
-                f"steps/s, pipelined {rates['pipelined']:.2f} steps/s: "
-                f"{rates['pipelined'] / rates['unpipelined']:.2f}x; every group's tokens "
-                f"{'equal' if r['same'] and r['alone'] else 'DIFFER FROM'} one device's"
-            )
-            print(
-                f"  CPU share of device 0's process: unpipelined {busy['unpipelined']:.0%}, "
-                f"pipelined {busy['pipelined']:.0%}; one device alone, unsplit: "
-                f"{r['one_device_steps_per_s']:.2f} steps/s; load average before "
-                f"{load[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores, shared)"
-            )
-            print("  runs:", json.dumps({k: [round(x, 2) for x in v]
-                                         for k, v in r["steps_per_s"].items()}))  # fmt: skip
+            print(f"two busy processes at once here now: {concurrency():.2f}x the work of one "
+                  "(the most that overlapping the two devices can give)")  # fmt: skip
+            for f in a.slowdown:
+                compare(tmp, art, trace, a, f)
+
+
+def compare(tmp: Path, art: Path, trace: Path, a: argparse.Namespace, slowdown: float) -> None:
+    load = os.getloadavg()
+    r = pair(tmp, art, trace, "--compare", str(a.compare), "--groups", str(a.groups),
+             "--tokens", str(a.compare_tokens), "--max-segment", str(a.max_segment),
+             slowdown=slowdown)  # fmt: skip
+    rates = {k: statistics.median(v) for k, v in r["steps_per_s"].items()}
+    busy = {k: statistics.median(v) for k, v in r["busy"].items()}
+    device = "as fast as the CPU" if slowdown == 1 else f"{slowdown:g}x slower than the CPU"
+    print(
+        f"devices {device}: one placement (a cut balancing the bytes each device touches, "
+        f"{r['segments']:.0f} segments per graph of at most {a.max_segment} nodes), "
+        f"{a.groups} request groups x 2 sequences x "
+        f"{a.compare_tokens} tokens, median of {a.compare}: unpipelined "
+        f"{rates['unpipelined']:.2f} decode steps/s, pipelined {rates['pipelined']:.2f} "
+        f"steps/s: {rates['pipelined'] / rates['unpipelined']:.2f}x; every group's tokens "
+        f"{'equal' if r['same'] and r['alone'] else 'DIFFER FROM'} one device's"
+    )
+    print(
+        f"  CPU share of device 0's process: unpipelined {busy['unpipelined']:.0%}, "
+        f"pipelined {busy['pipelined']:.0%}; one device alone, unsplit: "
+        f"{r['one_device_steps_per_s']:.2f} steps/s; load average before {load[0]:.1f}, after "
+        f"{os.getloadavg()[0]:.1f} (2 cores, shared)"
+    )
+    print("  runs:", json.dumps({k: [round(x, 2) for x in v]
+                                 for k, v in r["steps_per_s"].items()}))  # fmt: skip
+
+
+def concurrency(seconds: float = 3.0) -> float:
+    """Work two CPU-bound processes get done at once over what one gets alone, now."""
+    code = (f"import time\nt=time.perf_counter()+{seconds}\nn=0\n"
+            "while time.perf_counter()<t: n+=1\nprint(n)")  # fmt: skip
+    one = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
+    two = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+           for _ in range(2)]  # fmt: skip
+    return sum(int(p.communicate()[0]) for p in two) / one
 
 
 if __name__ == "__main__":
