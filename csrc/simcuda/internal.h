@@ -63,6 +63,7 @@ typedef struct sim_config {
     bool eager_loading;
     bool poison;         /* fresh device memory holds stale bytes (MEDUSA_SIM_POISON, default on) */
     uint64_t poison_key; /* per process, never from the seed: two runs' stale bytes differ */
+    double slowdown;     /* a device this many times slower than the CPU (MEDUSA_SIM_SLOWDOWN) */
     unsigned char uuid[16];
 } sim_config;
 

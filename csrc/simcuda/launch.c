@@ -232,11 +232,29 @@ static CUresult run_kernel(const sim_kernel_op *op) {
     return CUDA_SUCCESS;
 }
 
+/* A slower device (MEDUSA_SIM_SLOWDOWN=F): the kernel's thread waits (F - 1) times the CPU time
+ * it took, without using the CPU, as a host waits on a GPU; the results are the same. */
+static void stall(const struct timespec *t0, double factor) {
+    struct timespec t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    double ns = ((double)(t1.tv_sec - t0->tv_sec) * 1e9 + (double)(t1.tv_nsec - t0->tv_nsec)) *
+                (factor - 1.0);
+    struct timespec ts = {(time_t)(ns / 1e9), (long)(ns - (double)(time_t)(ns / 1e9) * 1e9)};
+    while (ns > 0 && nanosleep(&ts, &ts) != 0)
+        ;
+}
+
 /* A kernel writes device memory: no page of it is remapped meanwhile (sim_fresh_pages). */
 CUresult sim_run_kernel(const sim_kernel_op *op) {
+    double factor = g_sim.cfg.slowdown;
+    struct timespec t0;
+    if (factor > 1.0)
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
     sim_writes_begin();
     CUresult e = run_kernel(op);
     sim_writes_end();
+    if (factor > 1.0 && e == CUDA_SUCCESS)
+        stall(&t0, factor);
     return e;
 }
 

@@ -192,6 +192,16 @@ static void load_config(sim_config *c) {
     }
     c->memcheck = (e = getenv("MEDUSA_SIM_MEMCHECK")) && *e && strcmp(e, "0") != 0;
     c->eager_loading = (e = getenv("CUDA_MODULE_LOADING")) && strcasecmp(e, "EAGER") == 0;
+    c->slowdown = 1.0;
+    if ((e = getenv("MEDUSA_SIM_SLOWDOWN")) && *e) {
+        char *end;
+        double f = strtod(e, &end);
+        if (*end || !(f >= 1.0 && f <= 1000.0))
+            fprintf(stderr, "simcuda: MEDUSA_SIM_SLOWDOWN=%s ignored: give a factor from 1 to "
+                            "1000 (how many times slower than this CPU the device runs)\n", e);
+        else
+            c->slowdown = f;
+    }
     e = getenv("MEDUSA_SIM_POISON");
     c->poison = !(e && (!strcmp(e, "0") || !strcasecmp(e, "false") || !strcasecmp(e, "no") ||
                         !strcasecmp(e, "off")));

@@ -55,6 +55,14 @@ RESTORE_TRACE_PREFIX = "medusa-restore-"
     help="Replay each restored graph once on a probe input and compare with eager.",
 )
 @click.option(
+    "--partition",
+    metavar="PLAN",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --artifact: decode graphs split across this process and a second simcuda "
+    "process by PLAN (medusa tessera place makes it).",
+)
+@click.option(
     "--demo",
     metavar="PROMPT",
     default=None,
@@ -96,6 +104,7 @@ def run(
     require_artifact: bool,
     trust: str | None,
     validate: bool,
+    partition: str | None,
     verbose: bool,
     max_request_bytes: int,
     pool: bool,
@@ -132,6 +141,12 @@ def run(
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     _check_run_inputs(model, artifact, host, port)
+    if partition and (not artifact or pool or not Path(partition).is_file()):
+        raise click.UsageError(
+            f"--partition {partition}: " + ("no such file; make it with `medusa tessera place "
+            f"ARTIFACT --out {partition}`" if artifact and not pool else "needs --artifact "
+            "(the artifact PLAN was made for), and no --pool")
+        )  # fmt: skip
     if (artifact or pool) and not os.environ.get("MEDUSA_TRACE"):
         # Restore maps allocations through the recorder in restore mode: re-exec under it.
         from medusa.child import medusa_cli
@@ -155,7 +170,7 @@ def run(
         return
     _serve(
         config, model, host, port, served_model_name, demo, artifact, require_artifact, validate,
-        trust=trust, max_request_bytes=max_request_bytes,
+        trust=trust, max_request_bytes=max_request_bytes, partition=partition,
     )  # fmt: skip
 
 
@@ -241,6 +256,7 @@ def _serve(
     *,
     trust: str | None,
     max_request_bytes: int,
+    partition: str | None = None,
 ) -> None:
     import threading
 
@@ -255,7 +271,7 @@ def _serve(
         from medusa.engine.llm_engine import LLMEngine
 
         def factory() -> LLMEngine:
-            return LLMEngine(
+            engine = LLMEngine(
                 config,
                 artifact=artifact,
                 require_artifact=require_artifact,
@@ -263,6 +279,11 @@ def _serve(
                 trust=trust,
                 store_checked=env.STORE_CHECKED.get(),
             )
+            if partition:
+                from medusa.tessera.partition import Leader
+
+                Leader(engine, artifact, partition)  # NOTE: it replaces the graph replay
+            return engine
 
     async_engine = AsyncEngine(config, factory)
     async_engine.start()

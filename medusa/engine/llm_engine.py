@@ -55,6 +55,7 @@ class LLMEngine(StartUp):
         store: str | Path | WeightStore | None = None,
         store_checked: str = "",
         weaving: WeavingLink | None = None,
+        restore_since: int = 0,
     ) -> None:
         """artifact: a directory, or an Artifact loaded and checked ahead (a pooled worker's).
         device: a Device made earlier in this process (a pooled worker's, whose runtime and
@@ -63,7 +64,9 @@ class LLMEngine(StartUp):
         identity of a store the gateway checked in full and holds mapped (MEDUSA_STORE_CHECKED);
         if it is this store's, nothing of it is hashed again. weaving: offload part of the
         decode batch's attention to a receiver through the region it names
-        (medusa.engine.weaving)."""
+        (medusa.engine.weaving). restore_since: this process's trace sequence number this
+        engine's start-up began after (another engine lives on in the process:
+        medusa.restore.Restorer's `since`)."""
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}
@@ -74,6 +77,7 @@ class LLMEngine(StartUp):
         self.restorer: Restorer | None = None
         self._require = require_artifact
         self._store_checked = store_checked
+        self._restore_since = restore_since
         t0 = time.perf_counter()
         loaded = self._load_artifact(artifact, trust)
         with self._stage("runtime_init"):

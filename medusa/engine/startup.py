@@ -48,6 +48,7 @@ class StartUp:
     runner: ModelRunner
     _require: bool
     _store_checked: str
+    _restore_since: int
     _loading: WeightLoad | None
 
     def _start_normally(self) -> None:
@@ -197,7 +198,7 @@ class StartUp:
         with self._stage("kv_alloc"):
             self.runner.allocate_kv(kv["num_blocks"])
         with self._stage("graph_restore"):
-            self.restorer = Restorer(art, self.device.b)
+            self.restorer = Restorer(art, self.device.b, since=self._restore_since)
             self.runner.trigger()
             result = self.restorer.restore(self.device.stream)
             sizes = art.manifest["graphs"]["keys"]

@@ -4,6 +4,7 @@ allocated, resolve kernels, write permanent buffers, and build every graph in C.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import time
@@ -40,12 +41,17 @@ class RestoreResult:
 
 
 class Restorer:
-    def __init__(self, artifact: Artifact, backend: Backend) -> None:
+    def __init__(self, artifact: Artifact, backend: Backend, *, since: int = 0) -> None:
+        """since: the trace sequence number this start-up began after. A process that starts a
+        second engine while the first lives (tessera's pipelined executor: one per request group
+        in flight) matches the second's allocations against only what it made since; kernels are
+        still found through every image the process loaded."""
         # NOTE: the plan is checked whole before any C call reads it (validate.py); a pooled
         # worker checked it at warm-up (Artifact.plan_checked).
         if not artifact.plan_checked:
             validate_plan(artifact.plan, str(artifact.path))
         self.art, self.plan, self.b = artifact, artifact.plan, backend
+        self.since = since
         self.bases: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in range(KINDS)]
         self.builder = GraphBuilder(self.bases)
         self._execs: list[int] = []
@@ -89,7 +95,11 @@ class Restorer:
             )
         trace.flush()
         path = path.replace("%p", str(os.getpid()))
-        return RunView.build(read_trace(path, allow_truncated=True), graphs=False)
+        full = read_trace(path, allow_truncated=True)
+        if not self.since:
+            return RunView.build(full, graphs=False)
+        later = dataclasses.replace(full, records=full.records[full.records["seq"] > self.since])
+        return dataclasses.replace(RunView.build(later, graphs=False), trace=full)
 
     def map_allocations(self) -> None:
         """Checks this start-up allocated what the recorded one did in the phases it ran, then

@@ -31,7 +31,7 @@ class NodeAccesses:
     graph: int
     node: int
     kernel: str
-    source: str  # "replay" or "warm-up"
+    source: str  # "replay", "warm-up" or "api" (a library kernel, from its arguments)
     incomplete: bool
     granularity: int
     extents: dict[Key, list[tuple[int, int, int]]]  # (lo, hi, READ|WRITE), offsets in the alloc
@@ -66,11 +66,22 @@ def _eager_accesses(trace) -> dict[tuple, list[tuple[int, R.Access]]]:
     return out
 
 
+@dataclass
+class _Api:
+    """A library kernel's accesses from its arguments, shaped as an instrumented run's."""
+
+    extents: list[tuple[int, int, int]]
+    granularity: int = 1
+    incomplete: bool = False
+
+
 def _live_rows(index: AddressIndex, seq: int) -> np.ndarray:
     return np.flatnonzero((index.seq < seq) & (index.free > seq) & (index.end > index.start))
 
 
-def _attribute(acc: R.Access, index: AddressIndex, seq: int, pointers: dict) -> tuple[dict, set]:
+def _attribute(
+    acc: R.Access | _Api, index: AddressIndex, seq: int, pointers: dict
+) -> tuple[dict, set]:
     rows = _live_rows(index, seq)
     starts, ends = index.start[rows].astype(np.int64), index.end[rows].astype(np.int64)
     pointed = {(k, i) for k, i, _ in pointers.values()}
@@ -120,9 +131,12 @@ def _pointers(params: bytes, index: AddressIndex, seq: int) -> dict[int, tuple[i
     return out
 
 
-def analyze(run: RunView) -> list[list[NodeAccesses | None]]:
+def analyze(run: RunView, *, api: bool = True) -> list[list[NodeAccesses | None]]:
     """Per graph, per node: the node's accesses (None for a node that is not a kernel, or a
-    kernel no instrumented run of which was recorded)."""
+    kernel no instrumented run of which was recorded). api: library kernels (mblas GEMMs) by
+    their arguments (medusa.tessera.library), byte-exact, whether or not they were recorded."""
+    from medusa.tessera.library import api_extents
+
     index = AddressIndex(run)
     eager = _eager_accesses(run.trace)
     replayed = {a.node: a for a in run.trace.of(R.Access, Ev.ACCESS) if a.node}
@@ -133,7 +147,12 @@ def analyze(run: RunView) -> list[list[NodeAccesses | None]]:
             if n.type != NodeType.KERNEL:
                 row.append(None)
                 continue
-            acc, source = replayed.get(n.node), "replay"
+            func = run.funcs.get(n.func)
+            spans = api_extents(func.name, bytes(n.params), func.layout) if func and api else None
+            acc: R.Access | _Api | None = _Api(spans) if spans is not None else None
+            source = "api"
+            if acc is None:
+                acc, source = replayed.get(n.node), "replay"
             if acc is None:
                 runs = eager.get((n.func, n.grid, n.block, bytes(n.params)), [])
                 before = [a for s, a in runs if s < seq]

@@ -1,4 +1,4 @@
-"""CLI for Tessera (wired into medusa/cli.py): `medusa tessera accesses|crosscheck|plan`."""
+"""CLI for Tessera (wired into medusa/cli.py): `medusa tessera accesses|crosscheck|plan|place`."""
 
 from __future__ import annotations
 
@@ -99,5 +99,31 @@ def plan_cmd(batch: int, context: int, objective: str) -> None:
         )
     click.echo(
         f"period {plan.period * 1e3:.2f} ms: {batch / plan.period:.0f} tok/s "
-        f"(solved in {plan.solve_seconds:.2f} s)"
+        f"(solved in {plan.solve_seconds:.2f} s, within {plan.gap:.2%} of the optimum)"
     )
+
+
+@tessera.command("place")
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The placement file to write (its access recording goes next to it).",
+)
+@click.option(
+    "--how",
+    type=click.Choice(["half", "random"]),
+    default="half",
+    show_default=True,
+    help="half: each decode graph's first half of nodes on device 0, the rest on 1.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="For --how random.")
+def place_cmd(artifact: Path, out: Path, how: str, seed: int) -> None:
+    """Place an artifact's decode graph nodes on two devices, for `medusa run --partition`."""
+    from medusa.tessera.partition import make_placement
+
+    p = make_placement(artifact, out, how, seed)
+    nodes = ", ".join(str(len(g)) for g in p.graphs)
+    click.echo(f"{out}: {how} placement of {len(p.graphs)} decode graphs ({nodes} nodes); "
+               f"accesses recorded in {p.accesses}")  # fmt: skip

@@ -93,10 +93,15 @@ class Accesses:
     graphs: list[list[Extents]]
     bases: dict[Key, int]
     dynamic: set[Key]  # accessed at offsets that depend on data: pinned, never exchanged
+    constant: set[Key] = field(default_factory=set)  # the same in both processes (weights)
 
     @classmethod
     def of(
-        cls, view: RunView, restorer: Restorer, dynamic_phases: tuple[str, ...] = ("kv_alloc",)
+        cls,
+        view: RunView,
+        restorer: Restorer,
+        dynamic_phases: tuple[str, ...] = ("kv_alloc",),
+        constant_phases: tuple[str, ...] = ("weights_alloc",),
     ) -> Accesses:
         """dynamic_phases: allocations made in these start-up phases are reached at offsets
         the data decides (the KV cache, through the slot mapping and block tables): the extents
@@ -114,7 +119,8 @@ class Accesses:
             (0, i): restorer.address(view.allocs[i].phase, view.allocs[i].ordinal) for _, i in keys
         }
         dynamic = {k for k in keys if view.allocs[k[1]].phase in dynamic_phases}
-        return cls(graphs, bases, dynamic)
+        constant = {k for k in keys if view.allocs[k[1]].phase in constant_phases}
+        return cls(graphs, bases, dynamic, constant)
 
 
 def pinned_placement(
@@ -142,16 +148,28 @@ class PartitionedGraph:
         link: Link,
         stream: int,
         pin: int = 0,
+        host_inputs: bool = False,
+        max_nodes: int = 0,
     ) -> None:
+        """host_inputs: only rank 0 runs the engine's host side (a server, with a follower
+        process as device 1): the bytes device 1 reads before any node of the step writes them
+        (what the host wrote: token ids, positions, block tables; weights aside) come from rank 0
+        at the start of every step, and only device 1's deltas go back at its end. max_nodes:
+        at most this many nodes per segment (0: no limit), so that between two segments on one
+        device another request group's can run there (pipelining, medusa.tessera.pipeline)."""
         self.r, self.rank, self.link, self.stream = restorer, rank, link, stream
         self.extents, self.base = accesses.graphs[graph], accesses.bases
+        self.host_inputs, self.constant = host_inputs, accesses.constant
+        if host_inputs and pin != 0:
+            raise ValueError("with the host on device 0 the KV cache's kernels run there (pin 0)")
         if len(placement) != len(self.extents):
             raise ValueError(f"{len(placement)} devices for {len(self.extents)} nodes")
         self.dynamic = accesses.dynamic
         self.place = pinned_placement(placement, self.extents, self.dynamic, pin)
         self.segments: list[Segment] = []
         for n, d in enumerate(self.place):
-            if not self.segments or self.segments[-1].device != d:
+            last = self.segments[-1] if self.segments else None
+            if last is None or last.device != d or len(last.nodes) == max_nodes:
                 self.segments.append(Segment(d, []))
             self.segments[-1].nodes.append(n)
         self._plan_transfers()
@@ -165,12 +183,21 @@ class PartitionedGraph:
         seg_of = {n: i for i, s in enumerate(self.segments) for n in s.nodes}
         last = LastWriter()
         sends: dict[int, set[Range]] = defaultdict(set)
+        host = -1  # with host_inputs: rank 0's host, which wrote everything before the step
+        inputs: set[Range] = set()
+        if self.host_inputs:
+            for key in {k for e in self.extents for k in e} - self.dynamic - self.constant:
+                top = max(hi for e in self.extents for _, hi, _ in e.get(key, ()))
+                last.write(key, 0, top, host)
         for n, all_ext in enumerate(self.extents):
             ext = {k: r for k, r in all_ext.items() if k not in self.dynamic}
             for key, ranges in ext.items():
                 for lo, hi, _ in ranges:  # a write reads the page too (page-granular extents)
                     for a, b, w in last.overlaps(key, lo, hi):
-                        if self.place[w] != self.place[n]:
+                        if w == host:
+                            if self.place[n] != 0:
+                                inputs.add((key, a, b))
+                        elif self.place[w] != self.place[n]:
                             sends[seg_of[w]].add((key, a, b))
             for key, ranges in ext.items():
                 for lo, hi, mode in ranges:
@@ -178,10 +205,12 @@ class PartitionedGraph:
                         last.write(key, lo, hi, n)
         for i, s in enumerate(self.segments):
             s.sends = sorted(sends[i])
+        self.inputs = sorted(inputs)
         self.deltas: list[list[Range]] = [[], []]
         for key, segs in last.segs.items():
             for a, b, w in segs:
-                self.deltas[self.place[w]].append((key, a, b))
+                if w != host and not (self.host_inputs and self.place[w] == 0):
+                    self.deltas[self.place[w]].append((key, a, b))
 
     def _build(self, graph: int, keep: list[int]) -> int:
         """A graph exec of graph `graph`'s nodes `keep` only (edges among them), restored."""
@@ -213,11 +242,20 @@ class PartitionedGraph:
     def run(self) -> None:
         """One launch of the graph, split: segments in turn, then the end-of-step deltas."""
         b = self.r.b
-        for s in self.segments:
+        if self.host_inputs:
+            if self.rank == 0:
+                self.link.send(self._read(self.inputs))
+            else:
+                self._write(self.link.recv())  # type: ignore[arg-type]
+        pass_on = getattr(self.link, "pass_on", None)  # pipelining (medusa.tessera.pipeline)
+        for i, s in enumerate(self.segments):
             if s.device == self.rank:
                 b.graph_launch(s.exec_, self.stream)
                 b.call("cudaStreamSynchronize", ctypes.c_void_p(self.stream))
                 self.link.send(self._read(s.sends))
+                nxt = self.segments[i + 1] if i + 1 < len(self.segments) else None
+                if pass_on is not None and nxt is not None and nxt.device == self.rank:
+                    pass_on()  # another request group's segment may run here first
             else:
                 self._write(self.link.recv())  # type: ignore[arg-type]
         mine = self._read(self.deltas[self.rank])
