@@ -109,8 +109,8 @@ static void chunk(job *J, uint32_t i) {
     if (J->pending[s]) { /* only this worker holds slot s now */
         int e = R.sync(L->events[s]);
         if (e) {
-            give_slot(J, s, 0);
-            cuda_failed(J, "cudaEventSynchronize", e);
+            cuda_failed(J, "cudaEventSynchronize", e); /* stop first: the slot may still be read */
+            give_slot(J, s, 1);
             return;
         }
     }
@@ -131,15 +131,17 @@ static void chunk(job *J, uint32_t i) {
         int e = R.memcpy_async((void *)(uintptr_t)q->dst, staged + q->src, q->nbytes, H2D,
                                L->stream);
         if (e) {
-            give_slot(J, s, 0);
+            /* NOTE: stop the others before the slot goes back, and keep it pending when pieces
+             * before this one were queued: they may still read it. */
             cuda_failed(J, "cudaMemcpyAsync", e);
+            give_slot(J, s, p > p0 && R.record(L->events[s], L->stream) == 0);
             return;
         }
     }
     int e = R.record(L->events[s], L->stream);
-    give_slot(J, s, e == 0);
     if (e)
         cuda_failed(J, "cudaEventRecord", e);
+    give_slot(J, s, e == 0);
 }
 
 static void *work(void *arg) {

@@ -97,16 +97,17 @@ class LLMEngine(StartUp):
                 self.tokenizer: Tokenizer = self.source.tokenizer()
             with self._stage("workspace"):
                 self.runner.allocate_workspace()
+            # NOTE: waited for here, outside the restore's fallback (a failed copy fails the start;
+            # it must never pass for a failed restore), and before any kernel runs: the restore's
+            # trigger runs a layer to load hidden kernels, and it reads weights.
+            self._weights_ready()
             if art is not None:
                 try:
-                    if validate:
-                        self._weights_ready()
                     self._restore(art, validate)
                     self.restored = True
                 except Exception as e:  # NOTE: any failure, of any type: undo it, fall back
                     self._fall_back(f"restore failed: {_reason(e)}", require_artifact)
                     self.runner.free_kv()
-            self._weights_ready()
             if not self.restored:
                 self._start_normally()
         except BaseException:

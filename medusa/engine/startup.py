@@ -141,13 +141,15 @@ class StartUp:
     def _weights_ready(self) -> None:
         """Waits for a background store load (stage weights_wait; weights_copy is the copy's own
         time); a bad chunk: the model file's weights instead, into the same buffers."""
-        load, self._loading = self._loading, None
+        load = self._loading
         if load is None:
             return
         try:
             with self._stage("weights_wait"):
                 self.runner.finish_store_load(load)
+            self._loading = None
         except WeightStoreError as e:
+            self._loading = None
             self._store_failed(str(e))
             with self._stage("weights_fallback"), self.runner.staging():
                 self.runner.load_weights(self._model_file().weights())

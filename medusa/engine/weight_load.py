@@ -59,10 +59,12 @@ class WeightLoad:
         """Returns once every weight is on the device; raises what the load raised (a
         WeightStoreError names the bad chunk). Frees the staging slots and the stream."""
         self._thread.join()
-        try:
-            self.ring.close()
-        finally:
-            self.b.call("cudaStreamDestroy", c_void_p(self.stream))
+        if self.stream:
+            try:
+                self.ring.close()
+            finally:
+                self.b.call("cudaStreamDestroy", c_void_p(self.stream))
+                self.stream = 0
         if self.error is not None:
             raise self.error
 

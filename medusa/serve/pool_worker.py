@@ -81,9 +81,19 @@ class _PreparedArtifact:
             self.files += _identity(self.store.path)
 
     def unchanged(self, path: Path) -> bool:
-        newest = max((f[3] for f in self.files), default=0) / 1e9
-        extra = _identity(self.store.path) if self.store is not None else []
-        return newest < self.checked_at - RACY_SECONDS and _identity(path) + extra == self.files
+        """Every file as it was at the check, and none changed (written, or moved in: ctime) in
+        the RACY_SECONDS before it; a file gone or unreadable: not unchanged."""
+        newest = max((max(f[3], f[4]) for f in self.files), default=0) / 1e9
+        try:
+            extra = _identity(self.store.path) if self.store is not None else []
+            now = _identity(path) + extra
+        except OSError:
+            return False
+        return newest < self.checked_at - RACY_SECONDS and now == self.files
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
 
 def _identity(path: Path) -> list[tuple[int, int, int, int, int]]:
@@ -246,6 +256,9 @@ class PooledWorker:
         artifact: str | Artifact | None = job.artifact
         store: WeightStore | None = None
         prep = self.artifacts.pop(str(Path(job.artifact).resolve()), None) if job.artifact else None
+        for other in self.artifacts.values():  # NOTE: a worker serves one model: unmap the rest
+            other.close()
+        self.artifacts.clear()
         if prep is not None and job.trust is None and prep.unchanged(Path(job.artifact or "")):
             log.info("pooled worker: %s was checked and its store opened at warm-up", job.artifact)
             artifact, store = prep.artifact, prep.store

@@ -219,15 +219,17 @@ class StagingRing:
         self._pending = [False] * SLOTS
 
     def close(self) -> None:
-        """Waits for the copies in flight, then frees the slots."""
-        if self.events and any(self._pending):
-            self.synchronize()
-        self._views = []
-        for ev in self.events:
-            self.rt("cudaEventDestroy", c_void_p(ev))
-        for h in self.slots:
-            self.rt("cudaFreeHost", c_void_p(h))
-        self.events, self.slots = [], []
+        """Waits for the copies in flight, then frees the slots (also when the wait fails)."""
+        try:
+            if self.events and any(self._pending):
+                self.synchronize()
+        finally:
+            self._views = []
+            events, slots, self.events, self.slots = self.events, self.slots, [], []
+            for ev in events:
+                self.rt("cudaEventDestroy", c_void_p(ev))
+            for h in slots:
+                self.rt("cudaFreeHost", c_void_p(h))
 
     def __enter__(self) -> StagingRing:
         return self
