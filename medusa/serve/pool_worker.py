@@ -24,6 +24,7 @@ from medusa.engine.config import EngineConfig
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.protocol import APIError, TokenGuard, read_json
 from medusa.serve.worker import create_app
+from medusa.weights.store import RACY_SECONDS
 
 if TYPE_CHECKING:
     import uvicorn
@@ -57,9 +58,6 @@ class _Prepared:
         return self._identity
 
 
-RACY_SECONDS = 2.0  # files changed this close to their check are not trusted unchanged (git's rule)
-
-
 class _PreparedArtifact:
     """An artifact loaded and its plan checked at warm-up, its weight store opened against the
     manifest's seal: an assignment of it restores without reading either again, while none of
@@ -75,18 +73,15 @@ class _PreparedArtifact:
         art = load_artifact(path)
         validate_plan(art.plan, str(art.path))
         self.artifact = dataclasses.replace(art, plan_checked=True)
-        w = art.manifest.get("weights")
+        w = art.manifest.get("weights")  # NOTE: its file is one of the directory's, above
         self.store = open_store(path / w["file"], digest=w["header_sha256"]) if w else None
-        if self.store is not None:
-            self.files += _identity(self.store.path)
 
     def unchanged(self, path: Path) -> bool:
         """Every file as it was at the check, and none changed (written, or moved in: ctime) in
         the RACY_SECONDS before it; a file gone or unreadable: not unchanged."""
         newest = max((max(f[3], f[4]) for f in self.files), default=0) / 1e9
         try:
-            extra = _identity(self.store.path) if self.store is not None else []
-            now = _identity(path) + extra
+            now = _identity(path)
         except OSError:
             return False
         return newest < self.checked_at - RACY_SECONDS and now == self.files

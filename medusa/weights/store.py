@@ -17,6 +17,10 @@ import xxhash
 from medusa.weights.errors import WeightStoreError
 from medusa.weights.format import Header, Tensor, header_size, parse_header
 
+# A file changed this close before a check may change again with the same times (they are coarse):
+# like git's racy-clean rule, only files unchanged for this long before a check are vouched for.
+RACY_SECONDS = 2.0
+
 _FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a FIFO never hangs
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from serverless import clean_env  # scripts/bench/, next to this file
 
 from medusa.trace import recorder_env
 
@@ -71,8 +72,7 @@ def main() -> None:
         "max_num_batched_tokens": max(512, args.max_num_seqs),
         "max_model_len": 1024,
     }
-    keep = ("MEDUSA_LIB_DIR",)  # where the C libraries come from, for a build not installed
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
+    base_env = clean_env()
     with tempfile.TemporaryDirectory() as tmp:
         art = Path(tmp) / "art"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items()]

@@ -16,7 +16,6 @@ Run: python scripts/bench/gateway_coldstart.py [--repeats 3]
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import statistics
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
-from serverless import launch_gateway  # scripts/bench/, next to this file
+from serverless import clean_env, launch_gateway  # scripts/bench/, next to this file
 
 ENGINE = {
     "weights": "host",
@@ -39,11 +38,6 @@ ENGINE = {
 BODY = {"prompt": [100], "max_tokens": 1, "temperature": 0, "stream": True}
 
 
-def _env() -> dict[str, str]:
-    keep = ("MEDUSA_LIB_DIR",)
-    return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
-
-
 def start_gateway(tmp: Path, name: str, arts: list[Path], pool: int, log) -> tuple:
     (tmp / "slices.yaml").write_text("slices:\n  - {name: s0, memory_gb: 8}\n")
     engine = "{" + ", ".join(f"{k}: {v}" for k, v in ENGINE.items()) + "}"
@@ -53,7 +47,7 @@ def start_gateway(tmp: Path, name: str, arts: list[Path], pool: int, log) -> tup
     )
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(f"models:\n{models}warm_pool: {pool}\nslices: slices.yaml\n")
-    return launch_gateway(cfg, _env(), log)
+    return launch_gateway(cfg, clean_env(), log)
 
 
 def settle(base: str, pool: int, timeout: float = 120) -> None:
@@ -149,7 +143,7 @@ def main() -> None:
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
         subprocess.run(
             [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out", str(art)],
-            env=_env(),
+            env=clean_env(),
             check=True,
             capture_output=True,
         )

@@ -17,7 +17,6 @@ this script itself, with the same --repeats)
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import httpx
 from gateway_coldstart import metric, ttft  # scripts/bench/, next to this file
-from serverless import launch_gateway
+from serverless import clean_env, launch_gateway
 
 ENGINE = {
     "max_num_seqs": 4,
@@ -38,8 +37,7 @@ ENGINE = {
 
 
 def _env() -> dict[str, str]:
-    keep = ("MEDUSA_LIB_DIR",)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
+    env = clean_env()
     env.pop("RAY_ADDRESS", None)  # --cluster ray starts its own one-node cluster
     # NOTE: Ray sets OMP_NUM_THREADS=1 in its actors (num_cpus=0), so the workers they start
     # have it: the same for local workers, else they compete for this machine's few cores.

@@ -38,7 +38,7 @@ import numpy as np
 from medusa.c2c.simulator import azure_rows
 
 
-def _clean_env() -> dict[str, str]:
+def clean_env() -> dict[str, str]:
     """This environment without MEDUSA_* settings, but where the C libraries come from."""
     keep = ("MEDUSA_LIB_DIR",)
     return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
@@ -110,7 +110,7 @@ def start_gateway(
         "slices:\n" + "".join(f"  - {{name: s{i}, memory_gb: 8}}\n" for i in range(models))
     )
     cfg.write_text("\n".join(lines) + f"\nwarm_pool: {pool}\nslices: slices.yaml\n")
-    env = _clean_env()
+    env = clean_env()
     env["OPENBLAS_NUM_THREADS"] = "1"  # several workers share few cores: no oversubscription
     return launch_gateway(cfg, env, subprocess.DEVNULL)
 
@@ -211,7 +211,7 @@ def overhead(tmp: Path, artifact: Path) -> tuple[float, float]:
     proc, base = start_gateway(tmp, "overhead", artifact, 1, 600)
     port = _port()
     opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
-    env = _clean_env()
+    env = clean_env()
     worker = subprocess.Popen(
         [sys.executable, "-m", "medusa.cli", "run", "--artifact", str(artifact), *opts]
         + ["--served-model-name", "m0", "--port", str(port)],
@@ -284,7 +284,7 @@ def main() -> None:
         tmp_p = Path(tmp)
         art, stored = tmp_p / "art", tmp_p / "stored"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
-        env = _clean_env()
+        env = clean_env()
         for out, extra in ((art, ["--no-weights"]), (stored, [])):
             cmd = [sys.executable, "-m", "medusa.cli", "materialize", *opts, *extra]
             subprocess.run(

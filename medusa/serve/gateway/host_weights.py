@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING
 
 from medusa.env import STORE_CHECKED
 from medusa.serve.gateway.config import ModelConfig
+from medusa.weights.store import RACY_SECONDS
 
 if TYPE_CHECKING:
     from medusa.weights import WeightStore
 
 log = logging.getLogger("medusa.gateway")
-
-RACY_S = 2.0
 
 
 def store_of(m: ModelConfig) -> tuple[Path, str | None] | None:
@@ -98,8 +97,8 @@ class HostWeights:
         self.stores[model] = store
         # NOTE: file times are coarse (a few ms): a file changed just before the check could be
         # changed again with the same times. Like git's racy-clean rule, only a store unchanged
-        # for RACY_S before the check is vouched for; otherwise workers check it themselves.
-        if store.identity and store.mtime_ns < began - int(RACY_S * 1e9):
+        # for RACY_SECONDS before the check is vouched for; otherwise workers check it themselves.
+        if store.identity and store.mtime_ns < began - int(RACY_SECONDS * 1e9):
             self._checked[model] = store.identity
         log.info(
             "%s: weight store mapped (%.0f MiB, read and checked in %.2f s)",
