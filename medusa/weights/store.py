@@ -48,11 +48,11 @@ class WeightStore:
 
     def tokenizer_record(self) -> dict[str, Any]:
         """The model's tokenizer record, parsed on first use (its JSON is most of the header:
-        49k tokens and merges for SmolLM2, 40 ms to parse). WeightStoreError if unusable."""
+        49k tokens and merges for SmolLM2). WeightStoreError if unusable."""
         if self._tokenizer is None:
             try:
                 rec = json.loads(self.header.tokenizer_json)
-                if not isinstance(rec, dict) or rec.get("kind") not in ("gguf", "json"):
+                if not isinstance(rec, dict) or rec.get("kind") not in ("gguf", "json", "bpe"):
                     raise ValueError("not a tokenizer record")
             except (ValueError, RecursionError) as e:
                 raise WeightStoreError(

@@ -70,9 +70,12 @@ class GGUFModel:
 
     def tokenizer_record(self) -> dict[str, Any]:
         """What a weight store keeps to build the tokenizer without this file."""
-        from medusa.engine.loader.stored import GGUF_TOKENIZER_KEYS
+        from medusa.engine.loader.stored import GGUF_TOKENIZER_KEYS, packed_gguf_tokenizer
 
         meta = self.file.metadata
+        packed = packed_gguf_tokenizer(meta)
+        if packed is not None:
+            return packed
         kept = {k: meta[k] for k in GGUF_TOKENIZER_KEYS if k in meta}
         for k, v in kept.items():
             if isinstance(v, np.ndarray):
