@@ -3,6 +3,7 @@ batching over the scheduler and the model runner."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import time
@@ -19,7 +20,7 @@ from medusa.engine.model_runner import ModelRunner
 from medusa.engine.sampling import SamplingParams
 from medusa.engine.scheduler import Scheduler
 from medusa.engine.sequence import Sequence
-from medusa.engine.startup import StartUp, _reason
+from medusa.engine.startup import StartUp, _reason, without_gc
 from medusa.engine.tokenizer import IncrementalDecoder, Tokenizer
 from medusa.restore import Restorer
 from medusa.trace import control as trace
@@ -42,6 +43,7 @@ class StepOutput:
 
 
 class LLMEngine(StartUp):
+    @without_gc
     def __init__(
         self,
         config: EngineConfig,
@@ -145,6 +147,7 @@ class LLMEngine(StartUp):
         if self.store is not None:
             self.store.close()
             self.store = None
+        gc.unfreeze()  # NOTE: what the start-up froze (without_gc) can be collected again
 
     def __enter__(self) -> LLMEngine:
         return self

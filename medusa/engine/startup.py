@@ -4,13 +4,15 @@ weights from a store (copied in the background) or from the model file. LLMEngin
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -252,3 +254,30 @@ class StartUp:
 def _reason(e: Exception) -> str:
     """Our errors say what to do; anything else is named by its type too."""
     return str(e) if isinstance(e, (ArtifactError, RestoreError, CudaError)) else f"{e!r}"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def without_gc(start: F) -> F:
+    """Runs a start-up with the cyclic garbage collector paused, then freezes what it built.
+
+    A start-up allocates hundreds of thousands of objects that live as long as the engine (the
+    tokenizer's vocabulary and merges, the artifact's plan, the trace the restore reads): the
+    collector ran 72 times over them (once in full), 28-39 ms of a 0.3 s restored start of
+    SmolLM2. gc.freeze() then moves them out of the collector's sight, so the first requests do
+    not pay one walk over them instead (vLLM freezes after its graph capture too). Garbage the
+    start-up made stays frozen with it until LLMEngine.shutdown unfreezes: bounded, made once."""
+
+    @functools.wraps(start)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        was_on = gc.isenabled()
+        gc.disable()
+        try:
+            return start(*args, **kwargs)
+        finally:
+            gc.freeze()
+            if was_on:
+                gc.enable()
+
+    return run  # type: ignore[return-value]

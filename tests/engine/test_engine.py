@@ -3,6 +3,8 @@ greedy text, graph replay against eager decode, sampling, stop conditions, bad i
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -125,3 +127,7 @@ def test_chunked_prefill_gives_the_whole_prefills_answer(engine, source):
     with LLMEngine(cfg, source=source) as chunked:
         assert chunked.max_prompt_tokens == 511  # longer than one step's budget: chunks
         assert chunked.generate(prompts, params, chat=True) == whole
+        # The start-up ran without the collector and froze what it built; the collector is on
+        # again for serving, and a shut-down engine's objects can be collected again.
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
