@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from medusa.trace import decode
 from medusa.trace import records as R
 from medusa.trace.format import HEADER_SIZE, RECORD_DTYPE, RECORD_SIZE, Ev, Mode
 from medusa.trace.validate import (
@@ -152,7 +153,7 @@ class Trace:
     def _build(self, t: int, rows: np.ndarray) -> list[R.Event]:
         heads = self._heads(rows)
         u = rows["u"]
-        simple = R.SIMPLE.get(t)
+        simple = decode.SIMPLE.get(t)
         if simple is not None:
             cls, words = simple
             return list(map(cls, *heads, *(u[:, w].tolist() for w in words)))
@@ -164,7 +165,7 @@ class Trace:
             return list(
                 map(R.Launch, *heads, *cols, grid, block, u[:, 6].tolist(), self._blobs_of(rows))
             )
-        build = R.BUILDERS[t]
+        build = decode.BUILDERS[t]
         rows_of_heads = zip(*heads, strict=True)
         return [
             build(h, w, blob)
