@@ -62,7 +62,7 @@ class Tokenizer:
         bos: int | None, chat_template: str | None,
     ) -> Tokenizer:  # fmt: skip
         """A GGUF 'gpt2' tokenizer: token i is tokens[i]; control tokens are special."""
-        vocab = dict(zip(tokens, range(len(tokens))))
+        vocab = dict(zip(tokens, range(len(tokens)), strict=True))
         tk = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=False))
         # NOTE: llama.cpp's "smollm"/"gpt2" pre-tokenizers split digits one by one, then GPT-2's
         # byte-level regex; the Hugging Face tokenizer.json of these models does the same.
@@ -145,7 +145,7 @@ def merge_pairs(merges: list[str] | str, where: Path | str) -> list[tuple[str, s
     if len(parts) != 2 * (joined.count("\n") + 1):
         raise ModelError(f"{where}: a tokenizer merge that is not two tokens apart by one space")
     it = iter(parts)
-    return list(zip(it, it))
+    return list(zip(it, it, strict=True))
 
 
 def _token_text(t: Any) -> str | None:

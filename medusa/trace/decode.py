@@ -95,7 +95,6 @@ def _node(h: Head, u: list[int], blob: bytes) -> R.Node:
     return R.Node(*h, graph, node, ntype, index)
 
 
-
 # Types whose fields are payload words as they are: (class, the words, in field order).
 SIMPLE: dict[int, tuple[type[R.Event], tuple[int, ...]]] = {
     Ev.ALLOC: (R.Alloc, (0, 1, 2, 3)),
