@@ -66,29 +66,11 @@ static void mismatch(job *J, uint32_t i) {
     atomic_store(&J->stop, 1);
 }
 
-static int digest_is(const mr_load *L, uint32_t i, XXH128_hash_t h) {
+static int matches(const mr_load *L, uint32_t i, const void *p, size_t n) {
+    XXH128_hash_t h = XXH3_128bits(p, n);
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, h); /* big-endian high64 then low64, as xxhash.digest() */
     return memcmp(c.digest, L->digests + (size_t)i * 16, 16) == 0;
-}
-
-static int matches(const mr_load *L, uint32_t i, const void *p, size_t n) {
-    return digest_is(L, i, XXH3_128bits(p, n));
-}
-
-/* Copies n bytes to the slot and checks them there, a block at a time: each block is hashed while
- * it is still in the cache the copy brought it to, instead of reading the whole chunk back from
- * memory (the streaming digest equals the one-shot XXH3-128). */
-#define BLOCK ((size_t)256 << 10)
-static int copy_matches(const mr_load *L, uint32_t i, uint8_t *dst, const uint8_t *src, size_t n) {
-    XXH3_state_t st;
-    XXH3_128bits_reset(&st);
-    for (size_t off = 0; off < n; off += BLOCK) {
-        size_t m = n - off < BLOCK ? n - off : BLOCK;
-        memcpy(dst + off, src + off, m);
-        XXH3_128bits_update(&st, dst + off, m);
-    }
-    return digest_is(L, i, XXH3_128bits_digest(&st));
 }
 
 static int take_slot(job *J) {
@@ -136,7 +118,8 @@ static void chunk(job *J, uint32_t i) {
     }
     uint8_t *staged = L->slots[s];
     if (L->digests) {
-        if (!copy_matches(L, i, staged, src, n)) { /* the bytes checked are the bytes sent */
+        memcpy(staged, src, n); /* checked as staged: the bytes checked are the bytes sent */
+        if (!matches(L, i, staged, n)) {
             give_slot(J, s, 0);
             mismatch(J, i);
             return;
