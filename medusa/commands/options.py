@@ -59,9 +59,10 @@ def engine_options(f):  # type: ignore[no-untyped-def]
         ),
         click.option(
             "--serve-while-loading/--no-serve-while-loading",
-            default=True,
+            default=None,
             help="Restoring with a weight store: be ready before the weights are all in; each "
-            "layer of the first steps waits for its own weights.",
+            "layer of the first steps waits for its own weights (default: on a GPU, not on "
+            "simcuda, where the copy and the forward pass share the CPU).",
         ),
         click.option(
             "--slice-profile",

@@ -144,7 +144,10 @@ class StartUp:
         (medusa.engine.layer_gate), and the engine is ready meanwhile. The embedding and layer 0,
         which the restore's trigger runs, are waited for here, outside the restore's fallback.
         Returns whether the weights are gated; if not, the caller waits for them."""
-        if self._loading is None or self.store is None or not self.config.serve_while_loading:
+        on = self.config.serve_while_loading
+        if on is None:
+            on = self.device.kind != "sim"
+        if self._loading is None or self.store is None or not on:
             return False
         from medusa.engine.layer_gate import WeightsNotIn
 

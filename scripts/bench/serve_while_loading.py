@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,7 +76,7 @@ def main() -> None:
         for _ in range(args.repeat):  # alternating, so that both kinds meet the same noise
             for on in (True, False):
                 runs[on].append(child({**cfg, "serve_while_loading": on}, str(art), renv))
-    med = {on: {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0]} for on, rs in runs.items()}
+    med = {on: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for on, rs in runs.items()}
     print(f"{'seconds (median of ' + str(args.repeat) + ')':28} {'gated':>8} {'wait all':>9}")
     for k, what in (
         ("ready", "engine ready"),

@@ -80,6 +80,7 @@ def setup(tiny_hf, tmp_path_factory):
 
 
 def run_gated(cfg: dict, art: Path, store: Path, hold: int, mode: str, tmp: Path):
+    cfg = {**cfg, "serve_while_loading": True}
     cmd = [sys.executable, "-c", SCRIPT, json.dumps(cfg), str(art), str(store), str(hold), mode]
     res = subprocess.run(cmd, env=restore_env(tmp), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -123,9 +124,10 @@ def test_a_bad_late_chunk_found_mid_request_reloads_and_redoes_the_step(setup, t
     assert (got["tokens"], got["logits"]) == (normal["tokens"], normal["logits"])
 
 
-def test_no_serve_while_loading_waits_for_the_whole_load(setup, tmp_path):
+@pytest.mark.parametrize("setting", [False, None])  # None, on simcuda: off
+def test_no_serve_while_loading_waits_for_the_whole_load(setup, tmp_path, setting):
     model, art, store, _ = setup
-    cfg = {**CONFIG, "model": str(model), "serve_while_loading": False}
+    cfg = {**CONFIG, "model": str(model), "serve_while_loading": setting}
     got, _ = run_engine(cfg, tmp_path, art, store)
     assert got["restored"] and "weights_wait" in got["timings"]
     assert "weights_first_layer" not in got["timings"]
