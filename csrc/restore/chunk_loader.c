@@ -11,7 +11,7 @@
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
-#include "restore.h"
+#include "progress.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define H2D 1 /* cudaMemcpyHostToDevice */
@@ -103,6 +103,8 @@ static void chunk(job *J, uint32_t i) {
     if (p0 == p1) { /* host-resident: checked in place, nothing to copy */
         if (L->digests && !matches(L, i, src, n))
             mismatch(J, i);
+        else if (L->progress)
+            mr_progress_chunk_done(L->progress, i);
         return;
     }
     int s = take_slot(J);
@@ -142,6 +144,8 @@ static void chunk(job *J, uint32_t i) {
     if (e)
         cuda_failed(J, "cudaEventRecord", e);
     give_slot(J, s, e == 0);
+    if (!e && L->progress)
+        mr_progress_chunk_done(L->progress, i);
 }
 
 static void *work(void *arg) {
@@ -152,6 +156,11 @@ static void *work(void *arg) {
         uint32_t i = atomic_fetch_add(&J->next, 1);
         if (i >= J->L->num_chunks)
             return NULL;
+        if (J->L->progress) {
+            mr_progress_hold(J->L->progress, i, &J->stop);
+            if (atomic_load(&J->stop))
+                return NULL;
+        }
         chunk(J, i);
     }
 }
@@ -164,6 +173,8 @@ static int bad_args(const mr_load *L, char *err, size_t errlen) {
         why = "a staging slot smaller than a chunk";
     else if ((uint64_t)L->num_chunks != (L->data_size + L->chunk_size - 1) / L->chunk_size)
         why = "a chunk count that does not cover the data";
+    else if (L->progress && !mr_progress_fits(L->progress, L->chunk_size, L->num_chunks))
+        why = "a progress made for another chunk size or count";
     for (uint32_t i = 0; !why && i < L->num_chunks; i++) {
         uint64_t lo = (uint64_t)i * L->chunk_size;
         uint64_t n = lo + L->chunk_size <= L->data_size ? L->chunk_size : L->data_size - lo;
@@ -178,7 +189,20 @@ static int bad_args(const mr_load *L, char *err, size_t errlen) {
     return why != NULL;
 }
 
+static int load(const mr_load *L, uint32_t *bad, char *err, size_t errlen);
+
 EXPORT int mr_load_chunks(const mr_load *L, uint32_t *bad, char *err, size_t errlen) {
+    uint32_t first_bad = 0;
+    int code = load(L, &first_bad, err, errlen);
+    if (L->progress) /* NOTE: on every path, or an engine waiting on a layer would hang */
+        mr_progress_end(L->progress, code == 0 ? MR_LOADED : code == 1 ? MR_MISMATCH : MR_STOPPED,
+                        first_bad);
+    if (code == 1)
+        *bad = first_bad;
+    return code;
+}
+
+static int load(const mr_load *L, uint32_t *bad, char *err, size_t errlen) {
     pthread_once(&r_once, resolve);
     if (!R.memcpy_async || !R.record || !R.sync) {
         snprintf(err, errlen, "mr_load_chunks: no CUDA runtime in this process");

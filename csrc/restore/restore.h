@@ -73,8 +73,8 @@ typedef struct {
 } mr_graph;
 
 #define MR_KINDS 4
-#define MR_ABI_VERSION 4 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
-                          4: mr_load_chunks */
+#define MR_ABI_VERSION 5 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
+                          4: mr_load_chunks; 5: mr_load.progress, mr_progress_* */
 int mr_abi_version(void);
 #define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
 /* Builds, instantiates and uploads one graph. Returns a CUresult; on failure err says which node. */
@@ -88,6 +88,24 @@ int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32_t n,
                 const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS]);
 
 /* ---- weight-store chunks to the device (chunk_loader.c) ---- */
+/* How far a load has got, for an engine that runs layers while later ones still arrive: the
+ * watermark is the lowest chunk not yet done, a chunk being done when it passed its checksum and
+ * all of its copies are queued on the load's stream (workers finish out of order). */
+typedef struct mr_progress mr_progress;
+/* hold: chunks from this index on are not taken until mr_progress_release (tests hold a load
+ * part way); UINT32_MAX holds nothing. NULL when out of memory. */
+mr_progress *mr_progress_new(uint64_t chunk_size, uint32_t num_chunks, uint32_t hold);
+void mr_progress_free(mr_progress *p);
+/* Blocks until every chunk holding a byte of [0, offset) of the store's data is done (returns 0),
+ * or the load ended without them: 1 a chunk did not match its digest (*bad: the lowest such), 2
+ * it stopped otherwise (a CUDA error, bad arguments, or mr_progress_stop). */
+int mr_progress_wait(mr_progress *p, uint64_t offset, uint32_t *bad);
+/* The watermark now, in chunks (done below it). */
+uint32_t mr_progress_done(mr_progress *p);
+void mr_progress_release(mr_progress *p, uint32_t hold);
+/* Ends a load that never ran (its waiters get 2); no effect on one that ended. */
+void mr_progress_stop(mr_progress *p);
+
 typedef struct {
     uint64_t dst;    /* device address */
     uint64_t src;    /* offset in the chunk */
@@ -107,6 +125,7 @@ typedef struct {
     uint64_t slot_bytes;
     void *stream;            /* cudaStream_t the copies are queued on */
     uint32_t workers;        /* threads, this one included */
+    mr_progress *progress;   /* NULL, or made for this load's chunk size and count */
 } mr_load;
 
 /* Copies every chunk's pieces to the device through the slots and checks each chunk (staged, or

@@ -58,6 +58,13 @@ def engine_options(f):  # type: ignore[no-untyped-def]
             help="With --weights host: tune alpha online (C2CServe Algorithm 2).",
         ),
         click.option(
+            "--serve-while-loading/--no-serve-while-loading",
+            default=None,
+            help="Restoring with a weight store: be ready before the weights are all in; each "
+            "layer of the first steps waits for its own weights (default: on a GPU, not on "
+            "simcuda, where the copy and the forward pass share the CPU).",
+        ),
+        click.option(
             "--slice-profile",
             default="7g.96gb",
             help="The GH200 MIG profile alpha tuning models utilisation for.",

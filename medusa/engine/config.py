@@ -31,6 +31,10 @@ class EngineConfig:
     # "elastic": the KV cache is a reserved range whose pages are mapped under live blocks and
     # drawn from the device's page ledger (MEDUSA_KV_LEDGER); "static": one allocation.
     kv_memory: str = "static"
+    # A restored start with a weight store: ready before the weights are all in, each layer of a
+    # forward pass waiting for its own (medusa.engine.layer_gate). None: on a GPU only (on
+    # simcuda the copy and the forward share the CPU, and overlapping them measured slower).
+    serve_while_loading: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -102,7 +102,8 @@ class LLMEngine(StartUp):
             # NOTE: waited for here, outside the restore's fallback (a failed copy fails the start;
             # it must never pass for a failed restore), and before any kernel runs: the restore's
             # trigger runs a layer to load hidden kernels, and it reads weights.
-            self._weights_ready()
+            if art is None or not self._gate_weights():
+                self._weights_ready()
             if art is not None:
                 try:
                     self._restore(art, validate)
@@ -111,6 +112,7 @@ class LLMEngine(StartUp):
                     self._fall_back(f"restore failed: {_reason(e)}", require_artifact)
                     self.runner.free_kv()
             if not self.restored:
+                self.runner.settle_weights()
                 self._start_normally()
         except BaseException:
             if self._loading is not None:  # NOTE: no copy may outlive a failed start
@@ -141,6 +143,9 @@ class LLMEngine(StartUp):
         """Frees the engine's device memory (another engine can then start in this process)."""
         if getattr(self, "weaving", None) is not None:
             self.unpair()
+        if self._loading is not None:  # NOTE: served while loading, and never settled
+            self._loading.wait_quietly()
+            self._loading = None
         self.runner.release()
         if self.restorer is not None:
             self.restorer.release(graphs=False)

@@ -14,6 +14,7 @@ from medusa.c2c.model import Tiles
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
 from medusa.engine.kv_cache import KVCache, make_kv_cache
+from medusa.engine.layer_gate import LayerGate, WeightsNotIn
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
 from medusa.engine.weight_load import WeightLoad
@@ -65,6 +66,8 @@ class ModelRunner:
         self.graph_out: dict[int, Buffer] = {}
         self._own_graph_out: list[Buffer] = []
         self.segments: dict[int, list[int]] = {}  # batch size -> a woven step's graph execs
+        self.gate: LayerGate | None = None  # while a store's weights arrive (serve while loading)
+        self._settle: Callable[[], None] | None = None
 
     # ---- start-up stages ----
     def allocate_weights(self, store: WeightStore | None = None) -> None:
@@ -114,6 +117,34 @@ class ModelRunner:
         """load_store in the background (medusa.engine.weight_load): call finish_store_load
         with what this returns before anything reads a weight."""
         return WeightLoad(self.dev.b, store, self._copied(), checked=checked)
+
+    def gate_weights(
+        self, load: WeightLoad, store: WeightStore, settle: Callable[[], None]
+    ) -> LayerGate:
+        """Runs steps while `load` goes on, each part of the forward pass waiting for its own
+        weights (medusa.engine.layer_gate). settle() finishes the load once all are in, or
+        replaces its weights when it failed; it runs before any graph replay or capture."""
+        self._upload_rope()
+        self.gate = LayerGate(self.dev.b, load, store.header, set(self._copied()),
+                              self.spec.num_layers, self.dev.stream)  # fmt: skip
+        self._settle = settle
+        return self.gate
+
+    def settle_weights(self) -> None:
+        """Every weight in (or the model file's, if the store's load failed): no more gating."""
+        gate, settle, self.gate, self._settle = self.gate, self._settle, None, None
+        if gate is not None and settle is not None:
+            gate.close()
+            settle()
+
+    def _gated(self, run: Callable[[], None]) -> None:
+        try:
+            run()
+        except WeightsNotIn:
+            # NOTE: what ran of this step read only checked chunks, but the store is given up:
+            # every weight comes from the model file, and the step runs again from its start.
+            self.settle_weights()
+            run()
 
     def finish_store_load(self, load: WeightLoad) -> None:
         load.wait()
@@ -226,6 +257,7 @@ class ModelRunner:
 
     def capture_graphs(self) -> None:
         """Warms up and captures the decode step at each configured batch size."""
+        self.settle_weights()  # NOTE: a captured wait on the load's event would outlive it
         for size in sorted(self.config.graph_sizes, reverse=True):
             out = self.graph_out[size] = self.dev.alloc(size * 4)
             self._own_graph_out.append(out)
@@ -243,7 +275,7 @@ class ModelRunner:
         libraries which load their kernels on first use (mblas, like cuBLAS) do so."""
         size = min(self.config.graph_sizes, default=1)
         self._upload(self._padding_batch(size))
-        self._forward(size, size, self.kv, self.ws["tokens"], num_layers=1)
+        self._gated(lambda: self._forward(size, size, self.kv, self.ws["tokens"], num_layers=1))
         self.dev.synchronize()
 
     def adopt_graphs(self, execs: list[int], outs: list[int], sizes: list[int]) -> None:
@@ -266,6 +298,7 @@ class ModelRunner:
             batch.slots[:] = block * bs + np.arange(size) % bs
             eager = self._run(batch, self.kv, self.ws["tokens"])
             eager_logits = self.last_logits(size).copy()
+            self.settle_weights()
             self._upload(batch)
             self.dev.replay(self.graphs[size])
             self.dev.synchronize()
@@ -288,6 +321,9 @@ class ModelRunner:
     def release(self) -> None:
         """Frees everything this runner allocated (graphs, KV cache, workspace, weights)."""
         self.drop_segments()
+        if self.gate is not None:  # NOTE: the engine waits for the load before this frees
+            self.gate.close()
+            self.gate, self._settle = None, None
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
         # NOTE: restored graphs' output buffers belong to the restorer, not to this runner.
@@ -313,6 +349,7 @@ class ModelRunner:
         batch = self._decode_batch(seqs, size or len(seqs))
         if size is None:
             return self._run(batch, self.kv, self.ws["tokens"])[: len(seqs)]
+        self.settle_weights()
         self._upload(batch)
         self.dev.replay(self.graphs[size])
         self.dev.synchronize()
@@ -328,6 +365,7 @@ class ModelRunner:
         if size is None:
             batch = self._decode_batch(seqs, len(seqs), remote)
             return self._run(batch, self.kv, self.ws["tokens"], after_attention)
+        self.settle_weights()
         if size not in self.segments:
             self.segments[size] = self._capture_segments(size)
         self._upload(self._decode_batch(seqs, size, remote))
@@ -487,8 +525,11 @@ class ModelRunner:
                 f"{self.config.max_num_batched_tokens}"
             )
         self._upload(batch)
-        self._forward(batch.num_tokens, batch.num_seqs, kv, out, after_attention=after_attention)
+        self._gated(lambda: self._forward(batch.num_tokens, batch.num_seqs, kv, out,
+                                          after_attention=after_attention))  # fmt: skip
         self.dev.synchronize()
+        if self.gate is not None and self.gate.complete:
+            self.settle_weights()
         return self.dev.download(out, np.int32, batch.num_seqs).tolist()
 
     def _linear(
@@ -524,8 +565,13 @@ class ModelRunner:
             a["qkv"].ptr + s.q_size * F32,
             a["qkv"].ptr + (s.q_size + s.kv_size) * F32,
         )
+        gate = self.gate
+        if gate is not None:
+            gate.embedding()
         d.launch("embed_tokens", a["x"].ptr, w["embed"].ptr, a["ids"].ptr, t, dim)
         for i in range(s.num_layers if num_layers is None else num_layers):
+            if gate is not None:
+                gate.layer(i)
             kc = kv.ptr + 2 * i * part  # layer i's K in block 0; blocks are block_stride apart
             vc = kc + part
             d.launch(
@@ -607,6 +653,8 @@ class ModelRunner:
             self._linear(i, a["x"].ptr, a["act"].ptr, down, t, dim, s.intermediate_size, True)
         if num_layers is not None:
             return
+        if gate is not None:
+            gate.head()
         d.launch("gather_rows_kernel", a["last"].ptr, a["x"].ptr, a["last_rows"].ptr, n, dim)
         d.launch("rms_norm_kernel", a["last_h"].ptr, a["last"].ptr, w["norm"].ptr, n, dim, eps)
         head = "embed" if s.tie_embeddings else "lm_head"

@@ -140,6 +140,28 @@ class StartUp:
         with self.runner.staging():
             self.runner.load_weights(self._model_file().weights())
 
+    def _gate_weights(self) -> bool:
+        """Serve while loading (config.serve_while_loading), before a restore: instead of waiting
+        for the whole copy, each part of the forward pass waits for its own weights
+        (medusa.engine.layer_gate), and the engine is ready meanwhile. The embedding and layer 0,
+        which the restore's trigger runs, are waited for here, outside the restore's fallback.
+        Returns whether the weights are gated; if not, the caller waits for them."""
+        on = self.config.serve_while_loading
+        if on is None:
+            on = self.device.kind != "sim"
+        if self._loading is None or self.store is None or not on:
+            return False
+        from medusa.engine.layer_gate import WeightsNotIn
+
+        gate = self.runner.gate_weights(self._loading, self.store, settle=self._weights_ready)
+        with self._stage("weights_first_layer"):
+            try:
+                gate.embedding()
+                gate.layer(0)
+            except WeightsNotIn:  # the load's own error, and the fallback, come with settling
+                self.runner.settle_weights()
+        return True
+
     def _weights_ready(self) -> None:
         """Waits for a background store load (stage weights_wait; weights_copy is the copy's own
         time); a bad chunk: the model file's weights instead, into the same buffers."""

@@ -6,7 +6,8 @@ hold up every synchronous copy the restore makes until the weights are in). The 
 workspace and the graph restore need none of the weights' bytes, only their addresses, so they run
 meanwhile; the engine waits for the load before anything reads a weight (profiling, validation,
 the first request). A bad chunk is raised at the wait, and the engine falls back to the model file
-then, into the same buffers."""
+then, into the same buffers. `progress` says how far the load has got, chunk by chunk, for an
+engine that runs its first layers meanwhile (medusa.engine.layer_gate)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ from ctypes import c_uint, c_void_p
 
 from medusa.cuda.backend import Backend
 from medusa.weights import WeightStore
-from medusa.weights.loader import SLOTS, StagingRing
+from medusa.weights.loader import SLOTS, LoadProgress, StagingRing
 
 STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking
 
 
 class WeightLoad:
+    # Tests only: chunks from this index on wait for progress.release() (a load held part way).
+    hold: int | None = None
+
     def __init__(
         self, b: Backend, store: WeightStore, dsts: dict[str, int], *, checked: bool
     ) -> None:
@@ -40,6 +44,7 @@ class WeightLoad:
         except BaseException:
             b.call("cudaStreamDestroy", c_void_p(self.stream))
             raise
+        self.progress = LoadProgress(store.header, self.hold)
         self.error: BaseException | None = None
         self.seconds = 0.0  # the copy's own time, from start to its last byte
         self._thread = threading.Thread(
@@ -50,15 +55,18 @@ class WeightLoad:
     def _run(self, store: WeightStore, dsts: dict[str, int], checked: bool) -> None:
         t0 = time.perf_counter()
         try:
-            self.ring.load_store(store, dsts, checked=checked)
+            self.ring.load_store(store, dsts, checked=checked, progress=self.progress)
         except BaseException as e:  # NOTE: raised in the engine's thread, by wait()
             self.error = e
+        finally:
+            self.progress.stop()  # NOTE: no effect on a load that ended; one that never ran
         self.seconds = time.perf_counter() - t0
 
     def wait(self) -> None:
         """Returns once every weight is on the device; raises what the load raised (a
         WeightStoreError names the bad chunk). Frees the staging slots and the stream."""
         self._thread.join()
+        self.progress.close()
         if self.stream:
             try:
                 self.ring.close()

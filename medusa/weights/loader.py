@@ -58,6 +58,7 @@ class _Load(ctypes.Structure):  # mr_load in csrc/restore/restore.h
         ("slot_bytes", ctypes.c_uint64),
         ("stream", c_void_p),
         ("workers", ctypes.c_uint32),
+        ("progress", c_void_p),
     ]
 
 
@@ -70,6 +71,62 @@ def _chunk_loader() -> Any:
     fn.argtypes = [ctypes.POINTER(_Load), ctypes.POINTER(ctypes.c_uint32), ctypes.c_char_p,
                    c_size_t]  # fmt: skip
     return fn
+
+
+class LoadProgress:
+    """How far a store load has got (mr_progress in csrc/restore/restore.h): wait(offset) blocks,
+    without the GIL, until every chunk holding a byte of the data below `offset` passed its
+    checksum and its copies are queued on the load's stream. hold: chunks from this index on wait
+    for release() (tests hold a load part way)."""
+
+    def __init__(self, h: Header, hold: int | None = None) -> None:
+        self.lib = _progress_lib()
+        self.handle = self.lib.mr_progress_new(h.chunk_size, h.num_chunks,
+                                               0xFFFFFFFF if hold is None else hold)  # fmt: skip
+        if not self.handle:
+            raise MemoryError("mr_progress_new: out of memory")
+
+    def wait(self, offset: int) -> tuple[int, int]:
+        """(0, 0): in; (1, chunk): that chunk did not match its checksum; (2, 0): the load stopped
+        otherwise (its own error says why)."""
+        bad = ctypes.c_uint32()
+        code = self.lib.mr_progress_wait(self.handle, offset, byref(bad))
+        return code, bad.value
+
+    @property
+    def num_done(self) -> int:
+        return int(self.lib.mr_progress_done(self.handle))
+
+    def release(self, hold: int | None = None) -> None:
+        self.lib.mr_progress_release(self.handle, 0xFFFFFFFF if hold is None else hold)
+
+    def stop(self) -> None:
+        self.lib.mr_progress_stop(self.handle)
+
+    def close(self) -> None:
+        """Only once the load has returned."""
+        if self.handle:
+            self.lib.mr_progress_free(self.handle)
+            self.handle = None
+
+
+@functools.cache
+def _progress_lib() -> Any:
+    from medusa.restore.builder import load_library
+
+    lib = load_library()
+    lib.mr_progress_new.restype = c_void_p
+    lib.mr_progress_new.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
+    lib.mr_progress_wait.restype = c_int
+    lib.mr_progress_wait.argtypes = [c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint32)]
+    lib.mr_progress_done.restype = ctypes.c_uint32
+    lib.mr_progress_done.argtypes = [c_void_p]
+    for name in ("mr_progress_free", "mr_progress_stop"):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = [c_void_p]
+    lib.mr_progress_release.restype = None
+    lib.mr_progress_release.argtypes = [c_void_p, ctypes.c_uint32]
+    return lib
 
 
 def _pieces(h: Header, dsts: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +203,12 @@ class StagingRing:
 
     # ---- a store ----
     def load_store(
-        self, store: WeightStore, dsts: dict[str, int], *, checked: bool = False
+        self,
+        store: WeightStore,
+        dsts: dict[str, int],
+        *,
+        checked: bool = False,
+        progress: LoadProgress | None = None,
     ) -> None:
         """Copies the store's tensors named in `dsts` (name -> device address) and checks every
         chunk of the store, those of tensors not copied (host-resident ones) included. Raises
@@ -154,7 +216,8 @@ class StagingRing:
         checked: the gateway read and checked this very file in full and holds it mapped, so
         nothing is hashed again and only the copied tensors' bytes are staged. The work is one
         call into C (csrc/restore/chunk_loader.c) that does not hold the GIL, so a thread that
-        runs it leaves the interpreter to the rest of the start-up."""
+        runs it leaves the interpreter to the rest of the start-up. progress: made for this
+        store, published to as chunks are done (and ended however this returns)."""
         h = store.header
         starts, pieces = _pieces(h, dsts)
         for s in range(SLOTS):
@@ -174,6 +237,7 @@ class StagingRing:
             slot_bytes=SLOT_BYTES,
             stream=self.stream,
             workers=self.workers,
+            progress=progress.handle if progress is not None else None,
         )
         bad, err = ctypes.c_uint32(), ctypes.create_string_buffer(256)
         code = _chunk_loader()(byref(args), byref(bad), err, len(err))

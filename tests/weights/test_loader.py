@@ -64,3 +64,44 @@ def test_arrays_pass_through_the_same_slots(device):
         ring.synchronize()
     assert np.array_equal(device.download(buf, np.float32, arr.size), arr)
     device.free(buf)
+
+
+def test_the_progress_watermark_covers_checked_chunks_only(tmp_path, device):
+    """A load's waiters get the bytes below a bad chunk, and that chunk's index for any beyond."""
+    import threading
+
+    from medusa.weights.loader import LoadProgress
+
+    path, arrays = _store(tmp_path)
+    bad = 5
+    raw = bytearray(path.read_bytes())
+    with open_store(path) as store:
+        raw[store.header.data_offset + bad * MIN_CHUNK + 7] ^= 1
+    path.write_bytes(raw)
+    bufs = {n: device.alloc(a.nbytes) for n, a in arrays.items()}
+    with open_store(path) as store, StagingRing(device.b, device.stream, workers=2) as ring:
+        progress = LoadProgress(store.header, hold=bad)
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                ring.load_store(store, {n: b.ptr for n, b in bufs.items()}, progress=progress)
+            except WeightStoreError as e:
+                errors.append(e)
+
+        load = threading.Thread(target=run)
+        load.start()
+        assert progress.wait(bad * MIN_CHUNK) == (0, 0)  # the chunks below the hold
+        assert progress.num_done == bad
+        progress.release()
+        assert progress.wait(bad * MIN_CHUNK + 1) == (1, bad)
+        assert progress.wait(bad * MIN_CHUNK) == (0, 0)
+        load.join()
+        progress.close()
+    assert f"chunk {bad} of" in str(errors[0])
+    stopped = LoadProgress(store.header)
+    stopped.stop()  # a load that never ran: its waiters are not left blocked
+    assert stopped.wait(1) == (2, 0)
+    stopped.close()
+    for b in bufs.values():
+        device.free(b)

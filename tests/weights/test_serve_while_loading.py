@@ -1,0 +1,133 @@
+"""Serving while the weights arrive (medusa.engine.layer_gate): a restored start is ready with its
+store's load held part way, and its first request, blocked on a layer whose weights are not in,
+gives the logits of a normal start once they are; a bad chunk found with that request in flight
+falls back to the model file and the request still answers correctly. A control without the gate
+reads the device's uncopied (poison) bytes and gets other logits: the comparison can fail."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from medusa.engine.loader import open_model
+from medusa.engine.loader.stored import model_record
+from medusa.weights import open_store, write_store
+from medusa.weights.format import MIN_CHUNK
+from tests.weights.conftest import CONFIG, materialize, restore_env, run_engine
+
+# Holds the load at chunk HOLD, starts the engine, and (gated) releases the load once the first
+# request blocks on a layer, or (ungated: every part let through at once) after the first step.
+SCRIPT = """
+import hashlib, json, logging, sys, threading, time
+logging.basicConfig(level=logging.INFO)
+from medusa.engine import layer_gate
+from medusa.engine.config import EngineConfig
+from medusa.engine.llm_engine import LLMEngine
+from medusa.engine.sampling import SamplingParams
+from medusa.engine.weight_load import WeightLoad
+cfg, art, store, hold, mode = json.loads(sys.argv[1]), *sys.argv[2:4], int(sys.argv[4]), sys.argv[5]
+WeightLoad.hold = hold
+if mode == "ungated":
+    layer_gate.LayerGate._wait = lambda self, end: None
+e = LLMEngine(EngineConfig(**cfg), artifact=art, store=store)
+gate, load = e.runner.gate, e._loading
+out = {"gated": gate is not None, "done_at_ready": load.progress.num_done if load else None}
+stepped = threading.Event()
+def release():
+    while mode == "gated" and gate.waiting is None:
+        time.sleep(0.005)
+    out["blocked_on"] = gate.waiting
+    time.sleep(0.2)
+    out["stepped_while_blocked"] = stepped.is_set()
+    load.progress.release()
+seq = e.add_request([5, 17, 42, 7, 99, 3], SamplingParams(max_tokens=5))
+releaser = threading.Thread(target=release)
+if mode == "gated":
+    releaser.start()
+h = hashlib.sha256()
+while e.has_unfinished():
+    e.step()
+    stepped.set()
+    h.update(e.runner.last_logits(1).tobytes())
+    if mode == "ungated" and not releaser.is_alive() and "blocked_on" not in out:
+        releaser.start()
+releaser.join()
+out.update(tokens=seq.completion_ids, logits=h.hexdigest(), restored=e.restored,
+           store_error=e.store_error, settled=e.runner.gate is None and e._loading is None)
+print(json.dumps(out), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_hf, tmp_path_factory):
+    """(model, artifact, a store of 64 KiB chunks, the chunk in the middle of the last layer)."""
+    tmp = tmp_path_factory.mktemp("swl")
+    art = materialize(tiny_hf, tmp / "art")
+    src = open_model(str(tiny_hf))
+    store = tmp / "small.store"
+    write_store(store, list(src.spec.weight_shapes().items()), src.weights(), model_record(src),
+                chunk_size=MIN_CHUNK)  # fmt: skip
+    with open_store(store) as s:
+        prefix = f"layers.{src.spec.num_layers - 1}."
+        last = [t for t in s.header.tensors if t.name.startswith(prefix)]
+        lo, hi = min(t.offset for t in last), max(t.end for t in last)
+        assert s.header.num_chunks > 8
+    return tiny_hf, art, store, (lo + hi) // 2 // MIN_CHUNK
+
+
+def run_gated(cfg: dict, art: Path, store: Path, hold: int, mode: str, tmp: Path):
+    cfg = {**cfg, "serve_while_loading": True}
+    cmd = [sys.executable, "-c", SCRIPT, json.dumps(cfg), str(art), str(store), str(hold), mode]
+    res = subprocess.run(cmd, env=restore_env(tmp), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1]), res.stderr
+
+
+def test_the_first_request_waits_for_its_layer_and_gives_a_normal_starts_logits(setup, tmp_path):
+    model, art, store, hold = setup
+    cfg = {**CONFIG, "model": str(model)}
+    normal, _ = run_engine(cfg, tmp_path)
+    got, _ = run_gated(cfg, art, store, hold, "gated", tmp_path)
+    assert got["gated"] and got["restored"] and got["store_error"] is None, got
+    assert got["done_at_ready"] <= hold  # ready with the last layer's weights still held back
+    assert got["blocked_on"] and not got["stepped_while_blocked"]
+    assert (got["tokens"], got["logits"]) == (normal["tokens"], normal["logits"])
+    assert got["settled"]
+
+
+def test_without_the_gate_the_held_back_weights_give_other_logits(setup, tmp_path):
+    model, art, store, hold = setup
+    cfg = {**CONFIG, "model": str(model)}
+    normal, _ = run_engine(cfg, tmp_path)
+    got, _ = run_gated(cfg, art, store, hold, "ungated", tmp_path)
+    assert got["logits"] != normal["logits"]
+
+
+def test_a_bad_late_chunk_found_mid_request_reloads_and_redoes_the_step(setup, tmp_path):
+    model, art, store, hold = setup
+    bad = tmp_path / "bad.store"
+    raw = bytearray(store.read_bytes())
+    with open_store(store) as s:
+        raw[s.header.data_offset + hold * MIN_CHUNK + 100] ^= 0x01
+    bad.write_bytes(raw)
+    cfg = {**CONFIG, "model": str(model)}
+    normal, _ = run_engine(cfg, tmp_path)
+    got, log = run_gated(cfg, art, bad, hold, "gated", tmp_path)
+    assert got["blocked_on"] and not got["stepped_while_blocked"]  # the request was in flight
+    assert f"chunk {hold} of" in got["store_error"] and "corrupted" in got["store_error"]
+    assert "weight store not used" in log
+    assert got["restored"]
+    assert (got["tokens"], got["logits"]) == (normal["tokens"], normal["logits"])
+
+
+@pytest.mark.parametrize("setting", [False, None])  # None, on simcuda: off
+def test_no_serve_while_loading_waits_for_the_whole_load(setup, tmp_path, setting):
+    model, art, store, _ = setup
+    cfg = {**CONFIG, "model": str(model), "serve_while_loading": setting}
+    got, _ = run_engine(cfg, tmp_path, art, store)
+    assert got["restored"] and "weights_wait" in got["timings"]
+    assert "weights_first_layer" not in got["timings"]
