@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Materializes SmolLM2 on a real GPU (the engine's CUDA kernels; mblas's hidden kernel), restores
 # it in a fresh process with --validate, and compares cold-start stages and answers with a normal
-# start. On a machine with a GPU:
+# start; then serves while loading (each layer waits for its own weights, the default on a GPU)
+# and compares again, and times it against waiting for the whole load. On a machine with a GPU:
 #   bash scripts/gpu/restore_parity.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,3 +18,8 @@ medusa run --artifact "$out/art" --validate --require-artifact --port 8199 \
 medusa run --port 8198 --demo "What is the capital of France?" | tee "$out/normal.txt"
 diff <(grep '^assistant:' "$out/restored.txt") <(grep '^assistant:' "$out/normal.txt") \
   && echo "restore_parity: identical answers, restored start-up validated"
+medusa run --artifact "$out/art" --require-artifact --serve-while-loading --port 8197 \
+  --demo "What is the capital of France?" | tee "$out/gated.txt"
+diff <(grep '^assistant:' "$out/gated.txt") <(grep '^assistant:' "$out/normal.txt") \
+  && echo "restore_parity: identical answers served while loading"
+python scripts/bench/serve_while_loading.py --repeat 5
