@@ -68,6 +68,7 @@ class ModelRunner:
         self.segments: dict[int, list[int]] = {}  # batch size -> a woven step's graph execs
         self.gate: LayerGate | None = None  # while a store's weights arrive (serve while loading)
         self._settle: Callable[[], None] | None = None
+        self.unusable: str | None = None  # why the weights may not be read (a failed settle)
 
     # ---- start-up stages ----
     def allocate_weights(self, store: WeightStore | None = None) -> None:
@@ -131,11 +132,21 @@ class ModelRunner:
         return self.gate
 
     def settle_weights(self) -> None:
-        """Every weight in (or the model file's, if the store's load failed): no more gating."""
+        """Every weight in (or the model file's, if the store's load failed): no more gating.
+        If settling fails (--require-artifact, an unreadable model file), the weights are part
+        copied: every later forward pass or replay raises instead of reading them."""
         gate, settle, self.gate, self._settle = self.gate, self._settle, None, None
         if gate is not None and settle is not None:
             gate.close()
-            settle()
+            try:
+                settle()
+            except BaseException as e:
+                self.unusable = f"the weights are not all in ({type(e).__name__}: {e})"
+                raise
+
+    def _check_usable(self) -> None:
+        if self.unusable is not None:
+            raise RuntimeError(f"{self.unusable}; start the engine again")
 
     def _gated(self, run: Callable[[], None]) -> None:
         try:
@@ -299,6 +310,7 @@ class ModelRunner:
             eager = self._run(batch, self.kv, self.ws["tokens"])
             eager_logits = self.last_logits(size).copy()
             self.settle_weights()
+            self._check_usable()
             self._upload(batch)
             self.dev.replay(self.graphs[size])
             self.dev.synchronize()
@@ -350,6 +362,7 @@ class ModelRunner:
         if size is None:
             return self._run(batch, self.kv, self.ws["tokens"])[: len(seqs)]
         self.settle_weights()
+        self._check_usable()
         self._upload(batch)
         self.dev.replay(self.graphs[size])
         self.dev.synchronize()
@@ -366,6 +379,7 @@ class ModelRunner:
             batch = self._decode_batch(seqs, len(seqs), remote)
             return self._run(batch, self.kv, self.ws["tokens"], after_attention)
         self.settle_weights()
+        self._check_usable()
         if size not in self.segments:
             self.segments[size] = self._capture_segments(size)
         self._upload(self._decode_batch(seqs, size, remote))
@@ -558,6 +572,7 @@ class ModelRunner:
             raise RuntimeError("the KV cache is not allocated yet")
         if self.rope_table is None:
             raise RuntimeError("the weights are not allocated yet")
+        self._check_usable()
         dim, qkv, eps = s.hidden_size, s.qkv_size, s.rms_eps
         part, block_stride = self.layer_part, self.block_bytes // F32
         q, k, v = (

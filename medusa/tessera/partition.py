@@ -220,6 +220,9 @@ def follow(artifact: str, plan: str, sock: str) -> None:
     manifest = load_artifact(Path(artifact)).manifest
     e = LLMEngine(EngineConfig(**manifest["engine"]), artifact=artifact, require_artifact=True)
     assert e.restorer is not None
+    # NOTE: this side replays graph segments itself, never through runner.execute, which waits
+    # for a store's weights (serve while loading): wait for them all here.
+    e.runner.settle_weights()
     nodes = _graph_nodes(e.restorer.plan)
     placement = load_placement(plan, artifact, nodes)
     accesses = Accesses.of(RunView.build(read_trace(placement.accesses)), e.restorer)

@@ -131,3 +131,50 @@ def test_no_serve_while_loading_waits_for_the_whole_load(setup, tmp_path, settin
     got, _ = run_engine(cfg, tmp_path, art, store)
     assert got["restored"] and "weights_wait" in got["timings"]
     assert "weights_first_layer" not in got["timings"]
+
+
+# --require-artifact: a bad chunk found mid-request may not fall back, and the weights it left
+# part copied must not be read by any later step (the engine answered with them before).
+REQUIRED = """
+import json, sys, threading, time
+from medusa.engine.config import EngineConfig
+from medusa.engine.llm_engine import LLMEngine
+from medusa.engine.sampling import SamplingParams
+from medusa.engine.weight_load import WeightLoad
+cfg, art, store, hold = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+WeightLoad.hold = hold
+e = LLMEngine(EngineConfig(**cfg), artifact=art, store=store, require_artifact=True)
+gate, load = e.runner.gate, e._loading
+def release():
+    while gate.waiting is None:
+        time.sleep(0.005)
+    load.progress.release()
+threading.Thread(target=release).start()
+e.add_request([5, 17, 42, 7, 99, 3], SamplingParams(max_tokens=5))
+errors = []
+for _ in range(3):
+    try:
+        e.step()
+        errors.append(None)
+    except Exception as x:
+        errors.append(f"{type(x).__name__}: {x}")
+print(json.dumps(errors), flush=True)
+"""
+
+
+def test_require_artifact_a_bad_late_chunk_fails_this_step_and_every_later_one(setup, tmp_path):
+    model, art, store, hold = setup
+    bad = tmp_path / "bad.store"
+    raw = bytearray(store.read_bytes())
+    with open_store(store) as s:
+        raw[s.header.data_offset + hold * MIN_CHUNK + 100] ^= 0x01
+    bad.write_bytes(raw)
+    cfg = {**CONFIG, "model": str(model), "serve_while_loading": True}
+    cmd = [sys.executable, "-c", REQUIRED, json.dumps(cfg), str(art), str(bad), str(hold)]
+    res = subprocess.run(
+        cmd, env=restore_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    first, *later = json.loads(res.stdout.strip().splitlines()[-1])
+    assert first.startswith("RestoreError") and f"chunk {hold} of" in first, first
+    assert all(x and "the weights are not all in" in x for x in later), later
