@@ -62,7 +62,8 @@ def engine_options(f):  # type: ignore[no-untyped-def]
             default=None,
             help="Restoring with a weight store: be ready before the weights are all in; each "
             "layer of the first steps waits for its own weights (default: on a GPU, not on "
-            "simcuda, where the copy and the forward pass share the CPU).",
+            "simcuda, where the copy and the forward pass share the CPU, and not with "
+            "--require-artifact, which fails a bad store at start).",
         ),
         click.option(
             "--slice-profile",

@@ -33,7 +33,8 @@ class EngineConfig:
     kv_memory: str = "static"
     # A restored start with a weight store: ready before the weights are all in, each layer of a
     # forward pass waiting for its own (medusa.engine.layer_gate). None: on a GPU only (on
-    # simcuda the copy and the forward share the CPU, and overlapping them measured slower).
+    # simcuda the copy and the forward share the CPU, and overlapping them measured slower), and
+    # not with require_artifact (a bad store then fails the start, not the first request).
     serve_while_loading: bool | None = None
 
     def __post_init__(self) -> None:

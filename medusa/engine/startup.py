@@ -148,7 +148,9 @@ class StartUp:
         Returns whether the weights are gated; if not, the caller waits for them."""
         on = self.config.serve_while_loading
         if on is None:
-            on = self.device.kind != "sim"
+            # NOTE: not by default under --require-artifact, whose promise is that a start that
+            # cannot use its artifact and store fails at start, not at its first request.
+            on = self.device.kind != "sim" and not self._require
         if self._loading is None or self.store is None or not on:
             return False
         from medusa.engine.layer_gate import WeightsNotIn
@@ -168,17 +170,19 @@ class StartUp:
         load = self._loading
         if load is None:
             return
+        # NOTE: settled while serving (the start-up is over): not a start-up stage
+        during = "first_request_" if "total" in self.timings else ""
         try:
-            with self._stage("weights_wait"):
+            with self._stage(during + "weights_wait"):
                 self.runner.finish_store_load(load)
             self._loading = None
         except WeightStoreError as e:
             self._loading = None
             self._store_failed(str(e))
-            with self._stage("weights_fallback"), self.runner.staging():
+            with self._stage(during + "weights_fallback"), self.runner.staging():
                 self.runner.load_weights(self._model_file().weights())
         finally:
-            self.timings["weights_copy"] = load.seconds
+            self.timings[during + "weights_copy"] = load.seconds
 
     def _model_file(self) -> ModelSource:
         """The model's own files (a store's model was only stat'ed)."""
@@ -296,9 +300,10 @@ def without_gc(start: F) -> F:
         was_on = gc.isenabled()
         gc.disable()
         try:
-            return start(*args, **kwargs)
+            started = start(*args, **kwargs)
+            gc.freeze()  # NOTE: a failed start's objects are garbage: they stay collectable
+            return started
         finally:
-            gc.freeze()
             if was_on:
                 gc.enable()
 

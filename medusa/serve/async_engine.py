@@ -30,6 +30,12 @@ class Output:
     finish_reason: str | None
     num_prompt_tokens: int
     num_completion_tokens: int
+    error: str | None = None  # the engine failed: generate() raises EngineFailed with it
+
+
+class EngineFailed(RuntimeError):
+    """The engine failed while serving (a step raised): this request, and every later one, gets
+    the reason; /health reports it, so the gateway replaces the worker."""
 
 
 @dataclass
@@ -75,9 +81,17 @@ class AsyncEngine:
         self.ready.set()
         eng = self.engine
         while not self._stop.is_set():
-            self._drain(block=not eng.has_unfinished() and self.receiver is None)
+            failed = self.error is not None
+            self._drain(block=failed or (not eng.has_unfinished() and self.receiver is None))
+            if failed:
+                continue
             if eng.has_unfinished():
-                for out in eng.step():
+                try:
+                    outs = eng.step()
+                except Exception as e:  # noqa: BLE001 - every request is told, and /health
+                    self._fail(e)
+                    continue
+                for out in outs:
                     self._dispatch(out)
             elif self.receiver is not None:  # NOTE: a hot engine waits on these polls
                 self.receiver.device.poll()
@@ -121,6 +135,19 @@ class AsyncEngine:
         self._inbox.put(("call", run))
         return await fut
 
+    def _fail(self, e: Exception) -> None:
+        """A step raised (e.g. the weights a request needed could not be loaded): the engine
+        serves nothing more. Its requests, and those that come later, end with the reason."""
+        log.error("the engine failed while serving: %s", e, exc_info=True)
+        self.error = f"a step failed: {type(e).__name__}: {e}"
+        for req in list(self._by_seq.values()):
+            self._refuse(req)
+        self._by_seq.clear()
+
+    def _refuse(self, req: _Request) -> None:
+        n = req.seq.num_prompt_tokens if req.seq is not None else len(req.prompt)
+        req.deliver(Output(0, "", True, None, n, 0, error=self.error))
+
     def _drain(self, block: bool) -> None:
         try:
             item = self._inbox.get(timeout=0.2) if block else self._inbox.get_nowait()
@@ -128,7 +155,9 @@ class AsyncEngine:
             return
         while True:
             kind, req = item
-            if kind == "add" and req is not None and self.engine is not None:
+            if kind == "add" and req is not None and self.error is not None:
+                self._refuse(req)
+            elif kind == "add" and req is not None and self.engine is not None:
                 req.seq = self.engine.add_request(req.prompt, req.params)
                 self._by_seq[req.seq.seq_id] = req
             elif kind == "call" and self.engine is not None:
@@ -164,6 +193,8 @@ class AsyncEngine:
         try:
             while True:
                 out = await q.get()
+                if out.error is not None:
+                    raise EngineFailed(out.error)
                 yield out
                 if out.finished:
                     return

@@ -19,8 +19,15 @@ from starlette.exceptions import HTTPException
 
 from medusa import env
 from medusa.engine.sampling import SamplingParams
-from medusa.serve.async_engine import AsyncEngine, Output
-from medusa.serve.protocol import MAX_BODY_BYTES, APIError, TokenGuard, parse, read_json
+from medusa.serve.async_engine import AsyncEngine, EngineFailed, Output
+from medusa.serve.protocol import (
+    MAX_BODY_BYTES,
+    APIError,
+    TokenGuard,
+    error_body,
+    parse,
+    read_json,
+)
 from medusa.serve.stop_filter import StopFilter
 from medusa.serve.weaving_routes import add_weaving_routes
 
@@ -127,7 +134,8 @@ def create_app(
                 503, "the model is still starting", kind="unavailable", headers={"Retry-After": "1"}
             )
         if engine.error:
-            raise APIError(503, f"the engine failed to start: {engine.error}", kind="unavailable")
+            what = "failed to start" if engine.engine is None else "failed"
+            raise APIError(503, f"the engine {what}: {engine.error}", kind="unavailable")
 
     @app.get("/health")
     async def health() -> Response:
@@ -269,9 +277,13 @@ def create_app(
 
         if not stream:
             text, last = "", None
-            async for out in gen:
-                text += outs.push(out)
-                last = out
+            try:
+                async for out in gen:
+                    text += outs.push(out)
+                    last = out
+            except EngineFailed as e:
+                metrics.requests.labels(route, "503").inc()
+                raise APIError(503, f"the engine failed: {e}", kind="unavailable") from None
             assert last is not None
             text += outs.flush()
             usage = {
@@ -309,12 +321,18 @@ def create_app(
                     ],
                 }
                 yield f"data: {json.dumps(first)}\n\n".encode()
-            async for out in gen:
-                text = outs.push(out) + (outs.flush() if out.finished else "")
-                reason = out.finish_reason if out.finished else None
-                if text or reason:
-                    chunk = {**head, "choices": [choice(text, reason, True)]}
-                    yield f"data: {json.dumps(chunk)}\n\n".encode()
+            try:
+                async for out in gen:
+                    text = outs.push(out) + (outs.flush() if out.finished else "")
+                    reason = out.finish_reason if out.finished else None
+                    if text or reason:
+                        chunk = {**head, "choices": [choice(text, reason, True)]}
+                        yield f"data: {json.dumps(chunk)}\n\n".encode()
+            except EngineFailed as e:  # NOTE: the status went out with the first chunk
+                metrics.requests.labels(route, "503").inc()
+                err = error_body(f"the engine failed: {e}", "unavailable", None, None)
+                yield f"data: {json.dumps(err)}\n\n".encode()
+                return
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -1,8 +1,8 @@
 """Serve while loading (issue 17): time to first token of a restored start with the weight store,
-each layer waiting for its own weights (--serve-while-loading; the default on a GPU) vs waiting for the
-whole load first (--no-serve-while-loading), side by side in one run, and the full load's own
-time. Seconds from process start; `ready` is when the engine returned, `load_end` when the
-store's last chunk was in (the copy runs from the weights_load stage on).
+each layer waiting for its own weights (--serve-while-loading; the default on a GPU) vs waiting
+for the whole load first (--no-serve-while-loading), side by side in one run, and the full
+load's own time. Seconds from process start; `ready` is when the engine returned, `load_end` when
+the store's last chunk was in (the copy runs from the weights_load stage on).
 Run: python scripts/bench/serve_while_loading.py [--repeat 3]
 """
 

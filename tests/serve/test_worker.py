@@ -231,3 +231,43 @@ def test_a_worker_token_keeps_out_callers_other_than_the_gateway():
         assert c.get("/health", headers={"x-medusa-worker-token": "t0k"}).status_code == 503
     with TestClient(create_app(engine, "smollm2", token="")) as c:
         assert c.get("/health").status_code == 503  # no token: open, as `medusa run` is
+
+
+def test_an_engine_that_fails_while_serving_tells_its_requests_and_health():
+    """A step that raises (say, weights a request needed could not be loaded) ends the request in
+    flight with the reason, fails /health so the gateway replaces the worker, and refuses the
+    requests after it: none of them waits forever."""
+    from fastapi.testclient import TestClient
+
+    from medusa.engine.config import EngineConfig
+    from medusa.engine.llm_engine import LLMEngine
+    from medusa.serve.async_engine import AsyncEngine
+    from medusa.serve.worker import create_app
+
+    cfg = EngineConfig(max_model_len=256, max_num_batched_tokens=128, max_num_seqs=2)
+
+    def broken_engine() -> LLMEngine:
+        e = LLMEngine(cfg)
+
+        def step() -> list:
+            raise RuntimeError("chunk 7 of the weight store could not be loaded")
+
+        e.step = step  # type: ignore[method-assign]
+        return e
+
+    engine = AsyncEngine(cfg, broken_engine)
+    engine.start()
+    assert engine.ready.wait(120) and engine.error is None
+    body = {"model": "smollm2", "prompt": "Hello", "max_tokens": 4}
+    try:
+        with TestClient(create_app(engine, "smollm2")) as c:
+            with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                events = [line for line in r.iter_lines() if line.startswith("data: ")]
+            err = json.loads(events[-1][len("data: ") :])["error"]
+            assert "chunk 7 of the weight store" in err["message"], events
+            health = c.get("/health")
+            assert health.status_code == 500 and "chunk 7" in health.json()["error"]
+            later = _openai_error(c.post("/v1/completions", json=body), 503)
+            assert "the engine failed: a step failed" in later and "chunk 7" in later
+    finally:
+        engine.shutdown()

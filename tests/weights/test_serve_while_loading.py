@@ -36,6 +36,27 @@ if mode == "ungated":
 e = LLMEngine(EngineConfig(**cfg), artifact=art, store=store)
 gate, load = e.runner.gate, e._loading
 out = {"gated": gate is not None, "done_at_ready": load.progress.num_done if load else None}
+# What a GPU would need and simcuda does not enforce (it runs work as it is queued): each gated
+# part's kernels come after an event recorded on the load's stream and waited for on the one the
+# kernels run on. G: a part waits for bytes not yet covered; R/W: record, wait; L: a kernel.
+order = []
+b, dev = e.device.b, e.device
+call, launch, wait = b.call, dev.launch, layer_gate.LayerGate._wait
+def spy_call(name, *args):
+    if name == "cudaEventRecord":
+        order.append("R:load" if args[1].value == load.stream else "R:other")
+    elif name == "cudaStreamWaitEvent":
+        order.append("W:compute" if args[0].value == dev.stream else "W:other")
+    return call(name, *args)
+def spy_launch(*args, **kw):
+    order.append("L")
+    return launch(*args, **kw)
+def spy_wait(self, end):
+    if end > self.covered:
+        order.append("G")
+    return wait(self, end)
+if mode == "gated":
+    b.call, dev.launch, layer_gate.LayerGate._wait = spy_call, spy_launch, spy_wait
 stepped = threading.Event()
 def release():
     while mode == "gated" and gate.waiting is None:
@@ -56,6 +77,9 @@ while e.has_unfinished():
     if mode == "ungated" and not releaser.is_alive() and "blocked_on" not in out:
         releaser.start()
 releaser.join()
+gates = [i for i, x in enumerate(order) if x == "G"]
+out["gates"] = len(gates)
+out["ordered"] = all(order[i + 1:i + 3] == ["R:load", "W:compute"] for i in gates)
 out.update(tokens=seq.completion_ids, logits=h.hexdigest(), restored=e.restored,
            store_error=e.store_error, settled=e.runner.gate is None and e._loading is None)
 print(json.dumps(out), flush=True)
@@ -97,6 +121,8 @@ def test_the_first_request_waits_for_its_layer_and_gives_a_normal_starts_logits(
     assert got["blocked_on"] and not got["stepped_while_blocked"]
     assert (got["tokens"], got["logits"]) == (normal["tokens"], normal["logits"])
     assert got["settled"]
+    # the layers after layer 0 and the head waited, each through an event before its kernels
+    assert got["gates"] >= 2 and got["ordered"], got
 
 
 def test_without_the_gate_the_held_back_weights_give_other_logits(setup, tmp_path):
