@@ -1,56 +1,26 @@
-"""Owns all device work: weights, activations, the KV cache, the forward pass and decode graphs.
-Allocations happen in one fixed order for a given configuration, so that a recording of one
-start-up lines up with the next."""
+"""Owns all device work: weights (medusa.engine.runner_weights), activations, the KV cache, the
+forward pass and decode graphs; batches are built in medusa.engine.batches. Allocations happen in
+one fixed order for a given configuration, so that a recording of one start-up lines up with the
+next."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Container
 
 import numpy as np
 
-from medusa.c2c.model import Tiles
+from medusa.engine.batches import Batch, BatchBuilder
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
+from medusa.engine.forward import Forward
 from medusa.engine.kv_cache import KVCache, make_kv_cache
-from medusa.engine.layer_gate import LayerGate, WeightsNotIn
+from medusa.engine.runner_weights import F32, RunnerWeights
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
-from medusa.engine.weight_load import WeightLoad
-from medusa.weights import WeightStore
 from medusa.weights.loader import StagingRing
 
-F32 = 4
-# HybridGEMM tiles for the engine's projections (decode: M is the batch).
-HOST_TILES = Tiles(bm=16, bn=64, bk=256, wbm=64, wbn=64, wbk=128)  # 32 KiB shared memory
 
-
-@dataclass
-class Batch:
-    """A step's inputs, host side. Rows of per-sequence arrays beyond num_seqs are padding."""
-
-    ids: np.ndarray  # int32 [tokens]
-    positions: np.ndarray  # int32 [tokens]
-    slots: np.ndarray  # int32 [tokens], -1: padding
-    block_tables: np.ndarray  # int32 [seqs, max_blocks]
-    seq_lens: np.ndarray  # int32 [seqs]
-    query_start: np.ndarray  # int32 [seqs + 1]
-    last_rows: np.ndarray  # int32 [seqs]
-    temperature: np.ndarray  # float32 [seqs]
-    top_p: np.ndarray  # float32 [seqs]
-    seeds: np.ndarray  # uint64 [seqs]
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.ids)
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_lens)
-
-
-class ModelRunner:
+class ModelRunner(RunnerWeights, BatchBuilder, Forward):
     def __init__(self, config: EngineConfig, spec: ModelSpec, device: Device) -> None:
         self.config, self.spec, self.dev = config, spec, device
         self.weights: dict[str, Buffer] = {}
@@ -66,134 +36,11 @@ class ModelRunner:
         self.graph_out: dict[int, Buffer] = {}
         self._own_graph_out: list[Buffer] = []
         self.segments: dict[int, list[int]] = {}  # batch size -> a woven step's graph execs
-        self.gate: LayerGate | None = None  # while a store's weights arrive (serve while loading)
+        self.gate = None
         self._settle: Callable[[], None] | None = None
         self.unusable: str | None = None  # why the weights may not be read (a failed settle)
 
     # ---- start-up stages ----
-    def allocate_weights(self, store: WeightStore | None = None) -> None:
-        """On the device, or (weights="host") the projections and the embedding in host-mapped
-        memory, read over C2C by HybridGEMM; norms stay on the device either way. With a store
-        and weights="host", the 2-D weights are the store's own pages: its whole (shared,
-        read-only) mapping is registered once and each weight points at its aligned offset."""
-        host = self.config.weights == "host"
-        offsets: dict[str, int] = {}  # 2-D weight -> its device address in the registered store
-        if store is not None and host:
-            base = self.dev.host_register(store.address, store.nbytes, read_only=True)
-            self._registered = store.address
-            data = base + store.header.data_offset
-            offsets = {t.name: data + t.offset for t in store.header.tensors if len(t.shape) == 2}
-        for name, shape in self.spec.weight_shapes().items():
-            nbytes = int(np.prod(shape)) * F32
-            if name in offsets:
-                self.weights[name] = Buffer(offsets[name], nbytes)
-                self._mapped.add(name)
-            elif host and len(shape) == 2:
-                self.weights[name] = self.dev.host_alloc(nbytes)
-            else:
-                self.weights[name] = self.dev.alloc(nbytes)
-        self.rope_table = self.dev.alloc(self.spec.rope.rot_dim // 2 * F32)
-        # Per-layer HybridGEMM split (the alpha controller may change them between steps).
-        self.alphas = [self.config.alpha] * (self.spec.num_layers + 1)
-
-    @contextmanager
-    def staging(self) -> Iterator[None]:
-        """The pinned slots weight uploads pass through, for the weights_load stage."""
-        try:
-            with StagingRing(self.dev.b, self.dev.stream) as self._ring:
-                yield
-        finally:
-            self._ring = None
-
-    def load_store(self, store: WeightStore, *, checked: bool = False) -> None:
-        """Copies the device-resident weights from the store, every chunk checked (the mapped
-        ones too) unless the gateway `checked` this file in full; WeightStoreError names a bad
-        chunk, and the weights are then not usable."""
-        if self._ring is None:
-            raise RuntimeError("load_store runs inside staging()")
-        self._ring.load_store(store, self._copied(), checked=checked)
-        self._upload_rope()
-
-    def start_store_load(self, store: WeightStore, *, checked: bool = False) -> WeightLoad:
-        """load_store in the background (medusa.engine.weight_load): call finish_store_load
-        with what this returns before anything reads a weight."""
-        return WeightLoad(self.dev.b, store, self._copied(), checked=checked)
-
-    def gate_weights(
-        self, load: WeightLoad, store: WeightStore, settle: Callable[[], None]
-    ) -> LayerGate:
-        """Runs steps while `load` goes on, each part of the forward pass waiting for its own
-        weights (medusa.engine.layer_gate). settle() finishes the load once all are in, or
-        replaces its weights when it failed; it runs before any graph replay or capture."""
-        self._upload_rope()
-        self.gate = LayerGate(self.dev.b, load, store.header, set(self._copied()),
-                              self.spec.num_layers, self.dev.stream)  # fmt: skip
-        self._settle = settle
-        return self.gate
-
-    def settle_weights(self) -> None:
-        """Every weight in (or the model file's, if the store's load failed): no more gating.
-        If settling fails (--require-artifact, an unreadable model file), the weights are part
-        copied: every later forward pass or replay raises instead of reading them."""
-        gate, settle, self.gate, self._settle = self.gate, self._settle, None, None
-        if gate is not None and settle is not None:
-            gate.close()
-            try:
-                settle()
-            except BaseException as e:
-                self.unusable = f"the weights are not all in ({type(e).__name__}: {e})"
-                raise
-
-    def _check_usable(self) -> None:
-        if self.unusable is not None:
-            raise RuntimeError(f"{self.unusable}; start the engine again")
-
-    def _gated(self, run: Callable[[], None]) -> None:
-        try:
-            run()
-        except WeightsNotIn:
-            # NOTE: what ran of this step read only checked chunks, but the store is given up:
-            # every weight comes from the model file, and the step runs again from its start.
-            self.settle_weights()
-            run()
-
-    def finish_store_load(self, load: WeightLoad) -> None:
-        load.wait()
-        self._upload_rope()
-
-    def _copied(self) -> dict[str, int]:
-        """The weights a store load copies (name -> device address): all but those that point
-        into the registered store mapping."""
-        return {n: b.ptr for n, b in self.weights.items() if n not in self._mapped}
-
-    def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> None:
-        if self._ring is None:
-            raise RuntimeError("load_weights runs inside staging()")
-        for name, arr in weights:
-            self._ring.upload(self.weights[name].ptr, arr.astype(np.float32, copy=False))
-        self._ring.synchronize()
-        self._upload_rope()
-
-    def _upload_rope(self) -> None:
-        if self.rope_table is not None:
-            self.dev.upload(self.rope_table, self.spec.rope.inv_freq())
-
-    @property
-    def maps_store(self) -> bool:
-        """Whether weights point into a registered store mapping (weights="host" with a store)."""
-        return self._registered is not None
-
-    def release_weights(self) -> None:
-        """Frees the weights (and unregisters a mapped store); allocate_weights may run again."""
-        for name, buf in self.weights.items():
-            if name not in self._mapped:
-                self.dev.free(buf)
-        if self._registered is not None:
-            self.dev.host_unregister(self._registered)
-        if self.rope_table is not None:
-            self.dev.free(self.rope_table)
-        self.weights, self._mapped, self._registered, self.rope_table = {}, set(), None, None
-
     def allocate_workspace(self) -> None:
         c, s = self.config, self.spec
         t, n = c.max_num_batched_tokens, c.max_num_seqs
@@ -221,16 +68,6 @@ class ModelRunner:
             "proj": t * s.hidden_size * F32,  # HybridGEMM output before a residual add
         }
         self.ws = {k: self.dev.alloc(v) for k, v in sizes.items()}
-
-    @property
-    def block_bytes(self) -> int:
-        """One block of every layer's K and V: the cache is [block][layer][k|v][slot][head][dim]."""
-        return 2 * self.spec.num_layers * self.layer_part
-
-    @property
-    def layer_part(self) -> int:
-        """One layer's K (or V) rows of one block."""
-        return self.config.block_size * self.spec.kv_size * F32
 
     def profile_kv_blocks(self) -> tuple[int, dict[str, int]]:
         """Runs a forward pass at the largest batch, measures what it leaves free, and returns the
@@ -417,115 +254,6 @@ class ModelRunner:
         v = self.spec.vocab_size
         return self.dev.download(self.ws["logits"], np.float32, num_seqs * v).reshape(num_seqs, v)
 
-    # ---- batches ----
-    def _sampling(self, seqs: list[Sequence]) -> list[tuple[float, float, int]]:
-        return [
-            (
-                s.params.temperature,
-                s.params.top_p,
-                (s.seed * 0x9E3779B97F4A7C15 + s.num_completion_tokens) & (2**64 - 1),
-            )
-            for s in seqs
-        ]
-
-    def _meta(
-        self, n: int, tables: list[list[int]], sampling: list[tuple[float, float, int]]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        bt = np.zeros((n, self.config.max_blocks_per_seq), np.int32)
-        for i, t in enumerate(tables):
-            bt[i, : len(t)] = t
-        temp = np.zeros(n, np.float32)
-        top_p = np.ones(n, np.float32)
-        seeds = np.zeros(n, np.uint64)
-        for i, (tp, pp, sd) in enumerate(sampling):
-            temp[i], top_p[i], seeds[i] = tp, pp, sd
-        return bt, temp, top_p, seeds
-
-    def _slots(self, table: list[int], positions: Iterable[int]) -> list[int]:
-        bs = self.config.block_size
-        return [table[p // bs] * bs + p % bs for p in positions]
-
-    def _prefill_batch(self, prompts, tables, sampling, starts=None) -> Batch:  # type: ignore[no-untyped-def]
-        """A prefill of token runs; run i sits at positions starts[i] .. starts[i] + len - 1 (a
-        chunk of a longer prompt whose earlier tokens are in the cache already)."""
-        lens = [len(p) for p in prompts]
-        starts = starts or [0] * len(prompts)
-        qs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-        slots = [
-            x
-            for n, t, s0 in zip(lens, tables, starts, strict=True)
-            for x in self._slots(t, range(s0, s0 + n))
-        ]
-        bt, temp, top_p, seeds = self._meta(len(prompts), tables, sampling)
-        return Batch(
-            ids=np.concatenate([np.asarray(p, np.int32) for p in prompts]),
-            positions=np.concatenate(
-                [np.arange(s0, s0 + n, dtype=np.int32) for n, s0 in zip(lens, starts, strict=True)]
-            ),
-            slots=np.asarray(slots, np.int32),
-            block_tables=bt,
-            seq_lens=np.asarray([s0 + n for n, s0 in zip(lens, starts, strict=True)], np.int32),
-            query_start=qs,
-            last_rows=qs[1:] - 1,
-            temperature=temp,
-            top_p=top_p,
-            seeds=seeds,
-        )
-
-    def _decode_batch(
-        self, seqs: list[Sequence], size: int, remote: Container[int] = frozenset()
-    ) -> Batch:
-        n = len(seqs)
-        bt, temp, top_p, seeds = self._meta(
-            size, [[] if i in remote else s.block_table for i, s in enumerate(seqs)],
-            self._sampling(seqs),
-        )  # fmt: skip
-        pos = [len(s) - 1 for s in seqs] + [0] * (size - n)
-        lens = [0 if i in remote else len(s) for i, s in enumerate(seqs)] + [0] * (size - n)
-        slots = [-1 if i in remote else self._slots(s.block_table, [len(s) - 1])[0]
-                 for i, s in enumerate(seqs)] + [-1] * (size - n)  # fmt: skip
-        return Batch(
-            ids=np.asarray([s.last_token for s in seqs] + [0] * (size - n), np.int32),
-            positions=np.asarray(pos, np.int32),
-            slots=np.asarray(slots, np.int32),
-            block_tables=bt,
-            seq_lens=np.asarray(lens, np.int32),
-            query_start=np.arange(size + 1, dtype=np.int32),
-            last_rows=np.arange(size, dtype=np.int32),
-            temperature=temp,
-            top_p=top_p,
-            seeds=seeds,
-        )
-
-    def _padding_batch(self, size: int) -> Batch:
-        return Batch(
-            ids=np.zeros(size, np.int32),
-            positions=np.zeros(size, np.int32),
-            slots=np.full(size, -1, np.int32),
-            block_tables=np.zeros((size, self.config.max_blocks_per_seq), np.int32),
-            seq_lens=np.zeros(size, np.int32),
-            query_start=np.arange(size + 1, dtype=np.int32),
-            last_rows=np.arange(size, dtype=np.int32),
-            temperature=np.zeros(size, np.float32),
-            top_p=np.ones(size, np.float32),
-            seeds=np.zeros(size, np.uint64),
-        )
-
-    def _upload(self, b: Batch) -> None:
-        for name in (
-            "ids",
-            "positions",
-            "slots",
-            "block_tables",
-            "seq_lens",
-            "query_start",
-            "last_rows",
-            "temperature",
-            "top_p",
-            "seeds",
-        ):
-            self.dev.upload(self.ws[name], getattr(b, name))
-
     def _run(
         self,
         batch: Batch,
@@ -545,142 +273,3 @@ class ModelRunner:
         if self.gate is not None and self.gate.complete:
             self.settle_weights()
         return self.dev.download(out, np.int32, batch.num_seqs).tolist()
-
-    def _linear(
-        self, layer: int, out: int, x: int, w: str, m: int, n: int, k: int, accumulate: bool = False
-    ) -> None:
-        if self.config.weights != "host":
-            self.dev.linear(out, x, self.weights[w].ptr, m, n, k, accumulate=accumulate)
-            return
-        dst = self.ws["proj"].ptr if accumulate else out
-        self.dev.hybrid_linear(dst, x, self.weights[w].ptr, m, n, k, self.alphas[layer], HOST_TILES)
-        if accumulate:
-            self.dev.launch("add_inplace_kernel", out, dst, m * n)
-
-    # ---- the forward pass ----
-    def _forward(
-        self,
-        t: int,
-        n: int,
-        kv: Buffer | None,
-        out: Buffer,
-        num_layers: int | None = None,
-        after_attention: Callable[[int], None] | None = None,
-    ) -> None:
-        d, s, c, w, a = self.dev, self.spec, self.config, self.weights, self.ws
-        if kv is None:
-            raise RuntimeError("the KV cache is not allocated yet")
-        if self.rope_table is None:
-            raise RuntimeError("the weights are not allocated yet")
-        self._check_usable()
-        dim, qkv, eps = s.hidden_size, s.qkv_size, s.rms_eps
-        part, block_stride = self.layer_part, self.block_bytes // F32
-        q, k, v = (
-            a["qkv"].ptr,
-            a["qkv"].ptr + s.q_size * F32,
-            a["qkv"].ptr + (s.q_size + s.kv_size) * F32,
-        )
-        gate = self.gate
-        if gate is not None:
-            gate.embedding()
-        d.launch("embed_tokens", a["x"].ptr, w["embed"].ptr, a["ids"].ptr, t, dim)
-        for i in range(s.num_layers if num_layers is None else num_layers):
-            if gate is not None:
-                gate.layer(i)
-            kc = kv.ptr + 2 * i * part  # layer i's K in block 0; blocks are block_stride apart
-            vc = kc + part
-            d.launch(
-                "rms_norm_kernel",
-                a["h"].ptr,
-                a["x"].ptr,
-                w[f"layers.{i}.attn_norm"].ptr,
-                t,
-                dim,
-                eps,
-            )
-            self._linear(i, q, a["h"].ptr, f"layers.{i}.qkv", t, qkv, dim)
-            if s.qkv_bias:
-                d.launch("add_bias_kernel", q, w[f"layers.{i}.qkv_bias"].ptr, t, qkv)
-            d.launch(
-                "rotary_embedding",
-                q,
-                k,
-                a["positions"].ptr,
-                t,
-                s.num_heads,
-                s.num_kv_heads,
-                s.head_dim,
-                qkv,
-                self.rope_table.ptr,
-                s.rope.rot_dim,
-                s.rope.mscale,
-                int(s.rope_neox),
-            )
-            d.launch(
-                "reshape_and_cache_kernel",
-                kc,
-                vc,
-                k,
-                v,
-                a["slots"].ptr,
-                t,
-                s.num_kv_heads,
-                s.head_dim,
-                qkv,
-                c.block_size,
-                block_stride,
-            )
-            d.launch(
-                "paged_attention_kernel",
-                a["attn"].ptr,
-                q,
-                kc,
-                vc,
-                a["block_tables"].ptr,
-                a["seq_lens"].ptr,
-                a["query_start"].ptr,
-                n,
-                s.num_heads,
-                s.num_kv_heads,
-                s.head_dim,
-                c.block_size,
-                c.max_blocks_per_seq,
-                qkv,
-                s.head_dim**-0.5,
-                block_stride,
-            )
-            if after_attention is not None:
-                after_attention(i)
-            self._linear(i, a["x"].ptr, a["attn"].ptr, f"layers.{i}.o", t, dim, s.q_size, True)
-            d.launch(
-                "rms_norm_kernel",
-                a["h"].ptr,
-                a["x"].ptr,
-                w[f"layers.{i}.ffn_norm"].ptr,
-                t,
-                dim,
-                eps,
-            )
-            gate_up = f"layers.{i}.gate_up"
-            self._linear(i, a["gate_up"].ptr, a["h"].ptr, gate_up, t, 2 * s.intermediate_size, dim)
-            d.launch("silu_and_mul_kernel", a["act"].ptr, a["gate_up"].ptr, t, s.intermediate_size)
-            down = f"layers.{i}.down"
-            self._linear(i, a["x"].ptr, a["act"].ptr, down, t, dim, s.intermediate_size, True)
-        if num_layers is not None:
-            return
-        if gate is not None:
-            gate.head()
-        d.launch("gather_rows_kernel", a["last"].ptr, a["x"].ptr, a["last_rows"].ptr, n, dim)
-        d.launch("rms_norm_kernel", a["last_h"].ptr, a["last"].ptr, w["norm"].ptr, n, dim, eps)
-        head = "embed" if s.tie_embeddings else "lm_head"
-        self._linear(s.num_layers, a["logits"].ptr, a["last_h"].ptr, head, n, s.vocab_size, dim)
-        d.launch(
-            "sample_tokens_kernel",
-            out.ptr,
-            a["logits"].ptr,
-            a["temperature"].ptr,
-            a["top_p"].ptr,
-            a["seeds"].ptr,
-            n,
-            s.vocab_size,
-        )

@@ -1,0 +1,153 @@
+"""A step's inputs on the host (Batch) and how the model runner builds them: a prefill of token
+runs, a decode batch padded to a graph's size, a padding batch; uploaded into the workspace."""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from medusa.engine.config import EngineConfig
+from medusa.engine.device import Buffer, Device
+from medusa.engine.sequence import Sequence
+
+
+@dataclass
+class Batch:
+    """A step's inputs, host side. Rows of per-sequence arrays beyond num_seqs are padding."""
+
+    ids: np.ndarray  # int32 [tokens]
+    positions: np.ndarray  # int32 [tokens]
+    slots: np.ndarray  # int32 [tokens], -1: padding
+    block_tables: np.ndarray  # int32 [seqs, max_blocks]
+    seq_lens: np.ndarray  # int32 [seqs]
+    query_start: np.ndarray  # int32 [seqs + 1]
+    last_rows: np.ndarray  # int32 [seqs]
+    temperature: np.ndarray  # float32 [seqs]
+    top_p: np.ndarray  # float32 [seqs]
+    seeds: np.ndarray  # uint64 [seqs]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.ids)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+
+class BatchBuilder:
+    """ModelRunner's batches; ModelRunner.__init__ sets what is declared here."""
+
+    config: EngineConfig
+    dev: Device
+    ws: dict[str, Buffer]
+
+    def _sampling(self, seqs: list[Sequence]) -> list[tuple[float, float, int]]:
+        return [
+            (
+                s.params.temperature,
+                s.params.top_p,
+                (s.seed * 0x9E3779B97F4A7C15 + s.num_completion_tokens) & (2**64 - 1),
+            )
+            for s in seqs
+        ]
+
+    def _meta(
+        self, n: int, tables: list[list[int]], sampling: list[tuple[float, float, int]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        bt = np.zeros((n, self.config.max_blocks_per_seq), np.int32)
+        for i, t in enumerate(tables):
+            bt[i, : len(t)] = t
+        temp = np.zeros(n, np.float32)
+        top_p = np.ones(n, np.float32)
+        seeds = np.zeros(n, np.uint64)
+        for i, (tp, pp, sd) in enumerate(sampling):
+            temp[i], top_p[i], seeds[i] = tp, pp, sd
+        return bt, temp, top_p, seeds
+
+    def _slots(self, table: list[int], positions: Iterable[int]) -> list[int]:
+        bs = self.config.block_size
+        return [table[p // bs] * bs + p % bs for p in positions]
+
+    def _prefill_batch(self, prompts, tables, sampling, starts=None) -> Batch:  # type: ignore[no-untyped-def]
+        """A prefill of token runs; run i sits at positions starts[i] .. starts[i] + len - 1 (a
+        chunk of a longer prompt whose earlier tokens are in the cache already)."""
+        lens = [len(p) for p in prompts]
+        starts = starts or [0] * len(prompts)
+        qs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        slots = [
+            x
+            for n, t, s0 in zip(lens, tables, starts, strict=True)
+            for x in self._slots(t, range(s0, s0 + n))
+        ]
+        bt, temp, top_p, seeds = self._meta(len(prompts), tables, sampling)
+        return Batch(
+            ids=np.concatenate([np.asarray(p, np.int32) for p in prompts]),
+            positions=np.concatenate(
+                [np.arange(s0, s0 + n, dtype=np.int32) for n, s0 in zip(lens, starts, strict=True)]
+            ),
+            slots=np.asarray(slots, np.int32),
+            block_tables=bt,
+            seq_lens=np.asarray([s0 + n for n, s0 in zip(lens, starts, strict=True)], np.int32),
+            query_start=qs,
+            last_rows=qs[1:] - 1,
+            temperature=temp,
+            top_p=top_p,
+            seeds=seeds,
+        )
+
+    def _decode_batch(
+        self, seqs: list[Sequence], size: int, remote: Container[int] = frozenset()
+    ) -> Batch:
+        n = len(seqs)
+        bt, temp, top_p, seeds = self._meta(
+            size, [[] if i in remote else s.block_table for i, s in enumerate(seqs)],
+            self._sampling(seqs),
+        )  # fmt: skip
+        pos = [len(s) - 1 for s in seqs] + [0] * (size - n)
+        lens = [0 if i in remote else len(s) for i, s in enumerate(seqs)] + [0] * (size - n)
+        slots = [-1 if i in remote else self._slots(s.block_table, [len(s) - 1])[0]
+                 for i, s in enumerate(seqs)] + [-1] * (size - n)  # fmt: skip
+        return Batch(
+            ids=np.asarray([s.last_token for s in seqs] + [0] * (size - n), np.int32),
+            positions=np.asarray(pos, np.int32),
+            slots=np.asarray(slots, np.int32),
+            block_tables=bt,
+            seq_lens=np.asarray(lens, np.int32),
+            query_start=np.arange(size + 1, dtype=np.int32),
+            last_rows=np.arange(size, dtype=np.int32),
+            temperature=temp,
+            top_p=top_p,
+            seeds=seeds,
+        )
+
+    def _padding_batch(self, size: int) -> Batch:
+        return Batch(
+            ids=np.zeros(size, np.int32),
+            positions=np.zeros(size, np.int32),
+            slots=np.full(size, -1, np.int32),
+            block_tables=np.zeros((size, self.config.max_blocks_per_seq), np.int32),
+            seq_lens=np.zeros(size, np.int32),
+            query_start=np.arange(size + 1, dtype=np.int32),
+            last_rows=np.arange(size, dtype=np.int32),
+            temperature=np.zeros(size, np.float32),
+            top_p=np.ones(size, np.float32),
+            seeds=np.zeros(size, np.uint64),
+        )
+
+    def _upload(self, b: Batch) -> None:
+        for name in (
+            "ids",
+            "positions",
+            "slots",
+            "block_tables",
+            "seq_lens",
+            "query_start",
+            "last_rows",
+            "temperature",
+            "top_p",
+            "seeds",
+        ):
+            self.dev.upload(self.ws[name], getattr(b, name))
