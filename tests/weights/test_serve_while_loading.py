@@ -103,6 +103,15 @@ def setup(tiny_hf, tmp_path_factory):
     return tiny_hf, art, store, (lo + hi) // 2 // MIN_CHUNK
 
 
+def _with_a_bad_chunk(store: Path, chunk: int, out: Path) -> Path:
+    """A copy of the store with one bit of `chunk` flipped."""
+    raw = bytearray(store.read_bytes())
+    with open_store(store) as s:
+        raw[s.header.data_offset + chunk * MIN_CHUNK + 100] ^= 0x01
+    out.write_bytes(raw)
+    return out
+
+
 def run_gated(cfg: dict, art: Path, store: Path, hold: int, mode: str, tmp: Path):
     cfg = {**cfg, "serve_while_loading": True}
     cmd = [sys.executable, "-c", SCRIPT, json.dumps(cfg), str(art), str(store), str(hold), mode]
@@ -135,11 +144,7 @@ def test_without_the_gate_the_held_back_weights_give_other_logits(setup, tmp_pat
 
 def test_a_bad_late_chunk_found_mid_request_reloads_and_redoes_the_step(setup, tmp_path):
     model, art, store, hold = setup
-    bad = tmp_path / "bad.store"
-    raw = bytearray(store.read_bytes())
-    with open_store(store) as s:
-        raw[s.header.data_offset + hold * MIN_CHUNK + 100] ^= 0x01
-    bad.write_bytes(raw)
+    bad = _with_a_bad_chunk(store, hold, tmp_path / "bad.store")
     cfg = {**CONFIG, "model": str(model)}
     normal, _ = run_engine(cfg, tmp_path)
     got, log = run_gated(cfg, art, bad, hold, "gated", tmp_path)
@@ -190,11 +195,7 @@ print(json.dumps(errors), flush=True)
 
 def test_require_artifact_a_bad_late_chunk_fails_this_step_and_every_later_one(setup, tmp_path):
     model, art, store, hold = setup
-    bad = tmp_path / "bad.store"
-    raw = bytearray(store.read_bytes())
-    with open_store(store) as s:
-        raw[s.header.data_offset + hold * MIN_CHUNK + 100] ^= 0x01
-    bad.write_bytes(raw)
+    bad = _with_a_bad_chunk(store, hold, tmp_path / "bad.store")
     cfg = {**CONFIG, "model": str(model), "serve_while_loading": True}
     cmd = [sys.executable, "-c", REQUIRED, json.dumps(cfg), str(art), str(bad), str(hold)]
     res = subprocess.run(
