@@ -163,8 +163,9 @@ class AsyncEngine:
             elif kind == "call" and self.engine is not None:
                 req(self.engine)
             elif kind == "abort" and req is not None and req.seq and self.engine is not None:
-                self.engine.abort(req.seq)
-                self._by_seq.pop(req.seq.seq_id, None)
+                if self.error is None:  # NOTE: a failed engine is not touched again
+                    self.engine.abort(req.seq)
+                    self._by_seq.pop(req.seq.seq_id, None)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
