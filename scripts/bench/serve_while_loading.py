@@ -36,8 +36,9 @@ e.step()
 first = time.time()
 t = e.timings
 load_start = imported + t["runtime_init"] + t["weights_alloc"]
+copy = t.get("weights_copy", t.get("first_request_weights_copy"))  # gated: settled serving
 print(json.dumps({"imported": imported, "ready": ready, "first": first, "restored": e.restored,
-                  "load_start": load_start, "copy": t["weights_copy"], "timings": t,
+                  "load_start": load_start, "copy": copy, "timings": t,
                   "store_error": e.store_error}))
 """
 

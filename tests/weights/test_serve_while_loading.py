@@ -81,7 +81,8 @@ gates = [i for i, x in enumerate(order) if x == "G"]
 out["gates"] = len(gates)
 out["ordered"] = all(order[i + 1:i + 3] == ["R:load", "W:compute"] for i in gates)
 out.update(tokens=seq.completion_ids, logits=h.hexdigest(), restored=e.restored,
-           store_error=e.store_error, settled=e.runner.gate is None and e._loading is None)
+           store_error=e.store_error, settled=e.runner.gate is None and e._loading is None,
+           timings=e.timings)
 print(json.dumps(out), flush=True)
 """
 
@@ -130,6 +131,8 @@ def test_the_first_request_waits_for_its_layer_and_gives_a_normal_starts_logits(
     assert got["blocked_on"] and not got["stepped_while_blocked"]
     assert (got["tokens"], got["logits"]) == (normal["tokens"], normal["logits"])
     assert got["settled"]
+    # the wait for the rest of the load was the first request's, not a start-up stage
+    assert "first_request_weights_wait" in got["timings"] and "weights_wait" not in got["timings"]
     # the layers after layer 0 and the head waited, each through an event before its kernels
     assert got["gates"] >= 2 and got["ordered"], got
 
