@@ -16,13 +16,12 @@ from ctypes import c_uint, c_void_p
 from typing import TYPE_CHECKING
 
 from medusa.weights.errors import WeightStoreError
+from medusa.weights.loader import EVENT_DISABLE_TIMING
 
 if TYPE_CHECKING:
     from medusa.cuda.backend import Backend
     from medusa.engine.weight_load import WeightLoad
     from medusa.weights.format import Header
-
-EVENT_DISABLE_TIMING = 2
 
 
 class WeightsNotIn(WeightStoreError):
@@ -69,9 +68,6 @@ class LayerGate:
         self._wait(self.layer_end[i])
 
     def head(self) -> None:
-        self._wait(self.head_end)
-
-    def all(self) -> None:
         self._wait(self.head_end)
 
     def _wait(self, end: int) -> None:

@@ -47,14 +47,8 @@ class Tokenizer:
                 "BPE ('gpt2') tokenizers are read from GGUF files"
             )
         tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-        types = meta.get("tokenizer.ggml.token_type")
-        control = [] if types is None else [i for i, t in enumerate(types) if t == CONTROL]
-        bos = meta.get("tokenizer.ggml.bos_token_id")
-        return cls.byte_level_bpe(
-            tokens, merge_pairs(meta["tokenizer.ggml.merges"], path), control,
-            int(meta.get("tokenizer.ggml.eos_token_id", 0)),
-            None if bos is None else int(bos), meta.get("tokenizer.chat_template"),
-        )  # fmt: skip
+        merges = merge_pairs(meta["tokenizer.ggml.merges"], path)
+        return cls.byte_level_bpe(tokens, merges, **gguf_specials(meta))
 
     @classmethod
     def byte_level_bpe(
@@ -133,6 +127,18 @@ class IncrementalDecoder:
             return ""
         delta, self.sent = text[len(self.sent) :], text
         return delta
+
+
+def gguf_specials(meta: dict[str, Any]) -> dict[str, Any]:
+    """A GGUF tokenizer's control token ids, eos, bos and chat template (byte_level_bpe's)."""
+    types = meta.get("tokenizer.ggml.token_type")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    return {
+        "control": [] if types is None else [i for i, t in enumerate(types) if t == CONTROL],
+        "eos": int(meta.get("tokenizer.ggml.eos_token_id", 0)),
+        "bos": None if bos is None else int(bos),
+        "chat_template": meta.get("tokenizer.chat_template"),
+    }
 
 
 def merge_pairs(merges: list[str] | str, where: Path | str) -> list[tuple[str, str]]:

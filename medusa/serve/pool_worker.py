@@ -24,7 +24,7 @@ from medusa.engine.config import EngineConfig
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.protocol import APIError, TokenGuard, read_json
 from medusa.serve.worker import create_app
-from medusa.weights.store import RACY_SECONDS
+from medusa.weights.store import RACY_SECONDS, file_identity
 
 if TYPE_CHECKING:
     import uvicorn
@@ -94,8 +94,7 @@ class _PreparedArtifact:
 def _identity(path: Path) -> list[tuple[int, int, int, int, int]]:
     """Each file of `path` (a directory's, recursively; or the file): what changes with it."""
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return [(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            for p in files for st in [p.stat()]]  # fmt: skip
+    return [file_identity(p.stat()) for p in files]
 
 
 class Assignment:

@@ -109,6 +109,11 @@ class WeightStore:
         self.close()
 
 
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What changes when a file is written, replaced or moved in: device, inode, size, times."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def open_store(path: str | Path, *, digest: str | None = None) -> WeightStore:
     """Opens and maps a weight store, its header checked (and, given `digest`, that it is the
     header an artifact's manifest sealed). Chunks are checked as they are loaded."""
@@ -139,7 +144,5 @@ def open_store(path: str | Path, *, digest: str | None = None) -> WeightStore:
         mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
-    identity = (
-        f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{header.digest}"
-    )
+    identity = ":".join(map(str, [*file_identity(st), header.digest]))
     return WeightStore(path, header, mm, identity, st.st_mtime_ns)

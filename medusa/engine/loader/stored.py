@@ -15,7 +15,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from medusa.engine.loader import ModelSource, open_model
 from medusa.engine.spec import ModelSpec, RoPE
-from medusa.engine.tokenizer import CONTROL, Tokenizer, merge_pairs
+from medusa.engine.tokenizer import Tokenizer, gguf_specials, merge_pairs
 from medusa.weights import WeightStore, WeightStoreError
 
 GGUF_TOKENIZER_KEYS = (
@@ -61,17 +61,8 @@ def packed_gguf_tokenizer(meta: dict[str, Any]) -> dict[str, Any] | None:
     tokens, merges = list(meta["tokenizer.ggml.tokens"]), list(meta["tokenizer.ggml.merges"])
     if any("\n" in t for t in tokens) or any("\n" in m for m in merges):
         return None
-    types = meta.get("tokenizer.ggml.token_type")
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    return {
-        "kind": "bpe",
-        "tokens": "\n".join(tokens),
-        "merges": "\n".join(merges),
-        "control": [] if types is None else [i for i, t in enumerate(types) if t == CONTROL],
-        "eos": int(meta.get("tokenizer.ggml.eos_token_id", 0)),
-        "bos": None if bos is None else int(bos),
-        "chat_template": meta.get("tokenizer.chat_template"),
-    }
+    return {"kind": "bpe", "tokens": "\n".join(tokens), "merges": "\n".join(merges),
+            **gguf_specials(meta)}  # fmt: skip
 
 
 def check_packed_tokenizer(r: dict[str, Any]) -> None:
@@ -79,10 +70,10 @@ def check_packed_tokenizer(r: dict[str, Any]) -> None:
     if not (isinstance(r.get("tokens"), str) and isinstance(r.get("merges"), str)):
         raise ValueError("tokens and merges are not strings")
     n = r["tokens"].count("\n") + 1
-    ids = [r.get("eos"), *r.get("control", ()), *([] if r.get("bos") is None else [r["bos"]])]
-    if not all(type(i) is int and 0 <= i < n for i in ids) or not isinstance(
-        r.get("control"), list
-    ):
+    if not isinstance(r.get("control"), list):
+        raise ValueError("control is not a list of token ids")
+    ids = [r.get("eos"), *r["control"], *([] if r.get("bos") is None else [r["bos"]])]
+    if not all(type(i) is int and 0 <= i < n for i in ids):
         raise ValueError(f"a special token id outside the {n} tokens")
     if not isinstance(r.get("chat_template"), (str, type(None))):
         raise ValueError("chat_template is not a string")
