@@ -50,6 +50,8 @@ enum sim_akind { A_DEVICE = 1, A_GLOBAL, A_RESERVE, A_MAPPING, A_HOST };
 /* A host range's aux: its CU_MEMHOSTALLOC_* / CU_MEMHOSTREGISTER_* flags, and these. */
 #define SIM_HOST_OWNED (1ull << 32)        /* from cuMemHostAlloc: simcuda unmaps it on free */
 #define SIM_HOST_CPU_WRITABLE (1ull << 33) /* registered memory the CPU maps writable */
+/* A device block's aux: the size asked, and this while a cudaFreeAsync of it is queued. */
+#define SIM_FREE_PENDING (1ull << 62)
 
 /* ---- configuration (environment, read once) ---- */
 typedef struct sim_config {
@@ -64,6 +66,9 @@ typedef struct sim_config {
     bool poison;         /* fresh device memory holds stale bytes (MEDUSA_SIM_POISON, default on) */
     uint64_t poison_key; /* per process, never from the seed: two runs' stale bytes differ */
     double slowdown;     /* a device this many times slower than the CPU (MEDUSA_SIM_SLOWDOWN) */
+    bool racecheck;      /* MEDUSA_SIM_RACECHECK: unordered conflicting accesses fail (race.c) */
+    uint64_t schedule_seed; /* MEDUSA_SIM_SCHEDULE_SEED: picks among the orders CUDA allows */
+    bool launch_blocking;   /* CUDA_LAUNCH_BLOCKING=1 or access recording: work runs at submission */
     unsigned char uuid[16];
 } sim_config;
 
@@ -149,18 +154,30 @@ typedef struct sim_capture {
     int num_streams;
 } sim_capture;
 
+typedef struct sim_op sim_op;
+typedef struct sim_vc sim_vc;
+
 typedef struct sim_stream {
     unsigned flags;
     int priority;
     sim_capture *cap;
     sim_deps deps; /* the capture's current dependencies on this stream */
     uint64_t id;
+    /* deferred execution (queue.c) */
+    sim_op *head, *tail;          /* submitted, not yet complete, oldest first */
+    uint64_t submitted;           /* tickets handed out: an operation's place in the stream */
+    bool destroyed;               /* its handle is gone; freed once its work is done */
+    bool per_thread;              /* a per-thread default stream */
+    uint32_t pins;                /* waiters that look at its queue: it stays while they do */
+    uint32_t race;                /* its index in vector clocks */
+    sim_vc *vc;                   /* racecheck: the clock after its last submitted operation */
+    sim_vc *snap;                 /* an immutable copy of vc shared by its operations, or NULL */
+    struct sim_stream *next_live; /* the list of live streams, g_sim.streams */
 } sim_stream;
 
 typedef struct sim_event {
     unsigned flags;
-    double time_ms;
-    bool recorded;
+    sim_op *rec;      /* the record operation of its last record outside capture, or NULL */
     sim_capture *cap; /* set when last recorded in a capturing stream */
     sim_deps deps;
 } sim_event;
@@ -218,6 +235,95 @@ CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[
                             void **extra);
 void sim_kernel_op_free(sim_kernel_op *op);
 
+/* ---- deferred execution (queue.c): work runs later, ordered only as CUDA orders it ---- */
+enum sim_optype { OP_KERNEL = 1, OP_MEMCPY, OP_MEMSET, OP_RECORD, OP_WAIT, OP_GRAPH, OP_FREE };
+
+/* A vector clock: t[i] is the last operation of the stream with race index i ordered before. */
+struct sim_vc {
+    uint32_t refs, n;
+    uint64_t t[];
+};
+/* An operation's clock: vc, with t[own] = tick (so consecutive operations share one vc). */
+typedef struct sim_clock {
+    sim_vc *vc;
+    uint32_t own;
+    uint64_t tick;
+} sim_clock;
+
+struct sim_exec_image;
+struct sim_op {
+    sim_op *next; /* in its stream */
+    int type;
+    uint32_t refs;       /* its stream's while pending; waiters'; an event's; the race history's */
+    bool done, running;  /* running: some thread executes it now */
+    sim_stream *stream;  /* valid while it is pending */
+    uintptr_t stream_handle; /* for messages: the CUstream, or 0 for a default stream */
+    bool per_thread;         /* for messages: which default stream */
+    uint64_t ticket;     /* its place in its stream */
+    uint32_t race;       /* its stream's race index */
+    uint32_t num_waits;
+    sim_op **waits;      /* operations of other streams it waits for (held) */
+    sim_clock clock;     /* racecheck */
+    double submitted_ms;
+    union {
+        sim_kernel_op k;
+        struct {
+            sim_memcpy_op c;
+            void *staging;    /* a pageable source copied at submission, freed when done */
+            uintptr_t source; /* the caller's source (a captured node copies from it) */
+        } copy;
+        sim_memset_op s;
+        double time_ms;               /* OP_RECORD: when it completed */
+        struct {
+            struct sim_exec_image *img; /* held */
+            uint32_t *order;            /* the nodes in the order they run, drawn at launch */
+        } graph;
+        uintptr_t free_ptr;           /* OP_FREE */
+    } u;
+};
+
+sim_op *sim_op_new(int type);
+void sim_op_unref(sim_op *op); /* lock held */
+/* Queues op (which the stream now owns) after the work it must follow: its stream's, the legacy
+ * stream's implicit ordering, and deps (event records: joined for the race checker, waited for
+ * while pending). Lock held. */
+void sim_enqueue(sim_stream *st, sim_op *op, sim_op *const *deps, size_t num_deps);
+/* Runs what the targets need until they are all done, then joins their clocks into the host's.
+ * Lock held (released while work runs). Returns the context's sticky error. */
+CUresult sim_wait_ops(sim_op *const *targets, size_t n);
+CUresult sim_wait_stream(sim_stream *st); /* all its work (the legacy stream: blocking ones' too) */
+CUresult sim_wait_all(void);              /* every stream's work */
+CUresult sim_query_stream(sim_stream *st); /* one step of sim_wait_stream; CUDA_ERROR_NOT_READY */
+/* One step of what the targets need (a query's progress); true when all are done. Lock held. */
+bool sim_step_ops(sim_op *const *targets, size_t n);
+void sim_stream_release(sim_stream *st); /* lock held: the handle is gone */
+sim_stream *sim_stream_new(unsigned flags, int priority); /* lock held */
+uint64_t sim_rand(void);                                  /* lock held: the schedule's RNG */
+/* Fails the context (every later call returns e, as after a fault on a GPU); the message goes to
+ * stderr and is each thread's simcudaGetLastMessage from then on. */
+CUresult sim_sticky(CUresult e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+CUresult sim_sticky_locked(CUresult e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- race checker (race.c), MEDUSA_SIM_RACECHECK=1; every call with the lock held ---- */
+void sim_race_stream(sim_stream *st);                   /* a new stream's clock */
+void sim_race_join_stream(sim_stream *st, const sim_vc *vc);
+void sim_race_join_clock(sim_stream *st, const sim_clock *c);
+void sim_race_stamp(sim_stream *st, sim_op *op);        /* op's clock from its stream's */
+void sim_race_host_join(const sim_clock *c);            /* the host observed c complete */
+void sim_race_host_join_vc(const sim_vc *vc);
+void sim_race_host_into(sim_stream *st);                /* later work follows the host's view */
+void sim_vc_unref(sim_vc *vc);
+/* Checks an access by op (node: its graph node, or -1) against unordered ones and records it.
+ * Returns a sticky error (the race, reported) or CUDA_SUCCESS. */
+CUresult sim_race_access(sim_op *op, int32_t node, uintptr_t p, size_t n, int mode);
+void sim_race_forget(uintptr_t p, size_t n); /* freed memory: its history goes */
+void sim_race_prune(void); /* after a device synchronization: what no later work can race with */
+/* Kernel accesses: simcudaAccess calls collected while a checked kernel runs (thread-local). */
+void sim_race_collect_begin(void);
+CUresult sim_race_collect_end(sim_op *op, int32_t node, const sim_kernel_op *k);
+#define SIM_READ 1
+#define SIM_WRITE 2
+
 /* ---- execution ---- */
 CUresult sim_run_kernel(const sim_kernel_op *op);
 CUresult sim_run_memcpy(const sim_memcpy_op *op);
@@ -233,6 +339,7 @@ bool sim_acc_enabled(void); /* MEDUSA_SIM_ACCESSES is on: page mappings must sta
  * range. NOTE: an elastic KV cache's per-layer pointers lie in a page that may not be mapped; as on
  * a GPU, only an access to an unmapped page is an error, and the fault guard reports that one. */
 CUresult sim_check_pointer(uintptr_t p);
+CUresult sim_memcheck_locked(const sim_kernel_op *op); /* launch.c: a launch's pointer arguments */
 CUresult sim_fail(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- memory ---- */
@@ -272,6 +379,17 @@ typedef struct sim_state {
     sim_capture *caps[SIM_MAX_CAPTURES];
     int num_captures;
     CUresult sticky; /* an illegal address poisons the context, as on a GPU */
+    char sticky_message[1024];
+    /* deferred execution (queue.c) */
+    sim_stream *streams;     /* live streams: the legacy one, per-thread ones, created ones */
+    pthread_cond_t progress; /* an operation completed */
+    pthread_cond_t work;     /* work was queued (the device thread waits for it) */
+    uint64_t pending;        /* operations queued and not complete */
+    uint64_t rng;            /* the schedule's RNG state */
+    bool device_thread;      /* started */
+    uint32_t next_race;      /* race indices handed out */
+    sim_vc *host;            /* racecheck: what the host has seen complete */
+    struct sim_race_history *history; /* racecheck */
 } sim_state;
 
 extern sim_state g_sim;
@@ -284,8 +402,16 @@ double sim_now_ms(void);
 #define SIM_CAT_(a, b) a##b
 #define SIM_CAT(a, b) SIM_CAT_(a, b)
 
-CUresult sim_submit(CUstream s, bool ptsz, CUgraphNodeType type, void *op,
-                    const CUlaunchAttribute *attrs, unsigned num_attrs);
+/* Records o into the stream's capture or queues it (wait: returns once it ran); takes o. */
+CUresult sim_submit(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *attrs,
+                    unsigned num_attrs, bool wait);
+/* Submission checks of an operation about to be queued (copies: their ranges, and whether the
+ * call must wait, as cudaMemcpy's rules say; kernels: memcheck). Lock held. */
+CUresult sim_check_op(sim_op *o, bool *wait);
+CUresult sim_check_memcpy(const sim_memcpy_op *op); /* its ranges; lock held */
+CUresult sim_check_memset(const sim_memset_op *op);
+CUresult sim_run_memcpy_op(sim_op *op, int32_t node, const sim_memcpy_op *c);
+CUresult sim_run_memset_op(sim_op *op, int32_t node, const sim_memset_op *m);
 CUresult sim_sync_guard(void);
 CUresult sim_sync_guard_locked(void);
 CUresult sim_legacy_implicit(void);

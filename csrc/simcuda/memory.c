@@ -200,6 +200,8 @@ CUresult sim_dev_free(uintptr_t p, int kind) {
     rs_remove(&g_sim.allocs, r);
     g_sim.mem_used -= size;
     sim_va_free(base, size);
+    if (g_sim.cfg.racecheck)
+        sim_race_forget(base, size);
     return CUDA_SUCCESS;
 }
 
@@ -259,12 +261,15 @@ SIM_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
     return e;
 }
 
+/* As cudaFree, it waits for the device first: work still queued may use the memory. */
 SIM_API CUresult cuMemFree(CUdeviceptr dptr) {
     CUresult e = sim_ensure_init();
     if (e || dptr == 0)
         return e;
     sim_lock();
     e = sim_capture_check_unsafe();
+    if (!e)
+        e = sim_wait_all();
     if (!e)
         e = sim_dev_free(dptr, A_DEVICE);
     sim_unlock();
@@ -290,16 +295,44 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, bool pts
     return e;
 }
 
+/* Stream-ordered: the memory is freed when the stream reaches the free (and reused after). */
 static CUresult free_async(CUdeviceptr p, CUstream s, bool ptsz) {
     CUresult e = sim_ensure_init();
     if (e)
         return e;
     sim_lock();
     sim_stream *st = sim_stream_resolve(s, ptsz, &e);
+    sim_range *r = p ? rs_exact(&g_sim.allocs, p) : NULL;
+    sim_op *op = NULL;
     if (st && st->cap)
         e = sim_fail(CUDA_ERROR_NOT_SUPPORTED, "simcuda has no memory-free graph nodes");
-    else if (st && p)
-        e = sim_dev_free(p, A_DEVICE);
+    else if (st && p && (!r || r->kind != A_DEVICE || (r->aux & SIM_FREE_PENDING)))
+        e = sim_fail(CUDA_ERROR_INVALID_VALUE, "cudaFreeAsync(0x%lx): not the start of a live "
+                     "allocation%s", (unsigned long)p,
+                     r && (r->aux & SIM_FREE_PENDING) ? " (freed already, by an earlier "
+                                                        "cudaFreeAsync still queued)" : "");
+    else if (st && p && !(op = sim_op_new(OP_FREE)))
+        e = CUDA_ERROR_OUT_OF_MEMORY;
+    if (op) {
+        r->aux |= SIM_FREE_PENDING;
+        op->u.free_ptr = p;
+        sim_enqueue(st, op, NULL, 0);
+    }
+    sim_unlock();
+    return e;
+}
+
+/* A queued cudaFreeAsync, when its stream reaches it: a write of the whole block to the race
+ * checker (work of other streams not ordered before it would use freed memory). */
+CUresult sim_run_free(sim_op *op) {
+    sim_lock();
+    sim_range *r = rs_exact(&g_sim.allocs, op->u.free_ptr);
+    size_t size = r ? r->size : 0;
+    CUresult e = g_sim.cfg.racecheck && size
+                     ? sim_race_access(op, -1, op->u.free_ptr, size, SIM_WRITE)
+                     : CUDA_SUCCESS;
+    if (!e && r)
+        e = sim_dev_free(op->u.free_ptr, A_DEVICE);
     sim_unlock();
     return e;
 }
@@ -334,7 +367,7 @@ SIM_API CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdevic
         if (pbase)
             *pbase = r->base;
         if (psize)
-            *psize = r->kind == A_DEVICE ? (size_t)r->aux : r->size;
+            *psize = r->kind == A_DEVICE ? (size_t)(r->aux & ~SIM_FREE_PENDING) : r->size;
     }
     sim_unlock();
     return r ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;

@@ -22,7 +22,7 @@ double sim_now_ms(void) {
 }
 
 /* ---- messages ---- */
-static __thread char t_message[512];
+static __thread char t_message[1024];
 
 SIM_API const char *simcudaGetLastMessage(void) { return t_message; }
 
@@ -202,6 +202,10 @@ static void load_config(sim_config *c) {
         else
             c->slowdown = f;
     }
+    c->racecheck = (e = getenv("MEDUSA_SIM_RACECHECK")) && *e && strcmp(e, "0") != 0;
+    c->schedule_seed = (e = getenv("MEDUSA_SIM_SCHEDULE_SEED")) && *e ? strtoull(e, NULL, 0) : 1;
+    c->launch_blocking = ((e = getenv("CUDA_LAUNCH_BLOCKING")) && !strcmp(e, "1")) ||
+                         ((e = getenv("MEDUSA_SIM_ACCESSES")) && *e && strcmp(e, "0") != 0);
     e = getenv("MEDUSA_SIM_POISON");
     c->poison = !(e && (!strcmp(e, "0") || !strcasecmp(e, "false") || !strcasecmp(e, "no") ||
                         !strcasecmp(e, "off")));
@@ -219,8 +223,30 @@ static void load_config(sim_config *c) {
 
 CUresult sim_arena_init(void); /* memory.c */
 
+/* The legacy stream and the queue's condition variables (the device thread waits on `work` with
+ * a CLOCK_MONOTONIC timeout). */
+static void start_device(void) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_sim.work, &a);
+    pthread_condattr_destroy(&a);
+    pthread_cond_init(&g_sim.progress, NULL);
+    g_sim.rng = g_sim.cfg.schedule_seed;
+    g_sim.legacy.id = g_sim.next_stream_id++;
+    sim_race_stream(&g_sim.legacy);
+    g_sim.legacy.next_live = g_sim.streams;
+    g_sim.streams = &g_sim.legacy;
+}
+
+/* A failed context fails every call, with the failure's message on every thread. */
 CUresult sim_ensure_init(void) {
-    return g_sim.initialized ? g_sim.sticky : CUDA_ERROR_NOT_INITIALIZED;
+    if (!g_sim.initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult e = __atomic_load_n(&g_sim.sticky, __ATOMIC_ACQUIRE);
+    if (e) /* written once, before sticky was set */
+        snprintf(t_message, sizeof t_message, "%s", g_sim.sticky_message);
+    return e;
 }
 
 SIM_API CUresult cuInit(unsigned int flags) {
@@ -232,7 +258,7 @@ SIM_API CUresult cuInit(unsigned int flags) {
         load_config(&g_sim.cfg);
         r = sim_arena_init();
         if (r == CUDA_SUCCESS) {
-            g_sim.legacy.id = g_sim.next_stream_id++;
+            start_device();
             g_sim.initialized = true;
         }
     }

@@ -1,5 +1,5 @@
-/* Streams and stream capture. Work runs when it is submitted (the CPU is the device), so stream
- * order holds trivially; what needs care is capture, whose rules follow the CUDA programming guide. */
+/* Streams and stream capture. Work submitted outside capture is queued (queue.c runs it later);
+ * capture's rules follow the CUDA programming guide. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,10 +36,10 @@ sim_stream *sim_stream_resolve(CUstream s, bool ptsz, CUresult *err) {
     if (s == CU_STREAM_LEGACY || (s == NULL && !ptsz))
         return &g_sim.legacy;
     if (s == NULL || s == CU_STREAM_PER_THREAD) {
-        if (!t_ptds) {
-            t_ptds = calloc(1, sizeof *t_ptds);
-            t_ptds->id = g_sim.next_stream_id++;
-        }
+        if (!t_ptds && (t_ptds = sim_stream_new(0, 0)))
+            t_ptds->per_thread = true;
+        if (!t_ptds)
+            *err = CUDA_ERROR_OUT_OF_MEMORY;
         return t_ptds;
     }
     if (sim_handle_is(s, H_STREAM))
@@ -55,6 +55,8 @@ static void capture_detach_all(sim_capture *c) {
     for (int i = 0; i < c->num_streams; i++) {
         c->streams[i]->cap = NULL;
         c->streams[i]->deps.n = 0;
+        if (c->streams[i]->destroyed)
+            sim_stream_release(c->streams[i]);
     }
     for (int i = 0; i < g_sim.num_captures; i++)
         if (g_sim.caps[i] == c) {
@@ -119,8 +121,8 @@ CUresult sim_sync_guard(void) {
 }
 
 /* ---- submission: run now, or record into the capturing graph ---- */
-static CUresult record_node(sim_stream *st, CUgraphNodeType type, void *op,
-                            const CUlaunchAttribute *attrs, unsigned num_attrs) {
+static CUresult record_node(sim_stream *st, sim_op *o, const CUlaunchAttribute *attrs,
+                            unsigned num_attrs) {
     bool programmatic = false;
     for (unsigned i = 0; i < num_attrs; i++)
         if (attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
@@ -135,51 +137,61 @@ static CUresult record_node(sim_stream *st, CUgraphNodeType type, void *op,
         }
         sim_deps_add(&deps, d);
     }
+    static const CUgraphNodeType types[] = {[OP_KERNEL] = CU_GRAPH_NODE_TYPE_KERNEL,
+                                            [OP_MEMCPY] = CU_GRAPH_NODE_TYPE_MEMCPY,
+                                            [OP_MEMSET] = CU_GRAPH_NODE_TYPE_MEMSET};
     sim_node *n;
-    CUresult e = sim_graph_add_node(st->cap->graph, type, deps.v, deps.n, &n);
+    CUresult e = sim_graph_add_node(st->cap->graph, types[o->type], deps.v, deps.n, &n);
     sim_deps_free(&deps);
     if (e)
         return e;
-    if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
-        n->k = *(sim_kernel_op *)op;
-        ((sim_kernel_op *)op)->params = NULL; /* the node owns them now */
+    if (o->type == OP_KERNEL) {
+        n->k = o->u.k;
+        o->u.k.params = NULL; /* the node owns them now */
         for (unsigned i = 0; i < num_attrs && n->num_attrs < SIM_MAX_ATTRS; i++) {
             if (attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
                 continue;
             n->attr_ids[n->num_attrs] = attrs[i].id;
             n->attr_vals[n->num_attrs++] = attrs[i].value;
         }
-    } else if (type == CU_GRAPH_NODE_TYPE_MEMCPY) {
-        n->c = *(sim_memcpy_op *)op;
+    } else if (o->type == OP_MEMCPY) {
+        n->c = o->u.copy.c;
+        n->c.src = o->u.copy.source; /* a node copies from the caller's memory when it runs */
     } else {
-        n->s = *(sim_memset_op *)op;
+        n->s = o->u.s;
     }
     sim_dep self = {n, {0}};
     sim_deps_set(&st->deps, &self, 1);
     return CUDA_SUCCESS;
 }
 
-CUresult sim_submit(CUstream s, bool ptsz, CUgraphNodeType type, void *op,
-                    const CUlaunchAttribute *attrs, unsigned num_attrs) {
+/* Records o into the stream's capture, or queues it (wait: and returns once it ran). Takes o. */
+CUresult sim_submit(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *attrs,
+                    unsigned num_attrs, bool wait) {
     CUresult e = CUDA_SUCCESS;
     sim_lock();
     sim_stream *st = sim_stream_resolve(s, ptsz, &e);
     if (st && st->cap) {
         e = st->cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-                                 : record_node(st, type, op, attrs, num_attrs);
+                                 : record_node(st, o, attrs, num_attrs);
+        sim_op_unref(o);
         sim_unlock();
         return e;
     }
     if (st == &g_sim.legacy)
         e = sim_legacy_implicit();
-    sim_unlock();
-    if (e)
+    if (st && !e)
+        e = sim_check_op(o, &wait);
+    if (!st || e) {
+        sim_op_unref(o);
+        sim_unlock();
         return e;
-    switch (type) {
-    case CU_GRAPH_NODE_TYPE_KERNEL: return sim_run_kernel(op);
-    case CU_GRAPH_NODE_TYPE_MEMCPY: return sim_run_memcpy(op);
-    default: return sim_run_memset(op);
     }
+    sim_enqueue(st, o, NULL, 0);
+    if (wait || g_sim.cfg.launch_blocking)
+        e = sim_wait_ops(&o, 1); /* the stream's reference keeps o until it is done */
+    sim_unlock();
+    return e;
 }
 
 /* ---- stream objects ---- */
@@ -189,13 +201,13 @@ SIM_API CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, in
         return e;
     if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
-    sim_stream *s = calloc(1, sizeof *s);
-    s->flags = flags;
-    s->priority = priority;
     sim_lock();
-    s->id = g_sim.next_stream_id++;
-    sim_handle_add(s, H_STREAM);
+    sim_stream *s = sim_stream_new(flags, priority);
+    if (s)
+        sim_handle_add(s, H_STREAM);
     sim_unlock();
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     *ph = (CUstream)s;
     return CUDA_SUCCESS;
 }
@@ -217,10 +229,8 @@ SIM_API CUresult cuStreamDestroy(CUstream h) {
     if (s->cap) /* the capture can no longer be ended where it began */
         s->cap->invalidated = true;
     sim_handle_del(s);
+    sim_stream_release(s); /* as the driver: its pending work still runs, then it is freed */
     sim_unlock();
-    sim_deps_free(&s->deps);
-    if (!s->cap)
-        free(s);
     return CUDA_SUCCESS;
 }
 
@@ -236,7 +246,8 @@ SIM_API CUresult cuStreamGetFlags(CUstream h, unsigned int *flags) {
     return s ? (flags ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE) : e;
 }
 
-static CUresult stream_sync(CUstream h, bool ptsz) {
+/* query: one step of the stream's work, then CUDA_ERROR_NOT_READY if some is left. */
+static CUresult stream_sync(CUstream h, bool ptsz, bool query) {
     CUresult e = sim_ensure_init();
     if (e)
         return e;
@@ -249,14 +260,16 @@ static CUresult stream_sync(CUstream h, bool ptsz) {
     } else if (s == &g_sim.legacy) {
         e = sim_legacy_implicit();
     }
+    if (s && !e)
+        e = query ? sim_query_stream(s) : sim_wait_stream(s);
     sim_unlock();
     return e;
 }
 
-SIM_API CUresult cuStreamSynchronize(CUstream h) { return stream_sync(h, false); }
-SIM_API CUresult cuStreamSynchronize_ptsz(CUstream h) { return stream_sync(h, true); }
-SIM_API CUresult cuStreamQuery(CUstream h) { return stream_sync(h, false); }
-SIM_API CUresult cuStreamQuery_ptsz(CUstream h) { return stream_sync(h, true); }
+SIM_API CUresult cuStreamSynchronize(CUstream h) { return stream_sync(h, false, false); }
+SIM_API CUresult cuStreamSynchronize_ptsz(CUstream h) { return stream_sync(h, true, false); }
+SIM_API CUresult cuStreamQuery(CUstream h) { return stream_sync(h, false, true); }
+SIM_API CUresult cuStreamQuery_ptsz(CUstream h) { return stream_sync(h, true, true); }
 
 /* ---- capture ---- */
 static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz) {

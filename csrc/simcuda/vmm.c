@@ -157,6 +157,8 @@ SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
         mmap((void *)m->base, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
              -1, 0);
         uintptr_t next = m->base + m->size;
+        if (g_sim.cfg.racecheck)
+            sim_race_forget(m->base, m->size);
         rs_remove(&g_sim.maps, m);
         p->maps--;
         phys_put(p);

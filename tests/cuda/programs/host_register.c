@@ -34,11 +34,13 @@ static int launch_add(float *out, float *a, float *b) {
     return cudaLaunchKernel((const void *)vector_add, (dim3){8, 1, 1}, (dim3){256, 1, 1}, args, 0, 0);
 }
 
+/* A kernel's fault shows when the device has run it: at the synchronization after the launch. */
 static int launch_scale(float *x) {
     float f = 2.0f;
     int n = N;
     void *args[] = {&x, &f, &n};
-    return cudaLaunchKernel((const void *)scale_inplace, (dim3){8, 1, 1}, (dim3){256, 1, 1}, args, 0, 0);
+    int e = cudaLaunchKernel((const void *)scale_inplace, (dim3){8, 1, 1}, (dim3){256, 1, 1}, args, 0, 0);
+    return e ? e : cudaDeviceSynchronize();
 }
 
 static void errors(float *ro) {
