@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from medusa import env
 from medusa.cuda.toolchain import compile_program
 
 PROGRAMS = Path(__file__).parent / "cuda" / "programs"
+
+# The suite runs with simcuda's race checker on, in this process (libsimcuda reads it when it
+# loads) and in every process a test starts: a missing wait between streams fails the test.
+os.environ.setdefault(env.SIM_RACECHECK.name, "1")
+# Kept when a program runs with a clean MEDUSA_SIM_* environment (run below).
+SUITE_SIM = (env.SIM_RACECHECK.name, env.SIM_SCHEDULE_SEED.name)
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +43,9 @@ def run() -> Callable[..., subprocess.CompletedProcess[str]]:
     def go(
         prog: Path, *args: str, env: dict[str, str] | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_SIM_")}
+        full_env = {
+            k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_SIM_") or k in SUITE_SIM
+        }
         full_env.update(env or {})
         res = subprocess.run(
             [str(prog), *args], env=full_env, capture_output=True, text=True, timeout=120
