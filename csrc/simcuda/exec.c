@@ -72,6 +72,7 @@ static void copy_node(sim_exec_node *en, const sim_node *n) {
     en->num_deps = n->deps.n;
     en->c = n->c;
     en->s = n->s;
+    en->h = n->h;
     sim_kernel_op_free(&en->k);
     if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
         copy_kernel(&en->k, &n->k);

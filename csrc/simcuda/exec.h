@@ -11,6 +11,7 @@ typedef struct sim_exec_node {
     sim_kernel_op k;
     sim_memcpy_op c;
     sim_memset_op s;
+    CUDA_HOST_NODE_PARAMS h;
 } sim_exec_node;
 
 /* The nodes of an exec in a topological order, with their dependencies as indices. Held by the

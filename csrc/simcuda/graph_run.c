@@ -130,6 +130,7 @@ static CUresult run_node(sim_op *op, uint32_t i) {
     }
     case CU_GRAPH_NODE_TYPE_MEMCPY: return sim_run_memcpy_op(op, (int32_t)i, &n->c);
     case CU_GRAPH_NODE_TYPE_MEMSET: return sim_run_memset_op(op, (int32_t)i, &n->s);
+    case CU_GRAPH_NODE_TYPE_HOST: sim_run_host(&n->h); return CUDA_SUCCESS;
     default: return CUDA_SUCCESS;
     }
 }

@@ -218,6 +218,7 @@ struct sim_node {
     void *param_ptrs[SIM_MAX_PARAMS]; /* kernelParams as returned by GetParams */
     sim_memcpy_op c;
     sim_memset_op s;
+    CUDA_HOST_NODE_PARAMS h;
     int num_attrs;
     CUlaunchAttributeID attr_ids[SIM_MAX_ATTRS];
     CUlaunchAttributeValue attr_vals[SIM_MAX_ATTRS];
@@ -236,7 +237,7 @@ CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[
 void sim_kernel_op_free(sim_kernel_op *op);
 
 /* ---- deferred execution (queue.c): work runs later, ordered only as CUDA orders it ---- */
-enum sim_optype { OP_KERNEL = 1, OP_MEMCPY, OP_MEMSET, OP_RECORD, OP_WAIT, OP_GRAPH, OP_FREE };
+enum sim_optype { OP_KERNEL = 1, OP_MEMCPY, OP_MEMSET, OP_HOST, OP_RECORD, OP_WAIT, OP_GRAPH, OP_FREE };
 
 /* A vector clock: t[i] is the last operation of the stream with race index i ordered before. */
 struct sim_vc {
@@ -279,6 +280,7 @@ struct sim_op {
             uint32_t *order;            /* the nodes in the order they run, drawn at launch */
         } graph;
         uintptr_t free_ptr;           /* OP_FREE */
+        CUDA_HOST_NODE_PARAMS host;   /* OP_HOST */
     } u;
 };
 
@@ -303,6 +305,10 @@ uint64_t sim_rand(void);                                  /* lock held: the sche
  * stderr and is each thread's simcudaGetLastMessage from then on. */
 CUresult sim_sticky(CUresult e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 CUresult sim_sticky_locked(CUresult e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A host function or host node: runs on whichever thread runs the work, where CUDA calls are not
+ * permitted (they fail with CUDA_ERROR_NOT_PERMITTED, as cuda.h allows). */
+void sim_run_host(const CUDA_HOST_NODE_PARAMS *h);
+extern __thread bool sim_in_host_fn;
 
 /* ---- race checker (race.c), MEDUSA_SIM_RACECHECK=1; every call with the lock held ---- */
 void sim_race_stream(sim_stream *st);                   /* a new stream's clock */

@@ -22,6 +22,14 @@ void sim_exec_image_unref(struct sim_exec_image *img); /* exec.c */
 void sim_graph_run(sim_op *op);                        /* exec.c */
 CUresult sim_run_free(sim_op *op);                     /* memory.c */
 
+__thread bool sim_in_host_fn;
+
+void sim_run_host(const CUDA_HOST_NODE_PARAMS *h) {
+    sim_in_host_fn = true;
+    h->fn(h->userData);
+    sim_in_host_fn = false;
+}
+
 uint64_t sim_rand(void) { /* splitmix64 */
     uint64_t z = (g_sim.rng += 0x9e3779b97f4a7c15ULL);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -157,10 +165,11 @@ void sim_enqueue(sim_stream *st, sim_op *op, sim_op *const *deps, size_t num_dep
     else
         st->head = op;
     st->tail = op;
-    g_sim.pending++;
-    if (!g_sim.device_thread)
-        start_device_thread();
-    pthread_cond_signal(&g_sim.work);
+    if (g_sim.pending++ == 0) { /* the device thread sleeps until there is work */
+        if (!g_sim.device_thread)
+            start_device_thread();
+        pthread_cond_signal(&g_sim.work);
+    }
 }
 
 /* ---- running ---- */
@@ -176,6 +185,7 @@ static void run_op(sim_op *op) {
         break;
     case OP_MEMCPY: e = sim_run_memcpy_op(op, -1, &op->u.copy.c); break;
     case OP_MEMSET: e = sim_run_memset_op(op, -1, &op->u.s); break;
+    case OP_HOST: sim_run_host(&op->u.host); break;
     case OP_RECORD: op->u.time_ms = sim_now_ms(); break;
     case OP_GRAPH: sim_graph_run(op); break;
     case OP_FREE: e = sim_run_free(op); break;

@@ -243,6 +243,9 @@ static void start_device(void) {
 CUresult sim_ensure_init(void) {
     if (!g_sim.initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (sim_in_host_fn)
+        return sim_fail(CUDA_ERROR_NOT_PERMITTED, "a host function called CUDA (cuLaunchHostFunc: "
+                        "it must not)");
     CUresult e = __atomic_load_n(&g_sim.sticky, __ATOMIC_ACQUIRE);
     if (e) /* written once, before sticky was set */
         snprintf(t_message, sizeof t_message, "%s", g_sim.sticky_message);

@@ -139,7 +139,8 @@ static CUresult record_node(sim_stream *st, sim_op *o, const CUlaunchAttribute *
     }
     static const CUgraphNodeType types[] = {[OP_KERNEL] = CU_GRAPH_NODE_TYPE_KERNEL,
                                             [OP_MEMCPY] = CU_GRAPH_NODE_TYPE_MEMCPY,
-                                            [OP_MEMSET] = CU_GRAPH_NODE_TYPE_MEMSET};
+                                            [OP_MEMSET] = CU_GRAPH_NODE_TYPE_MEMSET,
+                                            [OP_HOST] = CU_GRAPH_NODE_TYPE_HOST};
     sim_node *n;
     CUresult e = sim_graph_add_node(st->cap->graph, types[o->type], deps.v, deps.n, &n);
     sim_deps_free(&deps);
@@ -157,6 +158,8 @@ static CUresult record_node(sim_stream *st, sim_op *o, const CUlaunchAttribute *
     } else if (o->type == OP_MEMCPY) {
         n->c = o->u.copy.c;
         n->c.src = o->u.copy.source; /* a node copies from the caller's memory when it runs */
+    } else if (o->type == OP_HOST) {
+        n->h = o->u.host;
     } else {
         n->s = o->u.s;
     }
@@ -193,6 +196,24 @@ CUresult sim_submit(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *a
     sim_unlock();
     return e;
 }
+
+/* cuLaunchHostFunc: fn runs once the stream's earlier work is done, before its later work. */
+static CUresult host_func(CUstream s, CUhostFn fn, void *data, bool ptsz) {
+    CUresult e = sim_ensure_init();
+    if (e)
+        return e;
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_op *o = sim_op_new(OP_HOST);
+    if (!o)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->u.host = (CUDA_HOST_NODE_PARAMS){fn, data};
+    return sim_submit(s, ptsz, o, NULL, 0, false);
+}
+
+#undef cuLaunchHostFunc
+SIM_API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *d) { return host_func(s, fn, d, false); }
+SIM_API CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *d) { return host_func(s, fn, d, true); }
 
 /* ---- stream objects ---- */
 SIM_API CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int priority) {

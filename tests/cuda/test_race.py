@@ -88,3 +88,11 @@ def test_event_waits_across_a_capture_boundary_are_refused_as_the_driver_does(pr
     assert out["wait on never-recorded"] == "cudaSuccess"
     assert out["wait on outside event"] == "cudaErrorStreamCaptureIsolation"
     assert out["end"] == "cudaErrorStreamCaptureInvalidated"
+
+
+def test_host_functions_and_host_nodes_run_in_stream_order_without_cuda(prog, run):
+    out = lines(run(prog, "host", env=CHECKED).stdout)
+    assert out["seen before sync"] == "-1"
+    assert out["seen"] == "6"
+    assert out["cuda in a host function"] == "cudaErrorNotPermitted"
+    assert out["seen in a graph"] == "18"

@@ -8,7 +8,8 @@
  *   nonblock  the same on a cudaStreamNonBlocking stream (not ordered)
  *   order     two streams write one buffer, unordered (which lands last is the schedule's)
  *   deferred  work runs later: what the host sees before and after a synchronization
- *   capture   the event-wait rules of capture */
+ *   capture   the event-wait rules of capture
+ *   host      host functions and host nodes run in stream order, and may not call CUDA */
 #include "common.h"
 #include "simcuda/simcuda.h"
 
@@ -136,6 +137,42 @@ static void deferred(void) {
     SHOW("query after", cudaEventQuery(done));
 }
 
+static float g_seen = -1.0f;
+static cudaError_t g_inner = cudaSuccess;
+
+static void CUDART_CB seen(void *p) {
+    g_seen = *(const float *)p;
+    g_inner = cudaStreamQuery(0);
+}
+
+static void host(void) {
+    float *x, *h;
+    cudaStream_t s;
+    CHECK(cudaMalloc((void **)&x, 4));
+    CHECK(cudaMallocHost((void **)&h, 4));
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    float two = 2.0f;
+    CHECK(cudaMemcpy(x, &two, 4, cudaMemcpyHostToDevice));
+    CHECK(scale(x, 3.0f, 1, s));
+    CHECK(cudaMemcpyAsync(h, x, 4, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaLaunchHostFunc(s, seen, h));
+    printf("seen before sync: %.0f\n", g_seen);
+    CHECK(cudaStreamSynchronize(s));
+    printf("seen: %.0f\n", g_seen);
+    SHOW("cuda in a host function", g_inner);
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK(scale(x, 3.0f, 1, s));
+    CHECK(cudaMemcpyAsync(h, x, 4, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaLaunchHostFunc(s, seen, h));
+    CHECK(cudaStreamEndCapture(s, &g));
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("seen in a graph: %.0f\n", g_seen);
+}
+
 static void capture(void) {
     cudaStream_t s, other;
     cudaEvent_t outside, never;
@@ -168,6 +205,8 @@ int main(int argc, char **argv) {
         deferred();
     else if (!strcmp(mode, "capture"))
         capture();
+    else if (!strcmp(mode, "host"))
+        host();
     else
         return 2;
     return 0;
