@@ -315,15 +315,14 @@ void sim_race_stream(sim_stream *st);                   /* a new stream's clock 
 void sim_race_join_stream(sim_stream *st, const sim_vc *vc);
 void sim_race_join_clock(sim_stream *st, const sim_clock *c);
 void sim_race_stamp(sim_stream *st, sim_op *op);        /* op's clock from its stream's */
-void sim_race_host_join(const sim_clock *c);            /* the host observed c complete */
+void sim_race_host_join(const sim_clock *c); /* the calling host thread saw c complete */
 void sim_race_host_join_vc(const sim_vc *vc);
-void sim_race_host_into(sim_stream *st);                /* later work follows the host's view */
+void sim_race_host_into(sim_stream *st); /* the thread's later work follows what it saw */
 void sim_vc_unref(sim_vc *vc);
 /* Checks an access by op (node: its graph node, or -1) against unordered ones and records it.
  * Returns a sticky error (the race, reported) or CUDA_SUCCESS. */
 CUresult sim_race_access(sim_op *op, int32_t node, uintptr_t p, size_t n, int mode);
 void sim_race_forget(uintptr_t p, size_t n); /* freed memory: its history goes */
-void sim_race_prune(void); /* after a device synchronization: what no later work can race with */
 /* Kernel accesses: simcudaAccess calls collected while a checked kernel runs (thread-local). */
 void sim_race_collect_begin(void);
 CUresult sim_race_collect_end(sim_op *op, int32_t node, const sim_kernel_op *k);
@@ -394,7 +393,6 @@ typedef struct sim_state {
     uint64_t rng;            /* the schedule's RNG state */
     bool device_thread;      /* started */
     uint32_t next_race;      /* race indices handed out */
-    sim_vc *host;            /* racecheck: what the host has seen complete */
     struct sim_race_history *history; /* racecheck */
 } sim_state;
 

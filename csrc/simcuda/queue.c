@@ -378,12 +378,7 @@ static CUresult wait_tails(sim_stream *only, bool one_step) {
 
 CUresult sim_wait_stream(sim_stream *st) { return wait_tails(st, false); }
 CUresult sim_query_stream(sim_stream *st) { return wait_tails(st, true); }
-CUresult sim_wait_all(void) {
-    CUresult e = wait_tails(NULL, false);
-    if (!g_sim.pending && g_sim.cfg.racecheck)
-        sim_race_prune();
-    return e;
-}
+CUresult sim_wait_all(void) { return wait_tails(NULL, false); }
 
 /* ---- the context's sticky error ---- */
 static CUresult vsticky(CUresult e, const char *fmt, va_list ap) {

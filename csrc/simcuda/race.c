@@ -5,9 +5,11 @@
  * in the graph both are nodes of. As FastTrack, it finds at least one race of every racy range,
  * whatever the order the schedule ran them in. Every function runs with g_sim.lock held.
  *
- * NOTE (deliberate exemption): the host is one clock. Host threads order their own work with
- * locks simcuda cannot see, so a synchronization one host thread makes orders what every thread
- * submits afterwards: a race between work two host threads submit unordered on the host is missed.
+ * Each host thread has a clock too: its later submissions follow the work it saw complete (its own
+ * synchronizations, successful queries, waiting copies). NOTE (deliberate exemption): simcuda
+ * cannot see the host's own synchronization (locks, queues, joins), so work another thread saw
+ * complete is not ordered before this thread's: a thread that takes over results another thread
+ * synchronized on must wait for them itself (an event, or a synchronization) to be checked clean.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,7 +74,30 @@ void sim_race_join_clock(sim_stream *st, const sim_clock *c) {
         changed(st);
 }
 
-void sim_race_host_into(sim_stream *st) { sim_race_join_stream(st, g_sim.host); }
+/* ---- the host threads' clocks ---- */
+static pthread_key_t g_host_key;
+static pthread_once_t g_host_once = PTHREAD_ONCE_INIT;
+static __thread sim_vc *t_host; /* what this thread has seen complete */
+
+static void host_gone(void *vc) { free(vc); } /* held by its thread only */
+static void host_key(void) { pthread_key_create(&g_host_key, host_gone); }
+
+static sim_vc **host(void) {
+    if (!t_host) {
+        pthread_once(&g_host_once, host_key);
+        t_host = vc_grow(NULL, 1);
+        pthread_setspecific(g_host_key, t_host);
+    }
+    return &t_host;
+}
+
+static void host_raise(uint32_t i, uint64_t t) {
+    sim_vc **h = host();
+    raise_to(h, i, t);
+    pthread_setspecific(g_host_key, *h); /* raise_to may have moved it */
+}
+
+void sim_race_host_into(sim_stream *st) { sim_race_join_stream(st, *host()); }
 
 /* op's clock: its stream's (shared with the stream's other operations until that changes). */
 void sim_race_stamp(sim_stream *st, sim_op *op) {
@@ -91,13 +116,13 @@ void sim_race_stamp(sim_stream *st, sim_op *op) {
 
 void sim_race_host_join(const sim_clock *c) {
     for (uint32_t i = 0; c->vc && i < c->vc->n; i++)
-        raise_to(&g_sim.host, i, c->vc->t[i]);
-    raise_to(&g_sim.host, c->own, c->tick);
+        host_raise(i, c->vc->t[i]);
+    host_raise(c->own, c->tick);
 }
 
 void sim_race_host_join_vc(const sim_vc *vc) {
     for (uint32_t i = 0; vc && i < vc->n; i++)
-        raise_to(&g_sim.host, i, vc->t[i]);
+        host_raise(i, vc->t[i]);
 }
 
 /* ---- the history: sorted, disjoint byte ranges ---- */
@@ -254,35 +279,6 @@ static bool before(who_t e, const sim_op *x, int32_t node) {
         return e.node < 0 || node < 0 || sim_exec_precedes(x->u.graph.img, (uint32_t)e.node,
                                                             (uint32_t)node);
     return e.op->ticket <= clock_at(&x->clock, e.op->race);
-}
-
-static bool host_saw(who_t e) { return e.op->ticket <= vc_at(g_sim.host, e.op->race); }
-
-/* After a device synchronization with nothing pending: work submitted from now on follows the
- * host's clock, so what the host saw complete can race with nothing. */
-void sim_race_prune(void) {
-    struct sim_race_history *h = g_sim.history;
-    size_t k = 0;
-    for (size_t i = 0; h && i < h->n; i++) {
-        seg_t *s = &h->v[i];
-        if (s->w.op && host_saw(s->w)) {
-            sim_op_unref(s->w.op);
-            s->w = (who_t){NULL, 0};
-        }
-        uint32_t m = 0;
-        for (uint32_t j = 0; j < s->nr; j++)
-            if (host_saw(s->r[j]))
-                sim_op_unref(s->r[j].op);
-            else
-                s->r[m++] = s->r[j];
-        s->nr = m;
-        if (s->w.op || s->nr)
-            h->v[k++] = *s;
-        else
-            seg_clear(s);
-    }
-    if (h)
-        h->n = k;
 }
 
 static CUresult check(const seg_t *s, sim_op *x, int32_t node, int mode, uintptr_t lo,
