@@ -308,6 +308,7 @@ void sim_lock(void);
 void sim_unlock(void);
 CUresult sim_ensure_init(void); /* CUDA_ERROR_NOT_INITIALIZED until cuInit */
 double sim_now_ms(void);
+double sim_coarse_ms(void); /* cheaper, a few ms coarse: for the device thread's idle check */
 
 /* Expand the header's name macros (cuMemcpyHtoD -> cuMemcpyHtoD_v2) before adding a suffix. */
 #define SIM_CAT_(a, b) a##b
@@ -316,6 +317,8 @@ double sim_now_ms(void);
 /* Records o into the stream's capture or queues it (wait: returns once it ran); takes o. */
 CUresult sim_submit(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *attrs,
                     unsigned num_attrs, bool wait);
+CUresult sim_submit_locked(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *attrs,
+                           unsigned num_attrs, bool wait); /* lock held */
 /* Submission checks of an operation about to be queued (copies: their ranges, and whether the
  * call must wait, as cudaMemcpy's rules say; kernels: memcheck). Lock held. */
 CUresult sim_check_op(sim_op *o, bool *wait);

@@ -293,8 +293,10 @@ static CUresult launch(CUfunction h, const unsigned grid[3], const unsigned bloc
             e = CUDA_ERROR_INVALID_VALUE;
     if (e)
         sim_op_unref(o);
+    else
+        e = sim_submit_locked(s, ptsz, o, attrs, num_attrs, false);
     sim_unlock();
-    return e ? e : sim_submit(s, ptsz, o, attrs, num_attrs, false);
+    return e;
 }
 
 #define LAUNCH_ARGS                                                                                \

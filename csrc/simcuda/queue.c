@@ -132,7 +132,7 @@ void sim_enqueue(sim_stream *st, sim_op *op, sim_op *const *deps, size_t num_dep
     op->stream_handle = st == &g_sim.legacy || st->per_thread ? 0 : (uintptr_t)st;
     op->per_thread = st->per_thread;
     op->race = st->race;
-    op->submitted_ms = sim_now_ms();
+    op->submitted_ms = sim_coarse_ms();
     implicit_waits(st, op);
     for (size_t i = 0; i < num_deps; i++) {
         if (!deps[i]->done)

@@ -15,6 +15,12 @@ sim_state g_sim = {.lock = PTHREAD_MUTEX_INITIALIZER};
 void sim_lock(void) { pthread_mutex_lock(&g_sim.lock); }
 void sim_unlock(void) { pthread_mutex_unlock(&g_sim.lock); }
 
+double sim_coarse_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 double sim_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -48,17 +48,14 @@ static CUresult record_node(sim_stream *st, sim_op *o, const CUlaunchAttribute *
     return CUDA_SUCCESS;
 }
 
-/* Records o into the stream's capture, or queues it (wait: and returns once it ran). Takes o. */
-CUresult sim_submit(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *attrs,
-                    unsigned num_attrs, bool wait) {
+CUresult sim_submit_locked(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *attrs,
+                           unsigned num_attrs, bool wait) {
     CUresult e = CUDA_SUCCESS;
-    sim_lock();
     sim_stream *st = sim_stream_resolve(s, ptsz, &e);
     if (st && st->cap) {
         e = st->cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
                                  : record_node(st, o, attrs, num_attrs);
         sim_op_unref(o);
-        sim_unlock();
         return e;
     }
     if (st == &g_sim.legacy)
@@ -67,12 +64,18 @@ CUresult sim_submit(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *a
         e = sim_check_op(o, &wait);
     if (!st || e) {
         sim_op_unref(o);
-        sim_unlock();
         return e;
     }
     sim_enqueue(st, o, NULL, 0);
     if (wait || g_sim.cfg.launch_blocking)
         e = sim_wait_ops(&o, 1); /* the stream's reference keeps o until it is done */
+    return e;
+}
+
+CUresult sim_submit(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *attrs,
+                    unsigned num_attrs, bool wait) {
+    sim_lock();
+    CUresult e = sim_submit_locked(s, ptsz, o, attrs, num_attrs, wait);
     sim_unlock();
     return e;
 }

@@ -211,7 +211,7 @@ static void *device_main(void *arg) {
     (void)arg;
     sim_lock();
     for (;;) {
-        double now = sim_now_ms();
+        double now = sim_coarse_ms();
         sim_op *op = oldest_ready(now - SIM_IDLE_MS);
         if (op) {
             sim_op_execute(op);
