@@ -9,7 +9,7 @@ out=$(mktemp -d)
 nvcc -arch=native -shared -Xcompiler -fPIC csrc/kernels/cuda/testkernels.cu -o "$out/libgpukernels.so"
 libdir=$(python -c 'from medusa.cuda import paths; print(paths.lib_dir())')
 status=0
-for prog in basics capture_rules bad_input kernels; do
+for prog in basics capture_rules bad_input kernels event_waits; do
   src=tests/cuda/programs/$prog.c
   gcc -O2 -I/usr/local/cuda/include -Icsrc/include "$src" -o "$out/$prog.gpu" \
       -L/usr/local/cuda/lib64 -L"$out" -lcudart -lgpukernels -Wl,-rpath,/usr/local/cuda/lib64:"$out"

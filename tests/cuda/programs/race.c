@@ -8,7 +8,6 @@
  *   nonblock  the same on a cudaStreamNonBlocking stream (not ordered)
  *   order     two streams write one buffer, unordered (which lands last is the schedule's)
  *   deferred  work runs later: what the host sees before and after a synchronization
- *   capture   the event-wait rules of capture
  *   host      host functions and host nodes run in stream order, and may not call CUDA */
 #include "common.h"
 #include "simcuda/simcuda.h"
@@ -173,22 +172,6 @@ static void host(void) {
     printf("seen in a graph: %.0f\n", g_seen);
 }
 
-static void capture(void) {
-    cudaStream_t s, other;
-    cudaEvent_t outside, never;
-    CHECK(cudaStreamCreate(&s));
-    CHECK(cudaStreamCreate(&other));
-    CHECK(cudaEventCreate(&outside));
-    CHECK(cudaEventCreate(&never));
-    CHECK(cudaEventRecord(outside, other));
-    SHOW("external outside capture", cudaStreamWaitEvent(s, outside, cudaEventWaitExternal));
-    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    SHOW("wait on never-recorded", cudaStreamWaitEvent(s, never, 0));
-    SHOW("wait on outside event", cudaStreamWaitEvent(s, outside, 0));
-    cudaGraph_t g = (cudaGraph_t)1;
-    SHOW("end", cudaStreamEndCapture(s, &g));
-}
-
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "missing") || !strcmp(mode, "ordered"))
@@ -203,8 +186,6 @@ int main(int argc, char **argv) {
         order();
     else if (!strcmp(mode, "deferred"))
         deferred();
-    else if (!strcmp(mode, "capture"))
-        capture();
     else if (!strcmp(mode, "host"))
         host();
     else
