@@ -101,3 +101,21 @@ def test_the_cuda_build_carries_real_code_for_the_architecture(tmp_path, cudaarc
     if cudaarchs:
         assert archs == [want]  # the override replaces the default
     assert any(n.startswith("libcudart.so.") for n in _needed(lib))
+
+
+def test_the_gpu_check_scripts_parse():
+    for py in sorted((ROOT / "scripts" / "gpu").glob("*.py")):
+        compile(py.read_text(), str(py), "exec")  # a SyntaxError fails the test, naming the file
+    for sh in sorted((ROOT / "scripts" / "gpu").glob("*.sh")):
+        res = subprocess.run(["bash", "-n", str(sh)], capture_output=True, text=True)
+        assert res.returncode == 0, f"{sh}: {res.stderr}"
+
+
+@needs_nvcc
+def test_the_weaver_poll_check_compiles_without_warnings(tmp_path):
+    res = subprocess.run(
+        ["nvcc", "-arch=sm_90", "-O2", "-Werror=all-warnings", f"-I{ROOT / 'csrc/kernels/cuda'}",
+         str(ROOT / "scripts/gpu/weaver_poll_check.cu"), "-o", str(tmp_path / "check")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
