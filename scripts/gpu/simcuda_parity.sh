@@ -33,7 +33,8 @@ libdir=$(python -c 'from medusa.cuda import paths; print(paths.lib_dir())')
 libcuda=-l:libcuda.so.1
 ldconfig -p | grep -q 'libcuda\.so\.1 ' || libcuda="-L$cuda/lib64/stubs -lcuda"
 status=0
-for prog in basics capture_rules bad_input kernels; do
+programs=(basics capture_rules bad_input kernels copy_params)
+for prog in "${programs[@]}"; do
   src=tests/cuda/programs/$prog.c
   # shellcheck disable=SC2086
   gcc -O2 -I"$cuda/include" -Icsrc/include "$src" -o "$out/$prog.gpu" \
@@ -43,7 +44,7 @@ for prog in basics capture_rules bad_input kernels; do
 done
 # kernels.c calls the driver API too (cuFuncGetParamInfo, cuModuleGetGlobal).
 bash scripts/gpu/check_needed.sh "$out/kernels.gpu" libgpukernels.so libcudart.so libcuda.so.1
-for prog in basics capture_rules bad_input kernels; do
+for prog in "${programs[@]}"; do
   "$out/$prog.gpu" | grep -vE '^(first|reused):' > "$out/$prog.gpu.txt" || true
   "$out/$prog.sim" | grep -vE '^(first|reused):' > "$out/$prog.sim.txt" || true
   if diff -u "$out/$prog.gpu.txt" "$out/$prog.sim.txt"; then
