@@ -13,7 +13,8 @@ typedef struct {
     uint32_t param_off, param_len; /* kernel: the recorded parameter bytes, in params */
     uint32_t reloc_off, reloc_len; /* the node's relocations, in relocs */
     uint32_t depth;         /* memcpy: slices (0 or 1 for a 1-D or 2-D copy) */
-    uint64_t width, height; /* memcpy: bytes per row, rows; memset: elements per row, rows */
+    uint64_t width, height; /* memcpy: bytes per row, rows; memset: elements per row, rows (only
+                               1-D copies and fills are rebuilt: no pitch is recorded) */
     uint64_t value;         /* memset: the value */
     uint64_t elem;          /* memset: element size; memcpy: src memory type | dst type << 8 */
 } mr_node;
@@ -73,15 +74,16 @@ typedef struct {
 } mr_graph;
 
 #define MR_KINDS 4
-#define MR_ABI_VERSION 5 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
-                          4: mr_load_chunks; 5: mr_load.progress, mr_progress_* */
+#define MR_ABI_VERSION 6 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
+                          4: mr_load_chunks; 5: mr_load.progress, mr_progress_*;
+                          6: mr_build_graph keeps no graph (destroyed once instantiated) */
 int mr_abi_version(void);
 #define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
-/* Builds, instantiates and uploads one graph. Returns a CUresult; on failure err says which node. */
+/* Builds, instantiates and uploads one graph into *exec_out (the caller destroys it); the graph
+ * itself is destroyed. Returns a CUresult; on failure err says which node, and nothing is left. */
 int mr_build_graph(const mr_graph *g, const mr_kernels *k,
                    const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
-                   CUstream stream, CUgraph *graph_out, CUgraphExec *exec_out, char *err,
-                   size_t errlen);
+                   CUstream stream, CUgraphExec *exec_out, char *err, size_t errlen);
 /* Patches pointer words into a buffer (a permanent buffer's saved contents). Returns 0, or -1 - i
  * for the first relocation i that lies outside the buffer or has no target. */
 int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32_t n,
