@@ -61,7 +61,7 @@ def test_the_twin_restores_every_graph_bit_exact(checked):
     assert lines[-2] == "caching-allocator restore: bit-identical 3/3 graphs"
     assert re.fullmatch(r"capture vs restore per 1000 nodes: [\d.]+ ms vs [\d.]+ ms", lines[-1])
     for batch in (4, 2, 1):
-        assert f"(batch {batch}): bit-identical to 3 recorded runs" in res.stdout
+        assert f"(batch {batch}): bit-identical to its capture in 3 runs" in res.stdout
     assert "kernels found by {'loaded image': 7}" in res.stdout  # none exported, all resolved
 
 

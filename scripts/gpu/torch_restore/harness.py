@@ -96,7 +96,7 @@ def _read_refs(ref: Path, batch_sizes: list[int]) -> list[tuple[str, dict, list[
             outs = [z[f"arr_{i}"].tobytes() for i in range(len(batch_sizes))]
         runs.append((meta.stem, info, outs))
     if not runs:
-        raise ValueError(f"{ref} holds no recorded run (run-*.json): run `record` first")
+        raise ValueError(f"{ref} holds no capturing run (run-*.json): run `record` first")
     return runs
 
 
@@ -109,17 +109,17 @@ def _difference(got: bytes, want: bytes) -> str:
 
 
 def compare(w: Workload, outs: list[bytes], runs: list[tuple[str, dict, list[bytes]]]) -> int:
-    """Prints one line per graph; returns how many are bit-identical to every recorded run."""
+    """Prints one line per graph; returns how many are bit-identical to every capturing run."""
     same = 0
     for i, (batch, got) in enumerate(zip(w.batch_sizes, outs, strict=True)):
         off = [(name, _difference(got, r[i])) for name, _, r in runs if r[i] != got]
         if not off:
             same += 1
-            print(f"graph {i} (batch {batch}): bit-identical to {len(runs)} recorded runs")
+            print(f"graph {i} (batch {batch}): bit-identical to its capture in {len(runs)} runs")
             continue
         print(f"MISMATCH: graph {i} (batch {batch}): " + "; ".join(f"{n}: {d}" for n, d in off))
         if len({r[i] for _, _, r in runs}) > 1:
-            print(f"  the recorded runs disagree with each other on graph {i} too")
+            print(f"  the capturing runs disagree with each other on graph {i} too")
     return same
 
 
