@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 CHECKS=(interpose_torch engine_parity restore_parity simcuda_parity hybridgemm_bandwidth
-        tessera_ptx weaver vllm_coldstart)
+        tessera_ptx weaver torch_restore vllm_coldstart)
 logs=${MEDUSA_GPU_LOGS:-$(mktemp -d -t medusa-gpu-XXXXXX)}
 mkdir -p "$logs"
 
@@ -21,7 +21,7 @@ has_cuda_torch() { python -c 'import torch, sys; sys.exit(not torch.cuda.is_avai
 missing() {
   has_gpu || { echo "no GPU"; return; }
   case $1 in
-    interpose_torch | hybridgemm_bandwidth) has_cuda_torch || echo "no CUDA build of torch" ;;
+    interpose_torch | hybridgemm_bandwidth | torch_restore) has_cuda_torch || echo "no CUDA build of torch" ;;
     simcuda_parity | tessera_ptx | weaver) command -v nvcc >/dev/null 2>&1 || echo "no nvcc (CUDA toolkit)" ;;
     vllm_coldstart)
       if [ -z "${MODEL:-}" ]; then echo "MODEL not set (a local model directory)"
@@ -46,6 +46,8 @@ figure() {
         | paste -sd';' | sed 's/;/; /g' ;;
     tessera_ptx) grep -E '^(ok:|MISMATCH)' "$log" ;;
     weaver) grep -E '^(spinning poll|weaver engine tests)' "$log" | paste -sd';' | sed 's/;/; /g' ;;
+    torch_restore) grep -E '^(torch restore: bit-identical|capture vs restore per 1000 nodes)' "$log" \
+      | paste -sd';' | sed 's/;/; /g' ;;
     vllm_coldstart) grep -E '^(init engine: medusa .* than default|medusa restore FELL BACK)' "$log" ;;
   esac
 }
