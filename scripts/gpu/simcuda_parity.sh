@@ -16,7 +16,7 @@ cuda=${CUDA_HOME:-/usr/local/cuda}
 build_kernels() {
   nvcc -arch="${CUDA_ARCH:-native}" -shared -cudart shared -Xcompiler -fPIC \
     csrc/kernels/cuda/testkernels.cu -o "$1/libgpukernels.so"
-  bash scripts/gpu/check_needed.sh "$1/libgpukernels.so" libcudart.so || {
+  bash scripts/gpu/lib/check_needed.sh "$1/libgpukernels.so" libcudart.so || {
     echo "FAIL: libgpukernels.so carries its own static CUDA runtime (build it with -cudart shared)"
     return 1
   }
@@ -43,7 +43,7 @@ for prog in "${programs[@]}"; do
       -L"$libdir" -lsimcuda -lsimcuda_testkernels -Wl,-rpath,"$libdir"
 done
 # kernels.c calls the driver API too (cuFuncGetParamInfo, cuModuleGetGlobal).
-bash scripts/gpu/check_needed.sh "$out/kernels.gpu" libgpukernels.so libcudart.so libcuda.so.1
+bash scripts/gpu/lib/check_needed.sh "$out/kernels.gpu" libgpukernels.so libcudart.so libcuda.so.1
 for prog in "${programs[@]}"; do
   "$out/$prog.gpu" | grep -vE '^(first|reused):' > "$out/$prog.gpu.txt" || true
   "$out/$prog.sim" | grep -vE '^(first|reused):' > "$out/$prog.sim.txt" || true

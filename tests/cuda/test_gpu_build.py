@@ -65,7 +65,7 @@ def test_a_kernels_library_with_a_static_runtime_is_refused(tmp_path):
         timeout=300,
     )  # nvcc's default: the runtime linked in statically
     res = subprocess.run(
-        ["bash", "scripts/gpu/check_needed.sh", str(lib), "libcudart.so"],
+        ["bash", "scripts/gpu/lib/check_needed.sh", str(lib), "libcudart.so"],
         cwd=ROOT,
         capture_output=True,
         text=True,

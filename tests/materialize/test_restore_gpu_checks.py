@@ -16,7 +16,7 @@ CHECKS = re.search(r"^CHECKS=\(([^)]*)\)", (GPU / "all.sh").read_text(), re.M).g
 
 
 def test_every_gpu_script_parses():
-    for script in sorted(GPU.glob("*.sh")):
+    for script in sorted([*GPU.glob("*.sh"), *GPU.glob("lib/*.sh")]):
         res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert res.returncode == 0, f"{script.name}: {res.stderr}"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails unless the ELF file FILE lists each LIB among its NEEDED entries (a prefix of the soname:
 # libcudart.so matches libcudart.so.13), and says what FILE links either way:
-#   bash scripts/gpu/check_needed.sh FILE LIB...
+#   bash scripts/gpu/lib/check_needed.sh FILE LIB...
 set -euo pipefail
 file=$1
 shift
