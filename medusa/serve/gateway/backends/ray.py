@@ -1,7 +1,12 @@
 """The ray back-end: one `SliceActor` per slice of the cluster, which Ray places on the node that
 advertises the slice (`medusa_slice_<class>` resources) and supervises; a worker is `medusa run`
 started by its slice's actor. The gateway's slices are those actors: the list follows nodes that
-join (their slices are added once their actors run) and nodes that are lost (their slices go)."""
+join (their slices are added once their actors run) and nodes that are lost (their slices go).
+
+Whoever can join a Ray cluster runs code as its user on every node: a cluster the gateway starts
+(no address) asks for a token only this user can read; one it joins is the user's to guard
+(Ray's token authentication, a private network). Its workers listen on their node's address and
+answer only their token; they do not weave (no shared directory across nodes)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -25,6 +31,7 @@ from medusa.serve.gateway.backends.resources import (
     node_resources,
     resource_name,
 )
+from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice, discover_slices
 
@@ -45,6 +52,7 @@ READY_SECONDS = 120.0  # for the first slice actors, at start
 # NOTE: a ledger call is a round trip to a live actor (about a millisecond here), made from the
 # event loop as placement needs it; a node that stopped answering must not hold the loop longer.
 LEDGER_SECONDS = 2.0
+AUTH_MODE = "RAY_AUTH_MODE"
 
 
 @dataclass
@@ -57,6 +65,15 @@ class _Held:
     info: concurrent.futures.Future[dict[str, str]]
     slice: Slice | None = None
     lost: bool = False  # set from a Ray thread when the actor (or its node) dies
+
+
+def _tokens_by_default() -> bool:
+    """Whether this Ray turns token authentication on for a cluster ray.init() starts."""
+    try:
+        from ray._private.authentication import authentication_token_setup as setup
+    except ImportError:
+        return False
+    return hasattr(setup, "enable_token_auth_by_default")
 
 
 def _check_reachable(address: str) -> None:
@@ -128,6 +145,7 @@ class RayBackend(WorkerBackend):
         self._next_refresh = 0.0
         self._held: list[_Held] = []
         self._shipping = threading.Lock()  # one source actor, each artifact put once
+        self._dir: PrivateDir | None = None  # the token of a cluster it starts
 
     def discover(self, topology: str | None) -> list[Slice]:
         # NOTE: the actors import medusa from where this process did (a checkout or the
@@ -145,6 +163,7 @@ class RayBackend(WorkerBackend):
                     "the address `ray start --head` printed (HOST:6379 by default)"
                 ) from None
         else:  # a one-node cluster on this machine, with this machine's slices
+            self._private_token()
             resources = node_resources(discover_slices(topology))
             ray.init(
                 resources=resources,
@@ -164,6 +183,29 @@ class RayBackend(WorkerBackend):
                 '"$(python -m medusa.serve.gateway.backends.resources --slices slices.yaml)"'
             )
         return slices
+
+    def _private_token(self) -> None:
+        """A cluster this gateway starts listens on every interface, and whoever joins it runs
+        code as this user: it must ask for a token (Ray's token authentication), one nobody
+        else can read (Ray's own default, ~/.ray/auth_token, is made mode 644)."""
+        mode = os.environ.get(AUTH_MODE, "")
+        if mode.lower() != "token" and not (mode == "" and _tokens_by_default()):
+            raise ValueError(
+                f"--cluster ray starts a Ray cluster that listens on every interface; without "
+                f"token authentication ({AUTH_MODE}={mode or 'unset'}, ray {ray.__version__}) "
+                "anyone who reaches it runs code as this user: use a ray that asks for a token "
+                f"by default (2.60), or set {AUTH_MODE}=token, or start the cluster yourself on "
+                "a private network and give --cluster ray://HOST:PORT"
+            )
+        if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+            return  # the user's own token
+        self._dir = PrivateDir()
+        path = self._dir.path / "ray-auth-token"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(path, flags, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+        # NOTE: Ray reads it from the environment, in this process and those it starts.
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
 
     def open_ledger(self, slc: Slice, pages: int, page_bytes: int) -> SliceLedger:
         """Made on the slice's node by its actor, which names it to the workers it starts."""
@@ -278,3 +320,5 @@ class RayBackend(WorkerBackend):
         self._pool.shutdown(wait=False, cancel_futures=True)
         if ray.is_initialized():
             await asyncio.to_thread(ray.shutdown)
+        if self._dir is not None:
+            self._dir.remove()
