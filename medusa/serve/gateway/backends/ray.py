@@ -14,7 +14,6 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 from medusa.child import ROOT
 from medusa.prism.ledger import Holder
 from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
+from medusa.serve.gateway.backends.ray_auth import private_token
 from medusa.serve.gateway.backends.resources import (
     class_slice,
     cluster_slices,
@@ -52,7 +52,6 @@ READY_SECONDS = 120.0  # for the first slice actors, at start
 # NOTE: a ledger call is a round trip to a live actor (about a millisecond here), made from the
 # event loop as placement needs it; a node that stopped answering must not hold the loop longer.
 LEDGER_SECONDS = 2.0
-AUTH_MODE = "RAY_AUTH_MODE"
 
 
 @dataclass
@@ -65,15 +64,6 @@ class _Held:
     info: concurrent.futures.Future[dict[str, str]]
     slice: Slice | None = None
     lost: bool = False  # set from a Ray thread when the actor (or its node) dies
-
-
-def _tokens_by_default() -> bool:
-    """Whether this Ray turns token authentication on for a cluster ray.init() starts."""
-    try:
-        from ray._private.authentication import authentication_token_setup as setup
-    except ImportError:
-        return False
-    return hasattr(setup, "enable_token_auth_by_default")
 
 
 def _check_reachable(address: str) -> None:
@@ -163,7 +153,7 @@ class RayBackend(WorkerBackend):
                     "the address `ray start --head` printed (HOST:6379 by default)"
                 ) from None
         else:  # a one-node cluster on this machine, with this machine's slices
-            self._private_token()
+            self._dir = private_token()
             resources = node_resources(discover_slices(topology))
             ray.init(
                 resources=resources,
@@ -183,29 +173,6 @@ class RayBackend(WorkerBackend):
                 '"$(python -m medusa.serve.gateway.backends.resources --slices slices.yaml)"'
             )
         return slices
-
-    def _private_token(self) -> None:
-        """A cluster this gateway starts listens on every interface, and whoever joins it runs
-        code as this user: it must ask for a token (Ray's token authentication), one nobody
-        else can read (Ray's own default, ~/.ray/auth_token, is made mode 644)."""
-        mode = os.environ.get(AUTH_MODE, "")
-        if mode.lower() != "token" and not (mode == "" and _tokens_by_default()):
-            raise ValueError(
-                f"--cluster ray starts a Ray cluster that listens on every interface; without "
-                f"token authentication ({AUTH_MODE}={mode or 'unset'}, ray {ray.__version__}) "
-                "anyone who reaches it runs code as this user: use a ray that asks for a token "
-                f"by default (2.60), or set {AUTH_MODE}=token, or start the cluster yourself on "
-                "a private network and give --cluster ray://HOST:PORT"
-            )
-        if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
-            return  # the user's own token
-        self._dir = PrivateDir()
-        path = self._dir.path / "ray-auth-token"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(path, flags, 0o600), "w") as f:
-            f.write(secrets.token_hex(32))
-        # NOTE: Ray reads it from the environment, in this process and those it starts.
-        os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
 
     def open_ledger(self, slc: Slice, pages: int, page_bytes: int) -> SliceLedger:
         """Made on the slice's node by its actor, which names it to the workers it starts."""
