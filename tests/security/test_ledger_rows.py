@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from medusa.prism.ledger import HEADER, ROW, PageLedger
+from medusa.serve.gateway.slice_ledger import FileLedger
 from tests.security._shm import start_gateway, stop_gateway, wait_gateway
 from tests.security.test_ledger_files import elastic_config, ledger_of
 
@@ -87,3 +88,15 @@ def test_a_live_holders_corrupted_row_is_bounded_then_rewritten_by_its_holder(tm
     finally:
         holder.kill()
     assert ledger.free() == 100 and ledger.holders() == []  # it exited: its row went with it
+
+
+def test_the_gateways_own_rows_are_put_right_when_it_reads_the_ledger(tmp_path):
+    ledger = FileLedger("s0", 100, 4096, tmp_path)
+    assert ledger.hold("weights:tiny", 10) and ledger.free() == 90
+    [row] = [i for i in range(64) if PageLedger(ledger.path)._read(i)[2] == "weights:tiny"]
+    with open(ledger.path, "r+b") as f:  # the weights' row now says it holds every page
+        f.seek(HEADER.size + row * ROW.size)
+        f.write(ROW.pack(os.getpid(), 100, b"weights:tiny"))
+    assert ledger.free() == 90  # put right before it was counted
+    assert [(h.name, h.pages) for h in ledger.holders()] == [("weights:tiny", 10)]
+    ledger.remove()

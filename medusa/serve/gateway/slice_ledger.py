@@ -52,10 +52,18 @@ class FileLedger:
         self._rows: dict[str, PageLedger] = {}
 
     def free(self) -> int:
+        self._rewrite()
         return self._ledger.free()
 
     def holders(self) -> list[Holder]:
+        self._rewrite()
         return self._ledger.holders()
+
+    def _rewrite(self) -> None:
+        """Each of the gateway's rows written again from its own count (a row changed in the
+        file is put right the next time the gateway reads the ledger)."""
+        for row in self._rows.values():
+            row.free()  # NOTE: a holder's scan writes its own row
 
     def hold(self, name: str, pages: int) -> bool:
         self.drop(name)
