@@ -93,6 +93,13 @@ WORKER_TOKEN = EnvVar(
     "",
     "medusa run: answer only requests that send it (the gateway sets one per worker)",
 )
+WEAVING_DIR = EnvVar(
+    "MEDUSA_WEAVING_DIR",
+    "",
+    "medusa run: the private directory (this user's, mode 0700) where the gateway's workers make "
+    "and open Weaver exchange regions, by name; the weaving routes are off without it and "
+    "MEDUSA_WORKER_TOKEN (the gateway sets both)",
+)
 ARTIFACT_CACHE = EnvVar(
     "MEDUSA_ARTIFACT_CACHE",
     "",
@@ -125,6 +132,7 @@ ALL: tuple[EnvVar, ...] = (
     MODE,
     LOG_LEVEL,
     WORKER_TOKEN,
+    WEAVING_DIR,
     STORE_CHECKED,
     PARENT_PID,
     ARTIFACT,

@@ -63,6 +63,15 @@ RESTORE_TRACE_PREFIX = "medusa-restore-"
     "process by PLAN (medusa tessera place makes it).",
 )
 @click.option(
+    "--partition-timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --partition: how long the second process may take to answer within a decode "
+    "step; past it the engine fails (503, /health) instead of waiting.",
+)
+@click.option(
     "--demo",
     metavar="PROMPT",
     default=None,
@@ -105,6 +114,7 @@ def run(
     trust: str | None,
     validate: bool,
     partition: str | None,
+    partition_timeout: float,
     verbose: bool,
     max_request_bytes: int,
     pool: bool,
@@ -171,6 +181,7 @@ def run(
     _serve(
         config, model, host, port, served_model_name, demo, artifact, require_artifact, validate,
         trust=trust, max_request_bytes=max_request_bytes, partition=partition,
+        partition_timeout=partition_timeout,
     )  # fmt: skip
 
 
@@ -257,6 +268,7 @@ def _serve(
     trust: str | None,
     max_request_bytes: int,
     partition: str | None = None,
+    partition_timeout: float = 10.0,
 ) -> None:
     import threading
 
@@ -282,7 +294,8 @@ def _serve(
             if partition:
                 from medusa.tessera.partition import Leader
 
-                Leader(engine, artifact, partition)  # NOTE: it replaces the graph replay
+                # NOTE: it replaces the graph replay
+                Leader(engine, artifact, partition, partition_timeout)
             return engine
 
     async_engine = AsyncEngine(config, factory)
