@@ -142,7 +142,9 @@ def write_store(out: Path, model: str | None) -> int:
 
 def run(variant: str, store: Path, hf: Path, model: str | None) -> dict:
     res = subprocess.run([sys.executable, "-c", CHILD, variant, str(store), str(hf), model or ""],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+                         capture_output=True, text=True)  # fmt: skip
+    if res.returncode:
+        sys.exit(f"the {variant} variant failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 

@@ -35,8 +35,8 @@ case $phase in 1 | 2 | all) ;; *) echo "all.sh: --phase takes 1, 2 or all, not '
 # ---- the steps of each phase, and their time bounds (seconds) ----
 declare -A BOUND=(
   [stash]=5 [join]=15 [install]=105 [imports]=10 [tiny_model]=10
-  [interpose_torch]=35 [engine_parity]=35 [restore_parity]=80 [simcuda_parity]=35
-  [hybridgemm_bandwidth]=25 [tessera_ptx]=15 [weaver]=55 [torch_restore]=60
+  [interpose_torch]=45 [engine_parity]=30 [restore_parity]=75 [simcuda_parity]=30
+  [hybridgemm_bandwidth]=30 [tessera_ptx]=15 [weaver]=50 [torch_restore]=60
   [engine_parity_smollm2]=40 [restore_parity_smollm2]=120 [weight_store_smollm2]=40
   [vllm_coldstart]=300
 )
@@ -97,14 +97,21 @@ has_cuda_torch() {
 missing() {
   local s=$1
   case $s in
-    stash | join | install) return ;;
+    stash | join) return ;;
+    install)  # (a machine that came back bare lost part 1 as well: reinstalling buys nothing)
+      [ "$phase" != 2 ] || [ "${STATUS[join]:-}" = ok ] \
+        || echo "SmolLM2 not joined (see join): nothing in this call needs the install"
+      return ;;
     imports) [ "${STATUS[install]:-}" = ok ] || echo "Medusa not installed (see install)"; return ;;
     tiny_model) [ "${STATUS[imports]:-}" = ok ] || echo "Medusa not importable (see imports)"; return ;;
   esac
   [ -n "$gpu" ] || { echo "no GPU"; return; }
-  [ "${STATUS[imports]:-}" = ok ] || { echo "Medusa not importable (see install, imports)"; return; }
   case $s in
     *_smollm2) [ "${STATUS[join]:-}" = ok ] || { echo "SmolLM2 not joined (see join)"; return; } ;;
+    *) [ -f "scripts/gpu/$s.sh" ] || { echo "scripts/gpu/$s.sh is not in this tree"; return; } ;;
+  esac
+  [ "${STATUS[imports]:-}" = ok ] || { echo "Medusa not importable (see install, imports)"; return; }
+  case $s in
     engine_parity | restore_parity)
       [ "${STATUS[tiny_model]:-}" = ok ] || { echo "no tiny model (see tiny_model)"; return; } ;;
   esac
@@ -114,8 +121,6 @@ missing() {
   esac
   case $s in
     simcuda_parity | tessera_ptx | weaver) has_nvcc || echo "no nvcc (CUDA toolkit)" ;;
-    torch_restore)
-      [ -f scripts/gpu/torch_restore.sh ] || echo "scripts/gpu/torch_restore.sh is not in this tree" ;;
     vllm_coldstart)
       if [ -z "${MODEL:-}" ]; then echo "MODEL not set (a local model directory)"
       elif ! python -c 'import vllm' >/dev/null 2>&1; then echo "vllm not installed"
