@@ -75,10 +75,12 @@ say "prepared in $((SECONDS - t0)) s (stand-in $((t1 - t0)) s, kit $((SECONDS - 
 for phase in 1 2; do
   t1=$SECONDS
   say "all.sh --phase $phase in a network namespace with no network (${netns[*]})"
-  rm -rf "$work/out$phase"
+  rm -rf "$work/out$phase" "$work/call$phase"
+  mkdir "$work/call$phase"  # what the call carries: the kit's common part and its own part
+  ln -s "$work/kit/common" "$work/kit/part$phase" "$work/call$phase/"
   "${netns[@]}" env MEDUSA_GPU_PYTHON="$work/image/bin/python3" \
-    bash "$repo/scripts/gpu/all.sh" --phase "$phase" --kit "$work/kit" --state "$work/state" \
-    --out "$work/out$phase" || true  # judged from its summary below, not its exit status
+    bash "$repo/scripts/gpu/all.sh" --phase "$phase" --kit "$work/call$phase" \
+    --state "$work/state" --out "$work/out$phase" || true  # judged from its summary below
   archive=$work/out$phase/medusa-gpu-phase$phase.tar.gz
   [ -f "$archive" ] || die "phase $phase wrote no archive under $work/out$phase"
   mkdir -p "$work/logs$phase" && tar -xzf "$archive" -C "$work/logs$phase"
