@@ -77,7 +77,8 @@ for py in "${MEDUSA_GPU_PYTHON:-}" /opt/torch/.venv/bin/python3 python3; do
   [ -n "$py" ] && BASE_PY=$(command -v "$py") && break
 done
 export BASE_PY
-[ -d /usr/local/cuda/bin ] && export PATH=$PATH:/usr/local/cuda/bin
+for d in /usr/local/cuda/bin /usr/local/nvidia/bin; do [ -d "$d" ] && PATH=$PATH:$d; done
+export PATH
 has_nvcc() { command -v nvcc >/dev/null 2>&1; }
 export CUDA_BUILD=OFF
 has_nvcc && CUDA_BUILD=ON
@@ -173,8 +174,9 @@ for s in "${STEPS[@]}"; do
   if [ "$s" = install ] && [ ! -d "$KIT/common/wheels" ] && [ ! -f "$VENV/.medusa-stamp" ] \
     && python -c 'import medusa, fastapi' >/dev/null 2>&1; then
     STATUS[install]=ok
-    printf 'install\tsetup\tok\t0\tno kit at %s: the current python (%s) is used as installed\n' \
-      "$KIT" "$(command -v python)" >>"$logs/steps.tsv"
+    echo "=> no kit at $KIT: the current python ($(command -v python)) is used as installed" \
+      >"$logs/install.log"
+    printf 'install\tsetup\tok\t0\t\n' >>"$logs/steps.tsv"
     continue
   fi
   run_step "$s"
