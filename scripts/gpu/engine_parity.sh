@@ -7,7 +7,7 @@
 # random Llama: answers compared, not judged).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/gpu/require.sh
+source scripts/gpu/lib/require.sh
 require_medusa cuda
 model=$(require_model)
 out=$(mktemp -d)

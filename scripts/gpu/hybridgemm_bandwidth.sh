@@ -5,6 +5,6 @@
 #   bash scripts/gpu/hybridgemm_bandwidth.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/gpu/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
+source scripts/gpu/lib/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
 require_medusa cuda
 MEDUSA_DEVICE=cuda python scripts/gpu/hybridgemm_bandwidth.py

@@ -5,10 +5,10 @@
 #   bash scripts/gpu/kit.sh .gpukit --carry-only   # those lists again (the tree may have grown)
 #   bash scripts/gpu/kit.sh split FILE DIR         # FILE in two parts + sha256 manifest
 #   bash scripts/gpu/kit.sh join MANIFEST OUT PART1 PART2   # refuses a corrupt part
-# Details: scripts/gpu/kit.py; the image's package list: scripts/gpu/device-image.txt.
+# Details: scripts/gpu/lib/kit.py; the image's package list: scripts/gpu/device-image.txt.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 case ${1:-} in
-  split | join) exec python3 "$here/kit_parts.py" "$@" ;;
+  split | join) exec python3 "$here/lib/kit_parts.py" "$@" ;;
 esac
-exec "${PYTHON:-python3}" "$here/kit.py" "$@"
+exec "${PYTHON:-python3}" "$here/lib/kit.py" "$@"

@@ -6,10 +6,11 @@
 # after scripts/gpu/all.sh installed Medusa:
 #   bash scripts/gpu/restore_parity.sh
 # MEDUSA_GPU_MODEL: smollm2 (default) or a .gguf file (all.sh's tiny random Llama in its first
-# call); MEDUSA_GPU_REPEAT: starts of each kind in the benches (default 3).
+# call); MEDUSA_GPU_REPEAT: starts of each kind in the benches (default 3);
+# MEDUSA_GPU_SERVE_BENCH=0: no serve-while-loading bench (a tiny model's load is too short to overlap).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/gpu/require.sh
+source scripts/gpu/lib/require.sh
 require_medusa cuda
 model=$(require_model)
 repeat=${MEDUSA_GPU_REPEAT:-3}
@@ -30,4 +31,5 @@ same restored && echo "restore_parity: identical answers, restored start-up vali
 medusa run "$model" --artifact "$out/art" --require-artifact --serve-while-loading --port 8197 \
   "${ask[@]}" | tee "$out/gated.txt"
 same gated && echo "restore_parity: identical answers served while loading"
-python scripts/bench/serve_while_loading.py --model "$model" --repeat "$repeat"
+[ "${MEDUSA_GPU_SERVE_BENCH:-1}" = 0 ] \
+  || python scripts/bench/serve_while_loading.py --model "$model" --repeat "$repeat"

@@ -26,7 +26,7 @@ if [ "${1:-}" = --build-kernels ]; then
   build_kernels "$2"
   exit
 fi
-source scripts/gpu/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
+source scripts/gpu/lib/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
 require_medusa
 out=$(mktemp -d)
 build_kernels "$out"

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${MODEL:?set MODEL to a local model directory, e.g. Qwen2.5-0.5B-Instruct}"
-source scripts/gpu/require.sh  # a check never installs
+source scripts/gpu/lib/require.sh  # a check never installs
 require_medusa
 # vLLM finds the plugin through the installed package's entry point (all.sh's `pip install .`).
 python -c "import vllm, torch; assert torch.cuda.is_available(), 'no CUDA device'

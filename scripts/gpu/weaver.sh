@@ -11,7 +11,7 @@
 #    engine's logits equal to no offload at ratios 0, 0.45, 1, a killed receiver recomputed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/gpu/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
+source scripts/gpu/lib/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
 require_medusa cuda
 out=$(mktemp -d)
 nvcc -arch=native -O2 -Werror=all-warnings -Icsrc/kernels/cuda scripts/gpu/weaver_poll_check.cu \

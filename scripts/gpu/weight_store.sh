@@ -7,7 +7,7 @@
 # MEDUSA_GPU_MODEL: smollm2 (default; a tiny model's few MiB say nothing about bandwidth).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/gpu/require.sh
+source scripts/gpu/lib/require.sh
 require_medusa cuda
 model=$(require_model)
 MEDUSA_DEVICE=cuda python scripts/bench/weights.py --model "$model" \

@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).parents[2]
 GPU = REPO / "scripts" / "gpu"
-TOOLS = {"all", "kit", "offline_check", "steps", "require"}  # scripts/gpu/*.sh that are no checks
+TOOLS = {"all", "kit", "offline_check"}  # scripts/gpu/*.sh that are no checks (helpers: lib/)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nvidia-smi") is not None, reason="this machine has a GPU: the checks would run"

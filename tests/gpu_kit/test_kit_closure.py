@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-GPU = Path(__file__).parents[2] / "scripts" / "gpu"
+LIB = Path(__file__).parents[2] / "scripts" / "gpu" / "lib"
 
 
 @pytest.fixture
 def kit(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    monkeypatch.syspath_prepend(str(GPU))
-    import kit  # scripts/gpu/kit.py
+    monkeypatch.syspath_prepend(str(LIB))
+    import kit  # scripts/gpu/lib/kit.py
 
     yield kit
     sys.modules.pop("kit", None)

@@ -22,8 +22,8 @@ def summarize(tmp: Path, logs: dict[str, str]) -> dict[str, dict]:
     (tmp / "steps.tsv").write_text("\n".join(lines) + "\n")
     for name, text in logs.items():
         (tmp / f"{name}.log").write_text(text)
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu" / "summary.py"), str(tmp)],
-                         capture_output=True, text=True)  # fmt: skip
+    py = REPO / "scripts" / "gpu" / "lib" / "summary.py"
+    res = subprocess.run([sys.executable, str(py), str(tmp)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     return {r["check"]: r for r in json.loads((tmp / "summary.json").read_text())["checks"]}
 

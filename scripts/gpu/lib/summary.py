@@ -2,7 +2,7 @@
 exists for; writes LOGS/summary.json and prints the table. Exit status 1 if a step failed.
 Standard library only (it runs with the machine's python, before or without any install).
 
-  python3 scripts/gpu/summary.py LOGS --phase 1 --bound-total 470
+  python3 scripts/gpu/lib/summary.py LOGS --phase 1 --bound-total 475
 """
 
 from __future__ import annotations

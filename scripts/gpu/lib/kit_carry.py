@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CALL_LIMIT = 60 * 2**20  # working tree + carried paths, per device call
 
 

@@ -2,9 +2,9 @@
 and joined again on the other side only if every part and the whole check out. Standard library
 only: the join runs on the lent GPU machine, before anything is installed.
 
-  python3 scripts/gpu/kit_parts.py split FILE KIT        # KIT/part1/NAME.part1, KIT/part2/...,
+  python3 scripts/gpu/lib/kit_parts.py split FILE KIT        # KIT/part1/NAME.part1, KIT/part2/...,
                                                          # KIT/common/NAME.sha256
-  python3 scripts/gpu/kit_parts.py join MANIFEST OUT PART1 PART2
+  python3 scripts/gpu/lib/kit_parts.py join MANIFEST OUT PART1 PART2
 """
 
 from __future__ import annotations

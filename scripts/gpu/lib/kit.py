@@ -33,8 +33,8 @@ try:
 except ImportError:  # pip's own copy: every machine that can build the kit has pip
     from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef,assignment]
 
-REPO = Path(__file__).resolve().parents[2]
-IMAGE = Path(__file__).with_name("device-image.txt")
+REPO = Path(__file__).resolve().parents[3]
+IMAGE = Path(__file__).resolve().parents[1] / "device-image.txt"
 # pyproject dependencies no GPU check imports (uvicorn's [standard] extras are dropped as well:
 # uvicorn picks asyncio and h11 when uvloop and httptools are absent).
 EXCLUDED = {"cryptography": "only `--sign`/`--trust` import it; no GPU check signs artifacts"}

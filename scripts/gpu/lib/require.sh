@@ -3,16 +3,18 @@
 # scripts/gpu/all.sh installs once, from the kit). Run alone without that install, a check stops
 # here and says what to run.
 
-# require_medusa [cuda]: Medusa (and, with `cuda`, its nvcc-built kernels) importable by `python`.
+# require_medusa [cuda]: Medusa (and, with `cuda`, its nvcc-built kernels) importable by the
+# check's python ($PYTHON, else `python`).
 require_medusa() {
+  local py=${PYTHON:-python}
   local probe="import fastapi, uvicorn, pydantic, zstandard, gguf
 from medusa.cuda import paths
 paths.library('simcuda')"
   [ "${1:-}" = cuda ] && probe+=$'\n'"paths.library('medusa_kernels_cuda')"
   local err
-  if ! err=$(python -c "$probe" 2>&1); then
+  if ! err=$("$py" -c "$probe" 2>&1); then
     echo "$(basename "$0"): Medusa${1:+ with its CUDA kernels} is not installed for" \
-      "$(command -v python || echo python): $(tail -1 <<<"$err")" >&2
+      "$(command -v "$py" || echo "$py"): $(tail -1 <<<"$err")" >&2
     echo "  run: bash scripts/gpu/all.sh   (installs once, offline, from the kit; README, GPU checks)" >&2
     echo "  or, with network: pip install . -C cmake.define.MEDUSA_BUILD_CUDA=ON" >&2
     exit 3
@@ -23,7 +25,7 @@ paths.library('simcuda')"
 # model directory) exists; prints its path.
 require_model() {
   local err
-  if ! err=$(python -c 'import sys
+  if ! err=$("${PYTHON:-python}" -c 'import sys
 from medusa.engine.loader import locate_model
 print(locate_model(sys.argv[1]))' "${MEDUSA_GPU_MODEL:-smollm2}" 2>&1); then
     echo "$(basename "$0"): no model: $(tail -1 <<<"$err")" >&2

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The set-up steps of scripts/gpu/all.sh, one per call, each bounded there with `timeout`:
-#   bash scripts/gpu/steps.sh stash | join | install | imports | tiny_model
+#   bash scripts/gpu/lib/steps.sh stash | join | install | imports | tiny_model
 # They read KIT, STATE, VENV and BASE_PY from all.sh's environment, and never reach a network
 # (all.sh sets PIP_NO_INDEX=1 and friends). A step's last line "=> ..." is what it did; exit 77
 # after a last line "SKIP: reason" means it had nothing to work with.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 : "${KIT:?} ${STATE:?} ${VENV:?} ${BASE_PY:?}"
 
 skip() { echo "SKIP: $*"; exit 77; }
@@ -40,7 +40,7 @@ step_join() {
   part2=$KIT/part2/$name.part2
   [ -f "$part2" ] || skip "no SmolLM2 part 2 in $KIT/part2 (call 2 carries it)"
   mkdir -p "$STATE/model"
-  "$BASE_PY" scripts/gpu/kit_parts.py join "$m" "$out" "$part1" "$part2"
+  "$BASE_PY" scripts/gpu/lib/kit_parts.py join "$m" "$out" "$part1" "$part2"
   echo "=> $name joined, sha256 checked ($(stat -c %s "$out") bytes)"
 }
 
@@ -139,5 +139,5 @@ PY
 
 case ${1:-} in
   stash | join | install | imports | tiny_model) "step_$1" ;;
-  *) echo "usage: bash scripts/gpu/steps.sh stash|join|install|imports|tiny_model" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu/lib/steps.sh stash|join|install|imports|tiny_model" >&2; exit 2 ;;
 esac
