@@ -5,6 +5,6 @@
 #   bash scripts/gpu/hybridgemm_bandwidth.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-[ -n "${MEDUSA_GPU_INSTALLED:-}" ] ||  # all.sh installed it already
-  pip install -q . --config-settings=cmake.define.MEDUSA_BUILD_CUDA=ON
+source scripts/gpu/lib/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
+require_medusa cuda
 MEDUSA_DEVICE=cuda python scripts/gpu/hybridgemm_bandwidth.py

@@ -26,6 +26,8 @@ if [ "${1:-}" = --build-kernels ]; then
   build_kernels "$2"
   exit
 fi
+source scripts/gpu/lib/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
+require_medusa
 out=$(mktemp -d)
 build_kernels "$out"
 libdir=$(python -c 'from medusa.cuda import paths; print(paths.lib_dir())')

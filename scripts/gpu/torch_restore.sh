@@ -13,6 +13,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-python}
+source scripts/gpu/lib/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
+require_medusa
 if ! "$py" -c 'import torch' 2>/dev/null; then
   echo "skipped: no torch in $py"
   exit 0

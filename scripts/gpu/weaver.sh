@@ -11,14 +11,14 @@
 #    engine's logits equal to no offload at ratios 0, 0.45, 1, a killed receiver recomputed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/gpu/lib/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
+require_medusa cuda
 out=$(mktemp -d)
 nvcc -arch=native -O2 -Werror=all-warnings -Icsrc/kernels/cuda scripts/gpu/weaver_poll_check.cu \
   -o "$out/weaver_poll_check"
 "$out/weaver_poll_check"
-[ -n "${MEDUSA_GPU_INSTALLED:-}" ] ||  # all.sh installed it already
-  pip install -q . --config-settings=cmake.define.MEDUSA_BUILD_CUDA=ON
 # NOTE: from the repository root pytest imports this checkout's Python; the kernels are the
-# installed package's (built just above, or by all.sh).
+# installed package's (built by all.sh).
 MEDUSA_DEVICE=cuda python -m pytest -q -p no:cacheprovider tests/weaver/test_exchange.py \
   tests/weaver/test_engine_weaving.py
 echo "weaver engine tests on cuda: ok"
