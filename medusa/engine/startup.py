@@ -27,6 +27,7 @@ from medusa.restore import RestoreError, Restorer
 from medusa.restore.compat import check_compatible, device_fingerprint
 from medusa.trace import control as trace
 from medusa.weights import WeightStore, WeightStoreError, open_store
+from medusa.weights.sealed import open_vouched, seal_store
 
 if TYPE_CHECKING:
     from medusa.engine.weight_load import WeightLoad
@@ -94,19 +95,39 @@ class StartUp:
     def _open_store(
         self, path: str | Path | WeightStore | None, art: Artifact | None
     ) -> WeightStore | None:
-        if isinstance(path, WeightStore):  # opened, and checked against the artifact, ahead
-            return path
         where, digest = path, None
         if where is None and art is not None and "weights" in art.manifest:
             where = art.path / art.manifest["weights"]["file"]
             digest = art.manifest["weights"]["header_sha256"]
         if where is None:
             return None
+        store = None
         try:
-            return open_store(where, digest=digest)
-        except WeightStoreError as e:
-            self._store_failed(str(e))
+            # a WeightStore: opened, and checked against the artifact, ahead (a pooled worker's)
+            store = where if isinstance(where, WeightStore) else open_store(where, digest=digest)
+            return self._in_memory(store)
+        except (WeightStoreError, OSError) as e:
+            if store is not None:
+                store.close()
+            self._store_failed(f"{e}" if isinstance(e, WeightStoreError) else f"{where}: {e}")
             return None
+
+    def _in_memory(self, store: WeightStore) -> WeightStore:
+        """The gateway's checked copy of `store` (MEDUSA_STORE_CHECKED) if it gave one; else,
+        for weights="host" (the device reads the store's pages while serving), a sealed copy of
+        this worker's own; else the file, read as it loads."""
+        if self._store_checked:
+            try:
+                copy = open_vouched(int(self._store_checked), store.path, store.header.digest)
+                log.info("%s: the gateway's sealed copy, checked in full: not hashed again",
+                         store.path)  # fmt: skip
+                store.close()
+                return copy
+            except (ValueError, WeightStoreError) as e:
+                log.warning("the gateway's checked copy of the weight store is not used: %s", e)
+        if self.config.weights == "host":
+            return seal_store(store, check=False)
+        return store
 
     def _model_source(self, given: ModelSource | None) -> ModelSource:
         if self.store is not None:
@@ -124,16 +145,12 @@ class StartUp:
         ones are checked now, since a bad store there changes the allocations the restore
         replays. A model file loads now."""
         if self.store is not None:
-            checked = bool(self._store_checked) and self._store_checked == self.store.identity
-            if checked:
-                log.info("%s: checked in full by the gateway, unchanged since: not hashed again",
-                         self.store.path)  # fmt: skip
             if not self.runner.maps_store:
-                self._loading = self.runner.start_store_load(self.store, checked=checked)
+                self._loading = self.runner.start_store_load(self.store)
                 return
             try:
                 with self.runner.staging():
-                    self.runner.load_store(self.store, checked=checked)
+                    self.runner.load_store(self.store)
                 return
             except WeightStoreError as e:
                 self._store_failed(str(e))
