@@ -205,7 +205,9 @@ class PooledWorker:
             checked = body.get("store_checked", "")
             if not isinstance(checked, str):
                 raise APIError(
-                    400, "store_checked is a store identity (a string)", param="store_checked"
+                    400,
+                    "store_checked is the gateway's descriptor of a checked store (a string)",
+                    param="store_checked",
                 )
             return await self._assign(argv, checked)
 
