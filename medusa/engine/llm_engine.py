@@ -97,7 +97,7 @@ class LLMEngine(StartUp):
             self._load_weights()
         try:
             with self._stage("tokenizer"):
-                self.tokenizer: Tokenizer = self.source.tokenizer()
+                self.tokenizer: Tokenizer = self._tokenizer()
             with self._stage("workspace"):
                 self.runner.allocate_workspace()
             # NOTE: waited for here, outside the restore's fallback (a failed copy fails the start;

@@ -95,7 +95,7 @@ class WeightStore:
         the file; WeightStoreError if the file ends before them (cut short since it was opened)."""
         if self._data is not None:
             return self.data(start, end)
-        out = np.empty(end - start, np.uint8)
+        out = bytearray(end - start)
         view, at = memoryview(out), self.header.data_offset + start
         while len(view):
             try:
@@ -108,7 +108,7 @@ class WeightStore:
                     "rewritten while in use); materialize again"
                 )
             view, at = view[got:], at + got
-        return out
+        return np.frombuffer(out, np.uint8)
 
     def array(self, t: Tensor) -> np.ndarray:
         """Tensor t as a float32 array (not checked)."""
