@@ -138,7 +138,13 @@ class RunnerWeights:
         if self._ring is None:
             raise RuntimeError("load_weights runs inside staging()")
         for name, arr in weights:
-            self._ring.upload(self.weights[name].ptr, arr.astype(np.float32, copy=False))
+            buf = self.weights[name]
+            if arr.size * F32 != buf.nbytes:  # NOTE: never past a buffer, whatever the source
+                raise ValueError(
+                    f"weight {name}: {arr.size * F32} bytes for a buffer of {buf.nbytes}: the "
+                    "model file is not the model the spec says"
+                )
+            self._ring.upload(buf.ptr, arr.astype(np.float32, copy=False))
         self._ring.synchronize()
         self._upload_rope()
 

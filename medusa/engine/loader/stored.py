@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from medusa.engine.loader import ModelSource, open_model
 from medusa.engine.loader.spec_record import spec_from_record
 from medusa.engine.spec import ModelSpec
-from medusa.engine.tokenizer import Tokenizer, gguf_specials, merge_pairs
+from medusa.engine.tokenizer import Tokenizer, gguf_specials, merge_pairs, merges_paired
 from medusa.weights import WeightStore, WeightStoreError
 
 GGUF_TOKENIZER_KEYS = (
@@ -73,8 +73,7 @@ def check_packed_tokenizer(r: dict[str, Any]) -> None:
         raise ValueError(f"a special token id outside the {n} tokens")
     if not isinstance(r.get("chat_template"), (str, type(None))):
         raise ValueError("chat_template is not a string")
-    merges = r["merges"]
-    if merges and merges.count(" ") != merges.count("\n") + 1:  # merge_pairs' own rule
+    if r["merges"] and not merges_paired(r["merges"]):  # merge_pairs' own rule
         raise ValueError("a merge that is not two tokens apart by one space")
 
 
