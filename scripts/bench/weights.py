@@ -82,7 +82,7 @@ VARIANTS = {
     "gguf": "GGUF load (today: parse, dequantize Q4_1, upload)",
     "safetensors": "safetensors load (F32 HF directory)",
     "store": "weight store (checked chunks, staging ring)",
-    "store-host": "weight store, weights=host (sealed copy, register, check)",
+    "store-host": "weight store, weights=host (own sealed copy, check)",
     "copy-1": "plain copy, 1 thread (fresh device memory)",
     "copy-2": "plain copy, 2 threads (fresh device memory)",
     "copy-touched": "plain copy into touched device memory",
