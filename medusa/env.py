@@ -110,8 +110,16 @@ ARTIFACT_CACHE = EnvVar(
 STORE_CHECKED = EnvVar(
     "MEDUSA_STORE_CHECKED",
     "",
-    "medusa run: the identity of a weight store the gateway has read and checked in full and "
-    "holds mapped; a store with that identity is not checked again (the gateway sets it)",
+    "medusa run: the descriptor number, in the gateway that started this worker, of a sealed "
+    "in-memory copy of the weight store that it checked in full: the worker maps that copy "
+    "(/proc/<parent>/fd/N) and does not hash it again (the gateway sets it)",
+)
+HOLD_WEIGHTS = EnvVar(
+    "MEDUSA_HOLD_WEIGHTS",
+    "",
+    "tests only: N:DIR: a weight store's reader (a worker's load, the gateway's copy) stops "
+    "before chunk N of its data, creates DIR/held-<pid>, and goes on once DIR/go-<pid> exists "
+    "(a store changed part way through a read, deterministically)",
 )
 
 ALL: tuple[EnvVar, ...] = (
@@ -134,6 +142,7 @@ ALL: tuple[EnvVar, ...] = (
     WORKER_TOKEN,
     WEAVING_DIR,
     STORE_CHECKED,
+    HOLD_WEIGHTS,
     PARENT_PID,
     ARTIFACT,
     REQUIRE_ARTIFACT,

@@ -14,7 +14,7 @@ from medusa.cuda import paths
 from medusa.restore.layout import RELOC
 
 KINDS = 4
-ABI_VERSION = 6  # MR_ABI_VERSION in csrc/restore/restore.h
+ABI_VERSION = 7  # MR_ABI_VERSION in csrc/restore/restore.h
 
 
 class _Graph(ctypes.Structure):

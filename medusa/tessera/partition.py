@@ -23,14 +23,14 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from medusa import scratch
 
 FORMAT = "medusa-tessera-placement/1"
 TIMEOUT = 10.0  # seconds the follower may take within a step (a decode step takes milliseconds)
@@ -146,7 +146,8 @@ class Leader:
         if [len(g) for g in accesses.graphs] != nodes:
             raise PlacementError(f"--partition {plan}: its access recording is of other graphs "
                                  f"than {artifact}'s; {_remake(Path(plan), artifact)}")  # fmt: skip
-        self.dir = Path(tempfile.mkdtemp(prefix="medusa-partition-"))
+        self.scratch = scratch.ScratchDir("medusa-partition-")  # (a killed leader's: swept)
+        self.dir = self.scratch.path
         sock = self.dir / "exchange.sock"
         self.follower = _start_follower(artifact, plan, sock, self.dir)
         deadline = time.monotonic() + 120
@@ -197,7 +198,7 @@ class Leader:
             self.follower.kill()
             self.follower.wait()
         log.info("tessera: %d decode steps split over two processes", self.steps)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.scratch.close()
 
 
 def _graph_nodes(plan: dict) -> list[int]:  # type: ignore[type-arg]

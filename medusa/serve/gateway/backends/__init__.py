@@ -55,8 +55,9 @@ class WorkerBackend(abc.ABC):
     @abc.abstractmethod
     def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
         """Starts `medusa run ARGS` on `slc` (returns at once; see WorkerHandle.placed).
-        `local_env`: settings that hold only on the gateway's own machine (a host-weight store
-        the gateway has checked and mapped); a back-end whose workers run elsewhere drops it."""
+        `local_env`: settings that hold only on the gateway's own machine (the descriptor of a
+        host-weight store's copy the gateway checked); a back-end whose workers run elsewhere
+        drops it."""
 
     @abc.abstractmethod
     def open_ledger(self, slc: Slice, pages: int, page_bytes: int) -> SliceLedger:
@@ -69,7 +70,7 @@ class WorkerBackend(abc.ABC):
         """What a pooled worker `launch` started is told to start, for `medusa run ARGS` with
         `store_checked` (HostWeights.vouched): as is where the worker runs here; a back-end
         whose workers run elsewhere gives the artifact's copy on the worker's node, and no
-        store_checked (it vouches for a file here). Raises ValueError if the artifact cannot
+        store_checked (a descriptor of the gateway's). Raises ValueError if the artifact cannot
         get there."""
         return args, store_checked
 

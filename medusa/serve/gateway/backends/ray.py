@@ -179,8 +179,8 @@ class RayBackend(WorkerBackend):
         return RayLedger(next(h for h in self._held if h.slice is slc), pages, page_bytes)
 
     def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
-        # NOTE: local_env is dropped: it vouches for files on the gateway's machine, and a node
-        # checks its own copy of an artifact.
+        # NOTE: local_env is dropped: it names a descriptor of the gateway's process, and a
+        # node checks its own copy of an artifact.
         held = next(h for h in self._held if h.slice is slc)
         started = self._pool.submit(self._start, held.actor, args)
         return RayWorker(held.actor, held.node, started)
