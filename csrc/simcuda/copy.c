@@ -225,6 +225,26 @@ static CUresult set_async(uintptr_t dst, unsigned v, unsigned elem, size_t n, CU
     return o ? sim_submit(s, ptsz, o, NULL, 0, false) : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* A 2-D fill of height rows of width elements, pitch bytes apart (unused for one row); sync:
+ * cudaMemset2D, which returns at once on device memory, as cudaMemset. */
+static CUresult set_2d(uintptr_t dst, size_t pitch, unsigned v, unsigned elem, size_t width,
+                       size_t height, CUstream s, bool ptsz, bool sync) {
+    CUresult e = sim_ensure_init();
+    if (e)
+        return e;
+    if (height > 1 && pitch < width * elem)
+        return sim_fail(CUDA_ERROR_INVALID_VALUE,
+                        "2-D memset: pitch %zu bytes is less than a row of %zu elements of %u bytes",
+                        pitch, width, elem);
+    if (sync && (e = sim_sync_guard()))
+        return e;
+    sim_op *o = sim_op_new(OP_MEMSET);
+    if (!o)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->u.s = (sim_memset_op){dst, height > 1 ? pitch : width * elem, width, height, v, elem};
+    return sim_submit(s, ptsz, o, NULL, 0, sync);
+}
+
 /* `pt` is the per-thread default stream flag each pair passes its two entry points. */
 #define PTDS(name, params, call)                                                                   \
     SIM_API CUresult name params {                                                                 \
@@ -262,3 +282,17 @@ PTSZ(cuMemsetD16Async, (CUdeviceptr d, unsigned short v, size_t n, CUstream st),
      set_async(d, v, 2, n, st, false), set_async(d, v, 2, n, st, true))
 PTSZ(cuMemsetD32Async, (CUdeviceptr d, unsigned int v, size_t n, CUstream st),
      set_async(d, v, 4, n, st, false), set_async(d, v, 4, n, st, true))
+
+/* cudaMemset2D and friends: Width in elements, dstPitch in bytes */
+PTDS(cuMemsetD2D8, (CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h),
+     set_2d(d, pitch, v, 1, w, h, NULL, pt, true))
+PTDS(cuMemsetD2D16, (CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h),
+     set_2d(d, pitch, v, 2, w, h, NULL, pt, true))
+PTDS(cuMemsetD2D32, (CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h),
+     set_2d(d, pitch, v, 4, w, h, NULL, pt, true))
+PTSZ(cuMemsetD2D8Async, (CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h, CUstream st),
+     set_2d(d, pitch, v, 1, w, h, st, false, false), set_2d(d, pitch, v, 1, w, h, st, true, false))
+PTSZ(cuMemsetD2D16Async, (CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h, CUstream st),
+     set_2d(d, pitch, v, 2, w, h, st, false, false), set_2d(d, pitch, v, 2, w, h, st, true, false))
+PTSZ(cuMemsetD2D32Async, (CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h, CUstream st),
+     set_2d(d, pitch, v, 4, w, h, st, false, false), set_2d(d, pitch, v, 4, w, h, st, true, false))

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from medusa import scratch
+from medusa.child import exit_on_sigterm
 from medusa.commands.options import (
     engine_choice,
     engine_options,
@@ -20,8 +21,6 @@ from medusa.commands.options import (
 
 if TYPE_CHECKING:
     from medusa.engine.config import EngineConfig
-
-RESTORE_TRACE_PREFIX = "medusa-restore-"
 
 
 @click.command(
@@ -61,6 +60,15 @@ RESTORE_TRACE_PREFIX = "medusa-restore-"
     default=None,
     help="With --artifact: decode graphs split across this process and a second simcuda "
     "process by PLAN (medusa tessera place makes it).",
+)
+@click.option(
+    "--partition-timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --partition: how long the second process may take to answer within a decode "
+    "step; past it the engine fails (503, /health) instead of waiting.",
 )
 @click.option(
     "--demo",
@@ -105,6 +113,7 @@ def run(
     trust: str | None,
     validate: bool,
     partition: str | None,
+    partition_timeout: float,
     verbose: bool,
     max_request_bytes: int,
     pool: bool,
@@ -152,10 +161,12 @@ def run(
         from medusa.child import medusa_cli
         from medusa.trace import recorder_env
 
-        trace_dir = tempfile.mkdtemp(prefix=RESTORE_TRACE_PREFIX)
+        # NOTE: execve keeps the pid, and the directory's lock
+        trace_dir = scratch.ScratchDir(scratch.RESTORE_TRACE, across_exec=True).path
         env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore")
         cmd = medusa_cli(*sys.argv[1:])
         os.execve(cmd[0], cmd, env)
+    exit_on_sigterm()  # NOTE: so that what this process made in /tmp goes with it
     if pool:
         from medusa import env as medusa_env
         from medusa.serve.pool_worker import serve_pooled
@@ -166,11 +177,12 @@ def run(
                 list(prepare), max_request_bytes, list(prepare_artifacts),
             )  # fmt: skip
         finally:
-            _remove_restore_trace()
+            scratch.remove_restore_trace()
         return
     _serve(
         config, model, host, port, served_model_name, demo, artifact, require_artifact, validate,
         trust=trust, max_request_bytes=max_request_bytes, partition=partition,
+        partition_timeout=partition_timeout,
     )  # fmt: skip
 
 
@@ -257,6 +269,7 @@ def _serve(
     trust: str | None,
     max_request_bytes: int,
     partition: str | None = None,
+    partition_timeout: float = 10.0,
 ) -> None:
     import threading
 
@@ -282,11 +295,13 @@ def _serve(
             if partition:
                 from medusa.tessera.partition import Leader
 
-                Leader(engine, artifact, partition)  # NOTE: it replaces the graph replay
+                # NOTE: it replaces the graph replay
+                Leader(engine, artifact, partition, partition_timeout)
             return engine
 
     async_engine = AsyncEngine(config, factory)
     async_engine.start()
+    threading.Thread(target=_remove_trace_when_started, args=(async_engine,), daemon=True).start()
     name = served_model_name or model or "smollm2"
     app = create_app(async_engine, name, max_body_bytes=max_request_bytes)
     try:
@@ -315,19 +330,12 @@ def _serve(
             raise SystemExit(1)
     finally:
         async_engine.shutdown()
-        _remove_restore_trace()
+        scratch.remove_restore_trace()
 
 
-def _remove_restore_trace() -> None:
-    """The restore-mode trace `run --artifact` re-executed itself under is read during start-up
-    only; its directory goes when the server stops."""
-    import shutil
-
-    from medusa import env
-
-    trace = env.TRACE.get()
-    if trace and Path(trace).parent.name.startswith(RESTORE_TRACE_PREFIX):
-        shutil.rmtree(Path(trace).parent, ignore_errors=True)
+def _remove_trace_when_started(engine: Any) -> None:
+    engine.ready.wait()
+    scratch.remove_restore_trace()
 
 
 def _refuse_reference_options(names: list[str], example: str) -> None:

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from medusa import scratch
 from medusa.engine.config import EngineConfig
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.protocol import APIError, TokenGuard, read_json
@@ -205,7 +206,9 @@ class PooledWorker:
             checked = body.get("store_checked", "")
             if not isinstance(checked, str):
                 raise APIError(
-                    400, "store_checked is a store identity (a string)", param="store_checked"
+                    400,
+                    "store_checked is the gateway's descriptor of a checked store (a string)",
+                    param="store_checked",
                 )
             return await self._assign(argv, checked)
 
@@ -227,6 +230,7 @@ class PooledWorker:
         # until the engine is ready, and nobody reaches them before self.inner is set).
         app = create_app(engine, job.served_name, max_body_bytes=self.max_body_bytes)
         await asyncio.to_thread(engine.ready.wait)
+        scratch.remove_restore_trace()  # NOTE: read by the start only
         if engine.error:
             return self._failed(engine.error)
         self.inner = app

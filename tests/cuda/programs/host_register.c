@@ -1,6 +1,7 @@
 /* cudaHostRegister on a read-only file mapping and on malloc'd memory: flags, errors, attributes,
  * kernels reading it, and what a write into a read-only registration does.
- * argv[1]: "api" (default), "write-file", "write-anon", "after-unregister", "memcpy-into". */
+ * argv[1]: "api" (default), "write-file", "write-anon", "after-unregister", "memcpy-into",
+ * "read-cut-short" (the file truncated under the registration, then read by a kernel). */
 #include <fcntl.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -14,6 +15,8 @@ extern void scale_inplace(void);
 
 enum { N = 2048, BYTES = N * 4 }; /* two pages */
 
+static int g_file = -1; /* the mapped file, kept open to be cut short */
+
 static float *map_file(void) {
     char path[] = "/tmp/simcuda-hostreg-XXXXXX";
     int fd = mkstemp(path);
@@ -24,17 +27,17 @@ static float *map_file(void) {
         exit(2);
     unlink(path);
     void *p = mmap(NULL, BYTES, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
+    g_file = fd;
     return p == MAP_FAILED ? (exit(2), NULL) : p;
 }
 
 static int launch_add(float *out, float *a, float *b) {
     int n = N;
     void *args[] = {&out, &a, &b, &n};
-    return cudaLaunchKernel((const void *)vector_add, (dim3){8, 1, 1}, (dim3){256, 1, 1}, args, 0, 0);
+    int e = cudaLaunchKernel((const void *)vector_add, (dim3){8, 1, 1}, (dim3){256, 1, 1}, args, 0, 0);
+    return e ? e : cudaDeviceSynchronize(); /* a fault shows once the kernel has run */
 }
 
-/* A kernel's fault shows when the device has run it: at the synchronization after the launch. */
 static int launch_scale(float *x) {
     float f = 2.0f;
     int n = N;
@@ -173,6 +176,10 @@ int main(int argc, char **argv) {
         SHOW("write kernel", launch_scale(rw));
         rw[6] = 1.0f;
         printf("host writes: %d\n", rw[5] == 1.0f && rw[6] == 1.0f);
+    } else if (!strcmp(mode, "read-cut-short")) {
+        if (ftruncate(g_file, 0))
+            return 2;
+        SHOW("read kernel", launch_add(out, a, ro_dev));
     } else if (!strcmp(mode, "after-unregister")) {
         CHECK(cudaHostUnregister(ro));
         SHOW("read after unregister", launch_add(out, a, ro_dev));
