@@ -150,11 +150,10 @@ void sim_enqueue(sim_stream *st, sim_op *op, sim_op *const *deps, size_t num_dep
     else
         st->head = op;
     st->tail = op;
-    if (g_sim.pending++ == 0) { /* the device thread sleeps until there is work */
-        if (!g_sim.device_thread)
-            sim_device_thread_start();
+    if (!g_sim.device_thread)
+        sim_device_thread_start();
+    if (g_sim.pending++ == 0) /* the device thread sleeps until there is work */
         pthread_cond_signal(&g_sim.work);
-    }
 }
 
 /* ---- running ---- */

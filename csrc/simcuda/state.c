@@ -246,13 +246,28 @@ CUresult sim_arena_init(void); /* memory.c */
 
 /* The legacy stream and the queue's condition variables (the device thread waits on `work` with
  * a CLOCK_MONOTONIC timeout). */
-static void start_device(void) {
+static void init_conds(void) {
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
     pthread_cond_init(&g_sim.work, &a);
     pthread_condattr_destroy(&a);
     pthread_cond_init(&g_sim.progress, NULL);
+}
+
+/* A fork takes the lock first (the device thread may hold it), and the child, which has no
+ * device thread, starts one when it next queues work. */
+static void fork_prepare(void) { sim_lock(); }
+static void fork_parent(void) { sim_unlock(); }
+static void fork_child(void) {
+    pthread_mutex_init(&g_sim.lock, NULL);
+    init_conds();
+    g_sim.device_thread = false;
+}
+
+static void start_device(void) {
+    init_conds();
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
     g_sim.rng = g_sim.cfg.schedule_seed;
     g_sim.legacy.id = g_sim.next_stream_id++;
     sim_race_stream(&g_sim.legacy);
