@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -38,11 +38,17 @@ class Fake:
     port: int
     inflight: int = 0
     state: State = State.WARM
-    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return str(self.port)
+
+    def connect(self, timeout: float) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=timeout)
 
 
 def fake_pairs(

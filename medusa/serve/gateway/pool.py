@@ -21,23 +21,18 @@ import httpx
 
 from medusa.serve.gateway.backends import WorkerHandle
 from medusa.serve.gateway.slices import Slice
-from medusa.serve.gateway.worker_process import WorkerAddress, launch
+from medusa.serve.gateway.worker_link import NotOurWorker
+from medusa.serve.gateway.worker_process import WorkerAddress
 
 log = logging.getLogger("medusa.gateway")
 
 Launch = Callable[[Slice, list[str]], WorkerHandle]  # starts `medusa run ARGS` on a slice
 
 
-def launch_here(slc: Slice, args: list[str]) -> WorkerHandle:
-    return launch(slc.env, args)[0]
-
-
 @dataclass
 class PooledWorker(WorkerAddress):
     slice: Slice
-    port: int  # and token (and host): once placed
-    proc: WorkerHandle
-    token: str
+    proc: WorkerHandle  # its address: once placed
     started: float = field(default_factory=time.monotonic)
     idle: bool = False  # warmed up: a model can be assigned at once
     failed: str | None = None  # why its warm-up failed
@@ -64,8 +59,8 @@ class WarmPool:
         prepare: list[str],
         spawn: Callable[[Coroutine[object, object, None]], None],
         *,
+        launch: Launch,
         warm_timeout: float = 300.0,
-        launch: Launch = launch_here,
         prepare_artifacts: list[str] | None = None,
     ) -> None:
         """prepare: the catalog's models, whose files and tokenizers a pooled worker opens ahead;
@@ -79,15 +74,7 @@ class WarmPool:
         self._spawn = spawn
         self._retry_at: dict[str, float] = {}  # slice class -> when to try again after failures
         self._failures: dict[str, int] = {}
-        self._client: httpx.AsyncClient | None = None
         self._assigning = 0  # starts under way: refills wait for them (they compete for CPU)
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        # NOTE: one client: making one costs ~0.1 s (its TLS context), a pooled start's budget.
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=2.0)
-        return self._client
 
     @property
     def enabled(self) -> bool:
@@ -121,8 +108,7 @@ class WarmPool:
         slc.busy = True
         args = ["--pool", *(a for m in self.prepare for a in ("--prepare", m))]
         args += [a for d in self.prepare_artifacts for a in ("--prepare-artifact", d)]
-        proc = self._launch(slc, args)
-        w = PooledWorker(slc, proc.port, proc, proc.token)
+        w = PooledWorker(slc, self._launch(slc, args))
         self.workers.append(w)
         self._spawn(self._watch(w))
 
@@ -131,11 +117,10 @@ class WarmPool:
         deadline = w.started + self.warm_timeout
         if not await w.proc.placed(self.warm_timeout):
             return  # it ended: fill() drops it, with why
-        w.host, w.port, w.token = w.proc.host, w.proc.port, w.proc.token
         log.info("pool: warming a worker on slice %s (pid %d)", w.slice.id, w.proc.pid)
         while w.proc.poll() is None and time.monotonic() < deadline and not self.closing:
             try:
-                r = await self.client.get(f"{w.url}/pool", headers=w.headers)
+                r = await w.client.get("/pool", timeout=2.0)
                 if r.status_code == 200:
                     w.idle = True
                     self._failures.pop(w.slice.kind, None)
@@ -148,6 +133,9 @@ class WarmPool:
                 if r.status_code == 500:
                     w.failed = f"its warm-up failed: {r.json().get('error')}"
                     break
+            except NotOurWorker as e:
+                w.failed = str(e)
+                break
             except httpx.TransportError:
                 pass
             await asyncio.sleep(0.1)
@@ -207,10 +195,9 @@ class WarmPool:
             return Assigned(w.failed or f"it exited ({w.proc.last_error()})", {}, {})
         t1 = time.monotonic()
         try:
-            r = await self.client.post(
-                f"{w.url}/pool/assign",
+            r = await w.client.post(
+                "/pool/assign",
                 json={"argv": argv, "store_checked": store_checked},
-                headers=w.headers,
                 timeout=max(1.0, deadline - t1),
             )
             body = r.json()
@@ -235,5 +222,3 @@ class WarmPool:
         for w in workers:
             w.slice.busy = False
         await asyncio.gather(*(w.proc.reap() for w in workers))
-        if self._client is not None:
-            await self._client.aclose()
