@@ -66,6 +66,7 @@ class InstanceManager:
             warm_timeout=startup_timeout,
             launch=lambda slc, args: self.backend.launch(slc, args, {}),
             prepare_artifacts=sorted({m.artifact for m in models.values() if m.artifact}),
+            busy=lambda: any(i.inflight for i in self.live()),
         )
         self.host_weights = HostWeights(models)
         self.sharing = sharing or Sharing(
