@@ -98,7 +98,7 @@ class _Guarded(asyncio.Protocol):
     guard: ConnectionGuard
 
     def __init__(self, **kwargs: Any) -> None:
-        self.inner = self.guard.inner_class(**kwargs)
+        self.inner: Any = self.guard.inner_class(**kwargs)
         self.transport: asyncio.Transport | None = None
         self.admitted = False  # the inner protocol has the connection
         self.waiting_since: float | None = time.monotonic()

@@ -44,13 +44,18 @@ class WorkerAuth(httpx.Auth):
             )
 
 
-def connect(uds: str, host: str, port: int, token: str, **kwargs: object) -> httpx.AsyncClient:
+def connect(
+    uds: str, host: str, port: int, token: str, timeout: float | httpx.Timeout = TIMEOUT
+) -> httpx.AsyncClient:
     """A client of the worker at `uds` (a Unix socket), else `host:port`; its requests go to
-    paths (base_url is the worker). kwargs: more httpx.AsyncClient settings (timeout)."""
+    paths (base_url is the worker)."""
     # NOTE: plain HTTP: no TLS context to build (certifi's costs ~80 ms a client); no proxy.
     transport = httpx.AsyncHTTPTransport(uds=uds or None, verify=False)
     base = "http://worker" if uds else f"http://{host}:{port}"
-    opts: dict[str, object] = {"timeout": TIMEOUT, **kwargs}
     return httpx.AsyncClient(
-        base_url=base, transport=transport, auth=WorkerAuth(token), trust_env=False, **opts
-    )  # type: ignore[arg-type]
+        base_url=base,
+        transport=transport,
+        auth=WorkerAuth(token),
+        trust_env=False,
+        timeout=timeout,
+    )
