@@ -157,14 +157,14 @@ static bool open_locked(void) {
     snprintf(bpath, sizeof bpath, "%s.blobs", W.path);
     snprintf(ipath, sizeof ipath, "%s.images", W.path);
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
-    W.fd = open(W.path, flags, 0644);
+    W.fd = open(W.path, flags, 0600);
     if (W.fd < 0)
         return refuse_path(W.path);
     const char *taken = NULL;
-    W.bfd = open(bpath, flags, 0644);
+    W.bfd = open(bpath, flags, 0600);
     if (W.bfd < 0)
         taken = bpath;
-    else if (mkdir(ipath, 0755) != 0 ||
+    else if (mkdir(ipath, 0700) != 0 ||
              (W.ifd = open(ipath, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
         taken = ipath;
     if (taken) {
@@ -320,7 +320,7 @@ void mi_save_image(const char *hex, const void *data, size_t size) {
     pthread_mutex_unlock(&W.lock);
     if (dir < 0)
         return; /* not recording (or refused): nothing to save, nothing to say */
-    int fd = openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    int fd = openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         if (errno != EEXIST)
             mi_log("cannot save image %s.images/%s (%s); its kernels can only be found by "

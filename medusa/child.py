@@ -58,3 +58,14 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
     if os.getppid() != parent:
         os._exit(1)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (what the gateway sends, and the parent-death signal) raises SystemExit in the
+    main thread, so that `finally` blocks and atexit handlers run: uvicorn, stopped by SIGTERM,
+    shuts down and then raises the signal again, which by default ends the process on the spot."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)

@@ -93,6 +93,13 @@ WORKER_TOKEN = EnvVar(
     "",
     "medusa run: answer only requests that send it (the gateway sets one per worker)",
 )
+WEAVING_DIR = EnvVar(
+    "MEDUSA_WEAVING_DIR",
+    "",
+    "medusa run: the private directory (this user's, mode 0700) where the gateway's workers make "
+    "and open Weaver exchange regions, by name; the weaving routes are off without it and "
+    "MEDUSA_WORKER_TOKEN (the gateway sets both)",
+)
 ARTIFACT_CACHE = EnvVar(
     "MEDUSA_ARTIFACT_CACHE",
     "",
@@ -103,8 +110,16 @@ ARTIFACT_CACHE = EnvVar(
 STORE_CHECKED = EnvVar(
     "MEDUSA_STORE_CHECKED",
     "",
-    "medusa run: the identity of a weight store the gateway has read and checked in full and "
-    "holds mapped; a store with that identity is not checked again (the gateway sets it)",
+    "medusa run: the descriptor number, in the gateway that started this worker, of a sealed "
+    "in-memory copy of the weight store that it checked in full: the worker maps that copy "
+    "(/proc/<parent>/fd/N) and does not hash it again (the gateway sets it)",
+)
+HOLD_WEIGHTS = EnvVar(
+    "MEDUSA_HOLD_WEIGHTS",
+    "",
+    "tests only: N:DIR: a weight store's reader (a worker's load, the gateway's copy) stops "
+    "before chunk N of its data, creates DIR/held-<pid>, and goes on once DIR/go-<pid> exists "
+    "(a store changed part way through a read, deterministically)",
 )
 
 ALL: tuple[EnvVar, ...] = (
@@ -125,7 +140,9 @@ ALL: tuple[EnvVar, ...] = (
     MODE,
     LOG_LEVEL,
     WORKER_TOKEN,
+    WEAVING_DIR,
     STORE_CHECKED,
+    HOLD_WEIGHTS,
     PARENT_PID,
     ARTIFACT,
     REQUIRE_ARTIFACT,

@@ -3,10 +3,12 @@
  * Runtime entry points come from the process's global scope (libcudart, simcuda, or the
  * recorder that wraps them), like the Python loader's ctypes calls. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include "xxhash.h"
@@ -44,6 +46,8 @@ typedef struct {
     pthread_cond_t freed;
     uint8_t busy[64], pending[64]; /* per slot: taken by a worker; its copies not yet waited for */
     uint32_t bad;          /* lowest mismatching chunk, or UINT32_MAX */
+    uint32_t unread;       /* lowest chunk the file could not give, or UINT32_MAX */
+    int read_errno;        /* why: an errno, or -1 for the end of the file */
     int cuda_code;
     char cuda_call[48];
 } job;
@@ -64,6 +68,53 @@ static void mismatch(job *J, uint32_t i) {
         J->bad = i;
     pthread_mutex_unlock(&J->lock);
     atomic_store(&J->stop, 1);
+}
+
+static void read_failed(job *J, uint32_t i, int why) {
+    pthread_mutex_lock(&J->lock);
+    if (i < J->unread) {
+        J->unread = i;
+        J->read_errno = why;
+    }
+    pthread_mutex_unlock(&J->lock);
+    atomic_store(&J->stop, 1);
+}
+
+/* n bytes of fd at off into dst: 0, an errno, or -1 where the file ends first (cut short). */
+static int read_at(int fd, uint8_t *dst, uint64_t n, uint64_t off) {
+    while (n) {
+        ssize_t got = pread(fd, dst, n, (off_t)off);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            return errno ? errno : EIO;
+        if (got == 0)
+            return -1;
+        dst += got, n -= (uint64_t)got, off += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* [lo, lo + n) of the data into dst: from the mapping, or read from the file. */
+static int fetch(const mr_load *L, uint8_t *dst, uint64_t lo, uint64_t n) {
+    if (!L->data)
+        return read_at(L->fd, dst, n, L->file_offset + lo);
+    memcpy(dst, L->data + lo, n);
+    return 0;
+}
+
+/* Chunk i (n bytes from lo) into its slot: all of it when it is checked (the bytes checked are the
+ * bytes sent, or, without pieces, the bytes checked), else only its pieces. 0 or fetch's error. */
+static int stage(const mr_load *L, uint8_t *staged, uint32_t i, uint64_t lo, uint64_t n) {
+    uint64_t p0 = L->piece_start[i], p1 = L->piece_start[i + 1];
+    if (L->digests || p0 == p1)
+        return fetch(L, staged, lo, n);
+    for (uint64_t p = p0; p < p1; p++) {
+        int e = fetch(L, staged + L->pieces[p].src, lo + L->pieces[p].src, L->pieces[p].nbytes);
+        if (e)
+            return e;
+    }
+    return 0;
 }
 
 static int matches(const mr_load *L, uint32_t i, const void *p, size_t n) {
@@ -94,40 +145,11 @@ static void give_slot(job *J, int s, int pending) {
     pthread_mutex_unlock(&J->lock);
 }
 
-static void chunk(job *J, uint32_t i) {
+/* Queues the copies of chunk i's pieces from slot s and gives the slot back. */
+static void send(job *J, uint32_t i, int s) {
     const mr_load *L = J->L;
-    uint64_t lo = (uint64_t)i * L->chunk_size;
-    uint64_t n = lo + L->chunk_size <= L->data_size ? L->chunk_size : L->data_size - lo;
-    const uint8_t *src = L->data + lo;
-    uint64_t p0 = L->piece_start[i], p1 = L->piece_start[i + 1];
-    if (p0 == p1) { /* host-resident: checked in place, nothing to copy */
-        if (L->digests && !matches(L, i, src, n))
-            mismatch(J, i);
-        else if (L->progress)
-            mr_progress_chunk_done(L->progress, i);
-        return;
-    }
-    int s = take_slot(J);
-    if (J->pending[s]) { /* only this worker holds slot s now */
-        int e = R.sync(L->events[s]);
-        if (e) {
-            cuda_failed(J, "cudaEventSynchronize", e); /* stop first: the slot may still be read */
-            give_slot(J, s, 1);
-            return;
-        }
-    }
     uint8_t *staged = L->slots[s];
-    if (L->digests) {
-        memcpy(staged, src, n); /* checked as staged: the bytes checked are the bytes sent */
-        if (!matches(L, i, staged, n)) {
-            give_slot(J, s, 0);
-            mismatch(J, i);
-            return;
-        }
-    } else {
-        for (uint64_t p = p0; p < p1; p++)
-            memcpy(staged + L->pieces[p].src, src + L->pieces[p].src, L->pieces[p].nbytes);
-    }
+    uint64_t p0 = L->piece_start[i], p1 = L->piece_start[i + 1];
     for (uint64_t p = p0; p < p1; p++) {
         const mr_piece *q = &L->pieces[p];
         int e = R.memcpy_async((void *)(uintptr_t)q->dst, staged + q->src, q->nbytes, H2D,
@@ -145,6 +167,45 @@ static void chunk(job *J, uint32_t i) {
         cuda_failed(J, "cudaEventRecord", e);
     give_slot(J, s, e == 0);
     if (!e && L->progress)
+        mr_progress_chunk_done(L->progress, i);
+}
+
+static void chunk(job *J, uint32_t i) {
+    const mr_load *L = J->L;
+    uint64_t lo = (uint64_t)i * L->chunk_size;
+    uint64_t n = lo + L->chunk_size <= L->data_size ? L->chunk_size : L->data_size - lo;
+    int copies = L->piece_start[i] != L->piece_start[i + 1];
+    if (!copies && (L->data || !L->digests)) { /* host-resident: checked in place, or unchecked */
+        if (L->digests && !matches(L, i, L->data + lo, n))
+            mismatch(J, i);
+        else if (L->progress)
+            mr_progress_chunk_done(L->progress, i);
+        return;
+    }
+    int s = take_slot(J);
+    if (J->pending[s]) { /* only this worker holds slot s now */
+        int e = R.sync(L->events[s]);
+        if (e) {
+            cuda_failed(J, "cudaEventSynchronize", e); /* stop first: the slot may still be read */
+            give_slot(J, s, 1);
+            return;
+        }
+    }
+    int e = stage(L, L->slots[s], i, lo, n);
+    if (e || (L->digests && !matches(L, i, L->slots[s], n))) {
+        give_slot(J, s, 0);
+        if (e)
+            read_failed(J, i, e);
+        else
+            mismatch(J, i);
+        return;
+    }
+    if (copies) {
+        send(J, i, s);
+        return;
+    }
+    give_slot(J, s, 0); /* a file's chunk with nothing to copy: read to be checked */
+    if (L->progress)
         mr_progress_chunk_done(L->progress, i);
 }
 
@@ -173,6 +234,8 @@ static int bad_args(const mr_load *L, char *err, size_t errlen) {
         why = "a staging slot smaller than a chunk";
     else if ((uint64_t)L->num_chunks != (L->data_size + L->chunk_size - 1) / L->chunk_size)
         why = "a chunk count that does not cover the data";
+    else if (!L->data && L->fd < 0 && L->num_chunks)
+        why = "neither the data nor a file to read it from";
     else if (L->progress && !mr_progress_fits(L->progress, L->chunk_size, L->num_chunks))
         why = "a progress made for another chunk size or count";
     for (uint32_t i = 0; !why && i < L->num_chunks; i++) {
@@ -197,7 +260,7 @@ EXPORT int mr_load_chunks(const mr_load *L, uint32_t *bad, char *err, size_t err
     if (L->progress) /* NOTE: on every path, or an engine waiting on a layer would hang */
         mr_progress_end(L->progress, code == 0 ? MR_LOADED : code == 1 ? MR_MISMATCH : MR_STOPPED,
                         first_bad);
-    if (code == 1)
+    if (code == 1 || code == 4)
         *bad = first_bad;
     return code;
 }
@@ -210,7 +273,7 @@ static int load(const mr_load *L, uint32_t *bad, char *err, size_t errlen) {
     }
     if (bad_args(L, err, errlen))
         return 3;
-    job J = {.L = L, .bad = UINT32_MAX};
+    job J = {.L = L, .bad = UINT32_MAX, .unread = UINT32_MAX};
     atomic_init(&J.next, 0);
     atomic_init(&J.stop, 0);
     pthread_mutex_init(&J.lock, NULL);
@@ -230,6 +293,13 @@ static int load(const mr_load *L, uint32_t *bad, char *err, size_t errlen) {
         const char *name = R.name ? R.name(J.cuda_code) : NULL;
         snprintf(err, errlen, "%s failed: %s (%d)", J.cuda_call, name ? name : "?", J.cuda_code);
         return 2;
+    }
+    if (J.unread != UINT32_MAX) {
+        *bad = J.unread;
+        snprintf(err, errlen, "%s",
+                 J.read_errno < 0 ? "the file ends before it (cut short while loading)"
+                                  : strerror(J.read_errno));
+        return 4;
     }
     if (J.bad != UINT32_MAX) {
         *bad = J.bad;

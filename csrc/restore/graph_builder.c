@@ -24,6 +24,7 @@ static struct {
     PFN_cuGraphKernelNodeSetAttribute_v11000 attr;
     PFN_cuGraphInstantiateWithFlags_v11040 instantiate;
     PFN_cuGraphUpload_v11010 upload;
+    PFN_cuGraphExecDestroy_v10000 exec_destroy;
     PFN_cuCtxGetCurrent_v4000 ctx;
     int ok;
 } D;
@@ -51,6 +52,7 @@ static void load(void) {
     GET(attr, "cuGraphKernelNodeSetAttribute", 11000)
     GET(instantiate, "cuGraphInstantiateWithFlags", 11040)
     GET(upload, "cuGraphUpload", 11010)
+    GET(exec_destroy, "cuGraphExecDestroy", 10000)
     GET(ctx, "cuCtxGetCurrent", 4000)
 #undef GET
     D.ok = ok;
@@ -113,6 +115,10 @@ static const char *check_node(const mr_graph *g, const mr_node *n, const mr_kern
                    "rebuilds 1-D copies only (copy row by row, or leave it out of the graph)";
         return NULL;
     case CU_GRAPH_NODE_TYPE_MEMSET:
+        if (n->height > 1)
+            return "it is a 2-D fill, and the recording keeps no pitch: restore rebuilds 1-D "
+                   "fills only (fill row by row, or leave it out of the graph)";
+        return NULL;
     case CU_GRAPH_NODE_TYPE_EMPTY: return NULL;
     default: return "its type is not one restore builds";
     }
@@ -161,11 +167,9 @@ static CUresult add_node(const mr_graph *g, uint32_t i, CUgraph graph, const mr_
             return CUDA_ERROR_INVALID_VALUE;
     *why = "";
     if (n->type == CU_GRAPH_NODE_TYPE_MEMSET) {
-        CUDA_MEMSET_NODE_PARAMS m = {.dst = words[0], .pitch = 0, .value = (unsigned)n->value,
-                                     .elementSize = (unsigned)n->elem, .width = n->width,
-                                     .height = n->height};
-        if (m.height > 1)
-            m.pitch = m.width * m.elementSize;
+        CUDA_MEMSET_NODE_PARAMS m = {.dst = words[0], .pitch = n->width * n->elem,
+                                     .value = (unsigned)n->value, .elementSize = (unsigned)n->elem,
+                                     .width = n->width, .height = n->height};
         return D.memset_(out, graph, NULL, 0, &m, ctx);
     }
     if (n->type == CU_GRAPH_NODE_TYPE_MEMCPY) {
@@ -181,9 +185,10 @@ static CUresult add_node(const mr_graph *g, uint32_t i, CUgraph graph, const mr_
             c.dstHost = (void *)(uintptr_t)words[0];
         else
             c.dstDevice = words[0];
-        c.WidthInBytes = n->width;
-        c.Height = 1;
-        c.Depth = 1;
+        /* NOTE: one row still has its pitches (cuda.h: pitch >= WidthInBytes + XInBytes); some
+         * drivers refuse a copy node with pitch 0 */
+        c.WidthInBytes = c.srcPitch = c.dstPitch = n->width;
+        c.Height = c.Depth = c.srcHeight = c.dstHeight = 1;
         return D.memcpy_(out, graph, NULL, 0, &c, ctx);
     }
     return D.empty(out, graph, NULL, 0);
@@ -242,10 +247,27 @@ static CUresult add_all(const mr_graph *g, const mr_kernels *k, CUgraph graph, C
     return e;
 }
 
+/* The executable graph of a graph built without error: instantiated, uploaded, and the graph
+ * itself destroyed (the exec does not need it). Nothing is left behind on failure. */
+static CUresult instantiate(CUgraph graph, CUstream stream, CUgraphExec *exec_out, char *err,
+                            size_t errlen) {
+    CUgraphExec exec = NULL;
+    CUresult e = D.instantiate(&exec, graph, 0);
+    if (e) {
+        snprintf(err, errlen, "instantiate: CUDA error %d", (int)e);
+    } else if ((e = D.upload(exec, stream))) {
+        snprintf(err, errlen, "upload: CUDA error %d", (int)e);
+        D.exec_destroy(exec);
+    } else {
+        *exec_out = exec;
+    }
+    D.destroy(graph);
+    return e;
+}
+
 EXPORT int mr_build_graph(const mr_graph *g, const mr_kernels *k,
                           const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
-                          CUstream stream, CUgraph *graph_out, CUgraphExec *exec_out, char *err,
-                          size_t errlen) {
+                          CUstream stream, CUgraphExec *exec_out, char *err, size_t errlen) {
     pthread_once(&once, load);
     if (!D.ok) {
         snprintf(err, errlen, "the CUDA driver's graph API was not found");
@@ -270,11 +292,6 @@ EXPORT int mr_build_graph(const mr_graph *g, const mr_kernels *k,
     }
     if (!e)
         e = add_all(g, k, graph, nodes, &scratch, bases, num_bases, err, errlen);
-    CUgraphExec exec = NULL;
-    if (!e && (e = D.instantiate(&exec, graph, 0)))
-        snprintf(err, errlen, "instantiate: CUDA error %d", (int)e);
-    if (!e && (e = D.upload(exec, stream)))
-        snprintf(err, errlen, "upload: CUDA error %d", (int)e);
     free(nodes);
     free(scratch.bytes);
     free(scratch.ptrs);
@@ -282,7 +299,5 @@ EXPORT int mr_build_graph(const mr_graph *g, const mr_kernels *k,
         D.destroy(graph);
         return e;
     }
-    *graph_out = graph;
-    *exec_out = exec;
-    return CUDA_SUCCESS;
+    return instantiate(graph, stream, exec_out, err, errlen);
 }

@@ -13,7 +13,8 @@ typedef struct {
     uint32_t param_off, param_len; /* kernel: the recorded parameter bytes, in params */
     uint32_t reloc_off, reloc_len; /* the node's relocations, in relocs */
     uint32_t depth;         /* memcpy: slices (0 or 1 for a 1-D or 2-D copy) */
-    uint64_t width, height; /* memcpy: bytes per row, rows; memset: elements per row, rows */
+    uint64_t width, height; /* memcpy: bytes per row, rows; memset: elements per row, rows (only
+                               1-D copies and fills are rebuilt: no pitch is recorded) */
     uint64_t value;         /* memset: the value */
     uint64_t elem;          /* memset: element size; memcpy: src memory type | dst type << 8 */
 } mr_node;
@@ -73,15 +74,17 @@ typedef struct {
 } mr_graph;
 
 #define MR_KINDS 4
-#define MR_ABI_VERSION 5 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
-                          4: mr_load_chunks; 5: mr_load.progress, mr_progress_* */
+#define MR_ABI_VERSION 7 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
+                          4: mr_load_chunks; 5: mr_load.progress, mr_progress_*;
+                          6: mr_build_graph keeps no graph (destroyed once instantiated);
+                          7: mr_load.fd, file_offset (a store read, not mapped) */
 int mr_abi_version(void);
 #define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
-/* Builds, instantiates and uploads one graph. Returns a CUresult; on failure err says which node. */
+/* Builds, instantiates and uploads one graph into *exec_out (the caller destroys it); the graph
+ * itself is destroyed. Returns a CUresult; on failure err says which node, and nothing is left. */
 int mr_build_graph(const mr_graph *g, const mr_kernels *k,
                    const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
-                   CUstream stream, CUgraph *graph_out, CUgraphExec *exec_out, char *err,
-                   size_t errlen);
+                   CUstream stream, CUgraphExec *exec_out, char *err, size_t errlen);
 /* Patches pointer words into a buffer (a permanent buffer's saved contents). Returns 0, or -1 - i
  * for the first relocation i that lies outside the buffer or has no target. */
 int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32_t n,
@@ -113,7 +116,10 @@ typedef struct {
 } mr_piece;
 
 typedef struct {
-    const uint8_t *data;     /* the store's data, in this process's mapping */
+    /* The store's data: in memory nobody else can change (a sealed copy, mapped), or NULL: read
+     * from fd at file_offset (a file another user may write or cut short is read, never mapped:
+     * a mapping cut short would kill the process with SIGBUS; a short read is an error). */
+    const uint8_t *data;
     uint64_t data_size, chunk_size;
     uint32_t num_chunks;
     const uint8_t *digests;  /* XXH3-128 per chunk (16 bytes each); NULL: nothing is checked */
@@ -126,14 +132,17 @@ typedef struct {
     void *stream;            /* cudaStream_t the copies are queued on */
     uint32_t workers;        /* threads, this one included */
     mr_progress *progress;   /* NULL, or made for this load's chunk size and count */
+    int32_t fd;              /* data NULL: the file the data is read from */
+    uint64_t file_offset;    /* where the data starts in it */
 } mr_load;
 
 /* Copies every chunk's pieces to the device through the slots and checks each chunk (staged, or
  * in place when it has no pieces) against its digest, several chunks in flight. Runs without the
  * caller's interpreter (the GIL is released), so start-up goes on meanwhile. Returns 0; 1 when a
  * chunk does not match its digest (*bad: the lowest such chunk); 2 on a CUDA error (err says
- * which call and code); 3 when the arguments do not fit together (err says how). The copies may
- * still be in flight on return: synchronize the stream. */
+ * which call and code); 3 when the arguments do not fit together (err says how); 4 when the file
+ * could not be read (cut short while loading, or an I/O error: *bad is the chunk, err says why).
+ * The copies may still be in flight on return: synchronize the stream. */
 int mr_load_chunks(const mr_load *L, uint32_t *bad, char *err, size_t errlen);
 
 #endif

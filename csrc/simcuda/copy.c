@@ -90,6 +90,8 @@ static CUresult copy_async(uintptr_t dst, uintptr_t src, size_t n, CUstream s, b
     return sim_submit(s, ptsz, CU_GRAPH_NODE_TYPE_MEMCPY, &op, NULL, 0);
 }
 
+enum { SET_SYNC, SET_ASYNC, SET_PTSZ };
+
 static CUresult set_sync(uintptr_t dst, unsigned v, unsigned elem, size_t n) {
     CUresult e = sim_ensure_init();
     if (e)
@@ -106,6 +108,25 @@ static CUresult set_async(uintptr_t dst, unsigned v, unsigned elem, size_t n, CU
         return e;
     sim_memset_op op = {dst, n * elem, n, 1, v, elem};
     return sim_submit(s, ptsz, CU_GRAPH_NODE_TYPE_MEMSET, &op, NULL, 0);
+}
+
+/* A 2-D fill of height rows of width elements, pitch bytes apart (unused for one row). */
+static CUresult set_2d(uintptr_t dst, size_t pitch, unsigned v, unsigned elem, size_t width,
+                       size_t height, CUstream s, int mode) {
+    CUresult e = sim_ensure_init();
+    if (e)
+        return e;
+    if (height > 1 && pitch < width * elem)
+        return sim_fail(CUDA_ERROR_INVALID_VALUE,
+                        "2-D memset: pitch %zu bytes is less than a row of %zu elements of %u bytes",
+                        pitch, width, elem);
+    sim_memset_op op = {dst, height > 1 ? pitch : width * elem, width, height, v, elem};
+    if (mode == SET_SYNC) {
+        if ((e = sim_sync_guard()))
+            return e;
+        return sim_run_memset(&op);
+    }
+    return sim_submit(s, mode == SET_PTSZ, CU_GRAPH_NODE_TYPE_MEMSET, &op, NULL, 0);
 }
 
 #define PTDS(name, params, call)                                                                   \
@@ -138,3 +159,17 @@ PTSZ(cuMemsetD16Async, (CUdeviceptr d, unsigned short v, size_t n, CUstream st),
      set_async(d, v, 2, n, st, false), set_async(d, v, 2, n, st, true))
 PTSZ(cuMemsetD32Async, (CUdeviceptr d, unsigned int v, size_t n, CUstream st),
      set_async(d, v, 4, n, st, false), set_async(d, v, 4, n, st, true))
+
+/* cudaMemset2D and friends: Width in elements, dstPitch in bytes */
+PTDS(cuMemsetD2D8, (CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h),
+     set_2d(d, pitch, v, 1, w, h, NULL, SET_SYNC))
+PTDS(cuMemsetD2D16, (CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h),
+     set_2d(d, pitch, v, 2, w, h, NULL, SET_SYNC))
+PTDS(cuMemsetD2D32, (CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h),
+     set_2d(d, pitch, v, 4, w, h, NULL, SET_SYNC))
+PTSZ(cuMemsetD2D8Async, (CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h, CUstream st),
+     set_2d(d, pitch, v, 1, w, h, st, SET_ASYNC), set_2d(d, pitch, v, 1, w, h, st, SET_PTSZ))
+PTSZ(cuMemsetD2D16Async, (CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h, CUstream st),
+     set_2d(d, pitch, v, 2, w, h, st, SET_ASYNC), set_2d(d, pitch, v, 2, w, h, st, SET_PTSZ))
+PTSZ(cuMemsetD2D32Async, (CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h, CUstream st),
+     set_2d(d, pitch, v, 4, w, h, st, SET_ASYNC), set_2d(d, pitch, v, 4, w, h, st, SET_PTSZ))

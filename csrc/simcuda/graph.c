@@ -115,9 +115,22 @@ SIM_API CUresult cuGraphAddKernelNode(CUgraphNode *out, CUgraph g, const CUgraph
     return e;
 }
 
+/* NOTE: cuda.h asks srcPitch >= WidthInBytes + srcXInBytes (dst likewise) of a copy that is not
+ * an array's, and some drivers refuse a 1-D copy node (Height 1) whose pitch is 0: so does
+ * simcuda. */
+static bool pitch_fits(CUmemorytype type, size_t pitch, size_t x, size_t width) {
+    return type == CU_MEMORYTYPE_ARRAY || pitch >= width + x;
+}
+
 static CUresult memcpy_op_from(sim_memcpy_op *op, const CUDA_MEMCPY3D *p) {
     if ((p->Height > 1) || (p->Depth > 1) || p->srcArray || p->dstArray)
         return sim_fail(CUDA_ERROR_NOT_SUPPORTED, "simcuda supports 1-D memcpy nodes only");
+    if (!pitch_fits(p->srcMemoryType, p->srcPitch, p->srcXInBytes, p->WidthInBytes) ||
+        !pitch_fits(p->dstMemoryType, p->dstPitch, p->dstXInBytes, p->WidthInBytes))
+        return sim_fail(CUDA_ERROR_INVALID_VALUE,
+                        "memcpy node: srcPitch %zu and dstPitch %zu must be at least WidthInBytes "
+                        "%zu plus srcXInBytes %zu and dstXInBytes %zu, one row included",
+                        p->srcPitch, p->dstPitch, p->WidthInBytes, p->srcXInBytes, p->dstXInBytes);
     uintptr_t src = p->srcMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)p->srcHost : p->srcDevice;
     uintptr_t dst = p->dstMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)p->dstHost : p->dstDevice;
     *op = (sim_memcpy_op){dst + p->dstXInBytes, src + p->srcXInBytes, p->WidthInBytes};

@@ -27,6 +27,7 @@ enum sim_htype { H_STREAM = 1, H_EVENT, H_GRAPH, H_NODE, H_EXEC, H_LIBRARY, H_FU
 void sim_handle_add(const void *h, int type);
 void sim_handle_del(const void *h);
 bool sim_handle_is(const void *h, int type);
+size_t sim_handle_count(int type); /* live handles of one type; under the lock */
 
 /* ---- sorted range sets (allocations, free VA, host ranges, mappings) ---- */
 typedef struct sim_range {

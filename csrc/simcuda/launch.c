@@ -15,6 +15,7 @@ static _Atomic uint64_t g_traffic[3];
 static __thread sigjmp_buf t_jmp;
 static __thread volatile int t_in_kernel;
 static __thread volatile uintptr_t t_fault_addr;
+static __thread volatile int t_fault_sig, t_fault_code; /* the fault's signal and si_code */
 static __thread void *t_shared;
 static __thread size_t t_shared_size;
 static struct sigaction g_old_segv, g_old_bus;
@@ -51,6 +52,8 @@ static void on_fault(int sig, siginfo_t *info, void *uc) {
         return;
     if (t_in_kernel) {
         t_fault_addr = (uintptr_t)info->si_addr;
+        t_fault_sig = sig;
+        t_fault_code = info->si_code;
         siglongjmp(t_jmp, 1);
     }
     if (atomic_load(&g_ro_active)) {
@@ -106,16 +109,39 @@ static void ro_guard(bool enter) {
     sim_unlock();
 }
 
-static CUresult kernel_fault(const sim_func *f, uintptr_t addr) {
-    sim_lock();
-    const sim_range *r = sim_host_read_only(addr, 1);
-    sim_range rc = r ? *r : (sim_range){0};
-    sim_unlock();
-    if (r)
+/* What a kernel's fault at `addr` inside host memory registered for the device was: a write into
+ * a read-only registration (SEGV_ACCERR), or pages that are gone (SIGBUS: a mapped file cut short
+ * under it; SEGV_MAPERR: unmapped while registered), which a read meets as well. */
+static CUresult host_fault(const sim_func *f, uintptr_t addr, const sim_range *r, int sig,
+                           int code) {
+    const char *ro = r->aux & CU_MEMHOSTREGISTER_READ_ONLY ? " read-only" : "";
+    if (sig == SIGBUS)
+        return sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS,
+                        "kernel %s faulted at 0x%lx, inside host memory registered%s for the device "
+                        "at [0x%lx, +%zu): no page behind it (SIGBUS: the file mapped there was "
+                        "cut short while registered)",
+                        f->name, (unsigned long)addr, ro, (unsigned long)r->base, r->size);
+    if (code == SEGV_MAPERR)
+        return sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS,
+                        "kernel %s faulted at 0x%lx, inside host memory registered%s for the device "
+                        "at [0x%lx, +%zu): unmapped while registered",
+                        f->name, (unsigned long)addr, ro, (unsigned long)r->base, r->size);
+    if (*ro)
         return sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS,
                         "kernel %s wrote to 0x%lx, inside host memory registered read-only for "
                         "the device (CU_MEMHOSTREGISTER_READ_ONLY) at [0x%lx, +%zu)",
-                        f->name, (unsigned long)addr, (unsigned long)rc.base, rc.size);
+                        f->name, (unsigned long)addr, (unsigned long)r->base, r->size);
+    return sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS, "kernel %s accessed an illegal address (0x%lx)",
+                    f->name, (unsigned long)addr);
+}
+
+static CUresult kernel_fault(const sim_func *f, uintptr_t addr, int sig, int code) {
+    sim_lock();
+    const sim_range *r = rs_find(&g_sim.hosts, addr);
+    sim_range rc = r ? *r : (sim_range){0};
+    sim_unlock();
+    if (r)
+        return host_fault(f, addr, &rc, sig, code);
     return sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS, "kernel %s accessed an illegal address (0x%lx)",
                     f->name, (unsigned long)addr);
 }
@@ -219,7 +245,7 @@ static CUresult run_kernel(const sim_kernel_op *op) {
             sim_acc_end(f, false);
         if (guard)
             ro_guard(false);
-        g_sim.sticky = kernel_fault(f, t_fault_addr);
+        g_sim.sticky = kernel_fault(f, t_fault_addr, t_fault_sig, t_fault_code);
         return g_sim.sticky;
     }
     t_in_kernel = 1;

@@ -120,8 +120,8 @@ static CUresult memcpy_get(CUgraphNode h, CUDA_MEMCPY3D *p) {
     p->srcMemoryType = p->dstMemoryType = CU_MEMORYTYPE_UNIFIED;
     p->srcDevice = n->c.src;
     p->dstDevice = n->c.dst;
-    p->WidthInBytes = n->c.bytes;
-    p->Height = p->Depth = 1;
+    p->WidthInBytes = p->srcPitch = p->dstPitch = n->c.bytes;
+    p->Height = p->Depth = p->srcHeight = p->dstHeight = 1;
     return CUDA_SUCCESS;
 }
 

@@ -71,6 +71,8 @@
     X(memcpyAsync, cuMemcpyAsync, PFN_cuMemcpyAsync_v4000)                                         \
     X(memsetD8, cuMemsetD8, PFN_cuMemsetD8_v3020)                                                  \
     X(memsetD8Async, cuMemsetD8Async, PFN_cuMemsetD8Async_v3020)                                   \
+    X(memsetD2D8, cuMemsetD2D8, PFN_cuMemsetD2D8_v3020)                                            \
+    X(memsetD2D8Async, cuMemsetD2D8Async, PFN_cuMemsetD2D8Async_v3020)                             \
     X(streamSynchronize, cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                       \
     X(streamQuery, cuStreamQuery, PFN_cuStreamQuery_v2000)                                         \
     X(streamWaitEvent, cuStreamWaitEvent, PFN_cuStreamWaitEvent_v3020)                             \

@@ -74,8 +74,8 @@ RT_API cudaError_t cudaGraphAddMemcpyNode1D(cudaGraphNode_t *n, cudaGraph_t g, c
     c.srcMemoryType = c.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
     c.srcDevice = (CUdeviceptr)src;
     c.dstDevice = (CUdeviceptr)dst;
-    c.WidthInBytes = count;
-    c.Height = c.Depth = 1;
+    c.WidthInBytes = c.srcPitch = c.dstPitch = count;
+    c.Height = c.Depth = c.srcHeight = c.dstHeight = 1;
     RT_CALL(rt_drv.graphAddMemcpyNode((CUgraphNode *)n, (CUgraph)g, (const CUgraphNode *)deps, nd, &c, NULL));
 }
 

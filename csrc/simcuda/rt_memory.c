@@ -78,6 +78,19 @@ RT_API cudaError_t cudaMemsetAsync_ptsz(void *p, int v, size_t n, cudaStream_t s
     RT_CALL(rt_drv.memsetD8Async[1]((CUdeviceptr)p, (unsigned char)v, n, (CUstream)s));
 }
 
+RT_API cudaError_t cudaMemset2D(void *p, size_t pitch, int v, size_t w, size_t h) {
+    RT_CALL(rt_drv.memsetD2D8[0]((CUdeviceptr)p, pitch, (unsigned char)v, w, h));
+}
+RT_API cudaError_t cudaMemset2D_ptds(void *p, size_t pitch, int v, size_t w, size_t h) {
+    RT_CALL(rt_drv.memsetD2D8[1]((CUdeviceptr)p, pitch, (unsigned char)v, w, h));
+}
+RT_API cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, cudaStream_t s) {
+    RT_CALL(rt_drv.memsetD2D8Async[0]((CUdeviceptr)p, pitch, (unsigned char)v, w, h, (CUstream)s));
+}
+RT_API cudaError_t cudaMemset2DAsync_ptsz(void *p, size_t pitch, int v, size_t w, size_t h, cudaStream_t s) {
+    RT_CALL(rt_drv.memsetD2D8Async[1]((CUdeviceptr)p, pitch, (unsigned char)v, w, h, (CUstream)s));
+}
+
 RT_API cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
     RT_INIT();
     if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))

@@ -103,6 +103,21 @@ bool sim_handle_is(const void *h, int type) {
     return s && s->type == type;
 }
 
+size_t sim_handle_count(int type) {
+    size_t n = 0;
+    for (size_t i = 0; i < h_cap; i++)
+        n += h_tab[i].h && h_tab[i].h != H_TOMB && h_tab[i].type == type;
+    return n;
+}
+
+SIM_API uint64_t simcudaCountLive(int kind) {
+    int type = kind == SIMCUDA_LIVE_GRAPHS ? H_GRAPH : kind == SIMCUDA_LIVE_EXECS ? H_EXEC : 0;
+    sim_lock();
+    size_t n = type ? sim_handle_count(type) : 0;
+    sim_unlock();
+    return n;
+}
+
 /* ---- range sets, sorted by base ---- */
 static size_t rs_lower(const sim_rangeset *rs, uintptr_t p) {
     size_t lo = 0, hi = rs->n;

@@ -23,6 +23,7 @@ from medusa.artifact.files import MANIFEST, SEAL, ArtifactDir
 from medusa.artifact.payload import MAX_RAW_SIZE, decode_plan, encode_plan
 from medusa.artifact.schema import HEX64, check_manifest
 from medusa.artifact.seal import Seal, key_id
+from medusa.scratch import ScratchDir
 
 # 4: an engine artifact may carry a weight store (manifest "weights"). 5: the KV cache is
 # block-major (its kernels take a block stride), VMM relocations are relative to reservations, and
@@ -79,7 +80,8 @@ def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],
     `store`: a weight store (manifest["weights"] describes it), moved in."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    scratch = ScratchDir(f".{out.name}.", out.parent)  # (a killed materialize's: swept)
+    tmp = scratch.path
     try:
         payload, raw_size = encode_plan(plan)
         (tmp / PLAN).write_bytes(payload)
@@ -106,8 +108,9 @@ def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],
             shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        scratch.close()
         raise
+    scratch.keep()  # it is `out` now
     return out
 
 

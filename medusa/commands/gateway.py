@@ -52,7 +52,7 @@ def gateway(
     OpenAI-compatible endpoint."""
     import logging
 
-    from medusa.serve.connections import fit_descriptors, make_server, reraise_stop_signal
+    from medusa.serve.connections import fit_descriptors, make_server
     from medusa.serve.gateway.app import create_gateway
     from medusa.serve.gateway.backends import make_backend
     from medusa.serve.gateway.config import ConfigError, load_config
@@ -90,4 +90,3 @@ def gateway(
         server.run(sockets=[listener])
     finally:
         listener.close()
-    reraise_stop_signal(server)

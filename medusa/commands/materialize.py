@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import click
 
+from medusa.child import exit_on_sigterm
 from medusa.commands.options import engine_choice, engine_options
 from medusa.commands.run import _refuse_reference_options
 
@@ -85,6 +87,7 @@ def materialize(
     from medusa.materialize.driver import materialize_command, materialize_engine
 
     echo = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    exit_on_sigterm()  # NOTE: so that the scratch directories go with the process
     try:
         if sign:
             load_private_key(sign)  # a bad key file fails now, not after the recording
@@ -133,9 +136,24 @@ def materialize(
         art = sign_artifact(target, sign) if sign else load_artifact(target)
     except (MaterializeError, ValueError, NoDeviceError) as e:  # ArtifactError is a ValueError
         raise click.ClickException(str(e)) from None
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise click.ClickException(_no_space(e)) from None
     click.echo(describe(art))
     t = summary["timings"]
     click.echo(
         f"  size      {summary['bytes'] / 1024:.0f} KiB; stages: "
         + ", ".join(f"{k} {v:.2f}s" for k, v in t.items())
     )
+
+
+def _no_space(e: OSError) -> str:
+    """A full disk or quota: where, and how much was asked (the store's writer says it), with
+    nothing left behind (every partial output is removed on the way out)."""
+    if e.filename is None:  # our own message: the directory and the space needed
+        return f"{e.strerror}; nothing was written"
+    where = Path(e.filename).parent
+    return (f"{where}: no space left on the device ({e.strerror}) while writing {e.filename}; "
+            "free some space there (or write elsewhere: --out, TMPDIR) and materialize again; "
+            "nothing was written")  # fmt: skip

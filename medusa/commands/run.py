@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from medusa import scratch
+from medusa.child import exit_on_sigterm
 from medusa.commands.options import (
     connection_limits,
     connection_options,
@@ -25,8 +26,6 @@ if TYPE_CHECKING:
     from medusa.engine.config import EngineConfig
     from medusa.serve.connections import ConnectionLimits
     from medusa.serve.listeners import Listener, Where
-
-RESTORE_TRACE_PREFIX = "medusa-restore-"
 
 
 @click.command(
@@ -83,6 +82,15 @@ RESTORE_TRACE_PREFIX = "medusa-restore-"
     "process by PLAN (medusa tessera place makes it).",
 )
 @click.option(
+    "--partition-timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --partition: how long the second process may take to answer within a decode "
+    "step; past it the engine fails (503, /health) instead of waiting.",
+)
+@click.option(
     "--demo",
     metavar="PROMPT",
     default=None,
@@ -130,6 +138,7 @@ def run(
     trust: str | None,
     validate: bool,
     partition: str | None,
+    partition_timeout: float,
     verbose: bool,
     max_request_bytes: int,
     pool: bool,
@@ -180,29 +189,29 @@ def run(
         from medusa.child import medusa_cli
         from medusa.trace import recorder_env
 
-        trace_dir = tempfile.mkdtemp(prefix=RESTORE_TRACE_PREFIX)
+        # NOTE: execve keeps the pid, and the directory's lock
+        trace_dir = scratch.ScratchDir(scratch.RESTORE_TRACE, across_exec=True).path
         env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore")
         cmd = medusa_cli(*sys.argv[1:])
         os.execve(cmd[0], cmd, env)
+    exit_on_sigterm()  # NOTE: so that what this process made in /tmp goes with it
     if pool:
         from medusa import env as medusa_env
-        from medusa.serve.connections import reraise_stop_signal
         from medusa.serve.pool_worker import serve_pooled
 
         try:
-            server = serve_pooled(
+            serve_pooled(
                 click.get_current_context().command, _open(where),
                 _fit(limits, given), medusa_env.WORKER_TOKEN.get(), list(prepare),
                 max_request_bytes, list(prepare_artifacts),
             )  # fmt: skip
         finally:
-            _remove_restore_trace()
-        reraise_stop_signal(server)
+            scratch.remove_restore_trace()
         return
     _serve(
         config, model, where, served_model_name, demo, artifact,
         require_artifact, validate, trust=trust, max_request_bytes=max_request_bytes,
-        partition=partition, limits=_fit(limits, given),
+        partition=partition, partition_timeout=partition_timeout, limits=_fit(limits, given),
     )  # fmt: skip
 
 
@@ -309,12 +318,13 @@ def _serve(
     max_request_bytes: int,
     limits: ConnectionLimits,
     partition: str | None = None,
+    partition_timeout: float = 10.0,
 ) -> None:
     """Serves on `where` until stopped."""
     import threading
 
     from medusa.serve.async_engine import AsyncEngine
-    from medusa.serve.connections import make_server, reraise_stop_signal
+    from medusa.serve.connections import make_server
     from medusa.serve.listeners import describe
     from medusa.serve.worker import create_app
 
@@ -337,11 +347,13 @@ def _serve(
             if partition:
                 from medusa.tessera.partition import Leader
 
-                Leader(engine, artifact, partition)  # NOTE: it replaces the graph replay
+                # NOTE: it replaces the graph replay
+                Leader(engine, artifact, partition, partition_timeout)
             return engine
 
     async_engine = AsyncEngine(config, factory)
     async_engine.start()
+    threading.Thread(target=_remove_trace_when_started, args=(async_engine,), daemon=True).start()
     name = served_model_name or model or "smollm2"
     app = create_app(async_engine, name, max_body_bytes=max_request_bytes)
     try:
@@ -372,22 +384,14 @@ def _serve(
             raise SystemExit(1)
     finally:
         async_engine.shutdown()
-        _remove_restore_trace()
+        scratch.remove_restore_trace()
         if listener is not None:
             listener.close()
-    reraise_stop_signal(server)
 
 
-def _remove_restore_trace() -> None:
-    """The restore-mode trace `run --artifact` re-executed itself under is read during start-up
-    only; its directory goes when the server stops."""
-    import shutil
-
-    from medusa import env
-
-    trace = env.TRACE.get()
-    if trace and Path(trace).parent.name.startswith(RESTORE_TRACE_PREFIX):
-        shutil.rmtree(Path(trace).parent, ignore_errors=True)
+def _remove_trace_when_started(engine: Any) -> None:
+    engine.ready.wait()
+    scratch.remove_restore_trace()
 
 
 def _refuse_reference_options(names: list[str], example: str) -> None:

@@ -26,15 +26,18 @@ def compile_program(
     libs: Sequence[str] = ("simcuda",),
     shared: bool = False,
     extra: Sequence[str] = (),
+    sources: Sequence[Path] = (),
 ) -> Path:
-    """Builds src (an executable, or a shared object) linked to the given package libraries.
+    """Builds src, with any further C `sources`, into an executable or a shared object linked to
+    the given package libraries.
 
-    The output is named after a hash of the source and flags, so an unchanged program is reused.
+    The output is named after a hash of the sources and flags, so an unchanged program is reused.
     """
     flags = ["-O2", "-Wall", "-Werror", *(f"-I{d}" for d in paths.include_dirs()), *extra]
     lib_dir = paths.lib_dir()
     link = [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", *(f"-l{lib}" for lib in libs), "-ldl"]
-    key = hashlib.sha256(src.read_bytes() + " ".join(flags + link).encode()).hexdigest()[:12]
+    code = b"".join(f.read_bytes() for f in (src, *sources))
+    key = hashlib.sha256(code + " ".join(flags + link).encode()).hexdigest()[:12]
     out = out_dir / f"{src.stem}-{key}{'.so' if shared else ''}"
     if not out.exists():
         cmd = [
@@ -42,6 +45,7 @@ def compile_program(
             *flags,
             *(["-shared", "-fPIC"] if shared else []),
             str(src),
+            *map(str, sources),
             "-o",
             str(out),
             *link,

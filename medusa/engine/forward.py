@@ -14,7 +14,7 @@ from medusa.engine.runner_weights import F32
 from medusa.engine.spec import ModelSpec
 
 # HybridGEMM tiles for the engine's projections (decode: M is the batch).
-HOST_TILES = Tiles(bm=16, bn=64, bk=256, wbm=64, wbn=64, wbk=128)  # 32 KiB shared memory
+HOST_TILES = Tiles(bm=16, bn=64, bk=64, wbm=64, wbn=64, wbk=128)  # 33,024 B shared memory
 
 
 class Forward:

@@ -63,9 +63,10 @@ class LLMEngine(StartUp):
         device: a Device made earlier in this process (a pooled worker's, whose runtime and
         kernels are already initialized); by default a new one. store: a weight store to load
         (by default the artifact's, if it has one), or one opened ahead. store_checked: the
-        identity of a store the gateway checked in full and holds mapped (MEDUSA_STORE_CHECKED);
-        if it is this store's, nothing of it is hashed again. weaving: offload part of the
-        decode batch's attention to a receiver through the region it names
+        descriptor number, in this process's parent (the gateway), of a sealed copy of the store
+        it checked in full (MEDUSA_STORE_CHECKED, medusa.weights.sealed): if it holds this
+        store's header, the weights come from it and nothing is hashed again. weaving: offload
+        part of the decode batch's attention to a receiver through the region it names
         (medusa.engine.weaving). restore_since: this process's trace sequence number this
         engine's start-up began after (another engine lives on in the process:
         medusa.restore.Restorer's `since`)."""
@@ -96,7 +97,7 @@ class LLMEngine(StartUp):
             self._load_weights()
         try:
             with self._stage("tokenizer"):
-                self.tokenizer: Tokenizer = self.source.tokenizer()
+                self.tokenizer: Tokenizer = self._tokenizer()
             with self._stage("workspace"):
                 self.runner.allocate_workspace()
             # NOTE: waited for here, outside the restore's fallback (a failed copy fails the start;

@@ -40,10 +40,13 @@ class RunnerWeights:
         """On the device, or (weights="host") the projections and the embedding in host-mapped
         memory, read over C2C by HybridGEMM; norms stay on the device either way. With a store
         and weights="host", the 2-D weights are the store's own pages: its whole (shared,
-        read-only) mapping is registered once and each weight points at its aligned offset."""
+        read-only) mapping is registered once and each weight points at its aligned offset: a
+        sealed copy (medusa.weights.sealed), whose bytes nobody can change after the check."""
         host = self.config.weights == "host"
         offsets: dict[str, int] = {}  # 2-D weight -> its device address in the registered store
         if store is not None and host:
+            if not store.sealed:
+                raise ValueError(f"{store.path}: weights='host' maps a sealed copy of a store")
             base = self.dev.host_register(store.address, store.nbytes, read_only=True)
             self._registered = store.address
             data = base + store.header.data_offset
@@ -70,19 +73,19 @@ class RunnerWeights:
         finally:
             self._ring = None
 
-    def load_store(self, store: WeightStore, *, checked: bool = False) -> None:
+    def load_store(self, store: WeightStore) -> None:
         """Copies the device-resident weights from the store, every chunk checked (the mapped
-        ones too) unless the gateway `checked` this file in full; WeightStoreError names a bad
-        chunk, and the weights are then not usable."""
+        ones too) unless the store is a copy the gateway checked in full (vouched);
+        WeightStoreError names a bad chunk, and the weights are then not usable."""
         if self._ring is None:
             raise RuntimeError("load_store runs inside staging()")
-        self._ring.load_store(store, self._copied(), checked=checked)
+        self._ring.load_store(store, self._copied())
         self._upload_rope()
 
-    def start_store_load(self, store: WeightStore, *, checked: bool = False) -> WeightLoad:
+    def start_store_load(self, store: WeightStore) -> WeightLoad:
         """load_store in the background (medusa.engine.weight_load): call finish_store_load
         with what this returns before anything reads a weight."""
-        return WeightLoad(self.dev.b, store, self._copied(), checked=checked)
+        return WeightLoad(self.dev.b, store, self._copied())
 
     def gate_weights(
         self, load: WeightLoad, store: WeightStore, settle: Callable[[], None]
@@ -135,7 +138,13 @@ class RunnerWeights:
         if self._ring is None:
             raise RuntimeError("load_weights runs inside staging()")
         for name, arr in weights:
-            self._ring.upload(self.weights[name].ptr, arr.astype(np.float32, copy=False))
+            buf = self.weights[name]
+            if arr.size * F32 != buf.nbytes:  # NOTE: never past a buffer, whatever the source
+                raise ValueError(
+                    f"weight {name}: {arr.size * F32} bytes for a buffer of {buf.nbytes}: the "
+                    "model file is not the model the spec says"
+                )
+            self._ring.upload(buf.ptr, arr.astype(np.float32, copy=False))
         self._ring.synchronize()
         self._upload_rope()
 

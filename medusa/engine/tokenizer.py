@@ -141,15 +141,25 @@ def gguf_specials(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_NOT_SEPARATORS = bytes(b for b in range(256) if b not in b" \n")
+
+
+def merges_paired(joined: str) -> bool:
+    """Every line of newline-joined merges holds exactly one space: the spaces and newlines
+    alternate (checked in C, 2 ms for 49k merges; UTF-8 puts neither byte inside a character)."""
+    seps = joined.encode("utf-8", "surrogatepass").translate(None, _NOT_SEPARATORS)
+    return seps == b" \n" * joined.count("\n") + b" "
+
+
 def merge_pairs(merges: list[str] | str, where: Path | str) -> list[tuple[str, str]]:
     """GGUF merges ("left right", a list or one newline-joined string) as pairs, split in C: 49k
     merges in 10 ms where a split per merge took 35 ms of a cold start."""
     joined = merges if isinstance(merges, str) else "\n".join(merges)
     if not joined:
         return []
-    parts = joined.replace("\n", " ").split(" ")
-    if len(parts) != 2 * (joined.count("\n") + 1):
+    if not merges_paired(joined):
         raise ModelError(f"{where}: a tokenizer merge that is not two tokens apart by one space")
+    parts = joined.replace("\n", " ").split(" ")
     it = iter(parts)
     return list(zip(it, it, strict=True))
 

@@ -49,6 +49,7 @@ class WeavingLink:
     region: str | Path
     ratio: float
     timeout: float = TIMEOUT  # seconds without the receiver's heartbeat before it counts as lost
+    dir_fd: int | None = None  # the region's directory, opened: region is a name there
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ratio <= 1.0:
@@ -97,7 +98,7 @@ class HotWeaving:
     def __init__(self, link: WeavingLink, runner: ModelRunner, blocks: Blocks) -> None:
         self.runner, self.ratio = runner, link.ratio
         self.geometry = region_geometry(runner.spec, runner.config)
-        self.region = ExchangeRegion.create(link.region, self.geometry)
+        self.region = ExchangeRegion.create(link.region, self.geometry, dir_fd=link.dir_fd)
         self.sender = WeaverSender(self.region, link.timeout)
         self.offloaded: set[int] = set()  # sequences whose KV and attention are the receiver's
         self._seqs: dict[int, Sequence] = {}
@@ -194,7 +195,7 @@ class HotWeaving:
             except (ReceiverLost, WeaverError) as e:
                 log.warning("weaving: closing the pairing: %s", e)
         self.region.close()
-        self.region.path.unlink(missing_ok=True)
+        self.region.unlink()
         self.runner.drop_segments()
 
     # ---- work ----
@@ -286,6 +287,7 @@ class HotWeaving:
         self.offloaded.clear()
         self._released.clear()
         self.sender.offloaded.clear()
+        self.sender.lengths.clear()
         for sid in lost:
             self._recompute(sid)
 

@@ -80,9 +80,11 @@ class ColdWeaving:
         block_size: int | None = None,
         *,
         per_kernel: bool = True,
+        dir_fd: int | None = None,
     ) -> None:
+        """dir_fd: the region's directory, opened (path is then a name there)."""
         self.engine = engine
-        self.region = ExchangeRegion(path)
+        self.region = ExchangeRegion(path, dir_fd=dir_fd)
         bs = block_size or engine.config.block_size
         kv: OffloadedKV | None = None
         try:

@@ -16,9 +16,11 @@ import os
 import threading
 import time
 from ctypes import c_uint, c_void_p
+from pathlib import Path
 
 from medusa.cuda.backend import Backend
 from medusa.weights import WeightStore
+from medusa.weights.hold import held_at, wait_to_go
 from medusa.weights.loader import SLOTS, LoadProgress, StagingRing
 
 STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking
@@ -28,9 +30,7 @@ class WeightLoad:
     # Tests only: chunks from this index on wait for progress.release() (a load held part way).
     hold: int | None = None
 
-    def __init__(
-        self, b: Backend, store: WeightStore, dsts: dict[str, int], *, checked: bool
-    ) -> None:
+    def __init__(self, b: Backend, store: WeightStore, dsts: dict[str, int]) -> None:
         """Starts copying the store's tensors named in `dsts` (name -> device address)."""
         self.b = b
         s = c_void_p()
@@ -44,18 +44,30 @@ class WeightLoad:
         except BaseException:
             b.call("cudaStreamDestroy", c_void_p(self.stream))
             raise
-        self.progress = LoadProgress(store.header, self.hold)
+        held = held_at()
+        self.progress = LoadProgress(store.header, self.hold if held is None else held[0])
         self.error: BaseException | None = None
         self.seconds = 0.0  # the copy's own time, from start to its last byte
         self._thread = threading.Thread(
-            target=self._run, args=(store, dsts, checked), name="medusa-weights", daemon=True
+            target=self._run, args=(store, dsts), name="medusa-weights", daemon=True
         )
         self._thread.start()
+        self._releaser: threading.Thread | None = None
+        if held is not None:  # MEDUSA_HOLD_WEIGHTS (tests): released once told to go on
+            self._releaser = threading.Thread(target=self._release_when_told, args=held)
+            self._releaser.start()
 
-    def _run(self, store: WeightStore, dsts: dict[str, int], checked: bool) -> None:
+    def _release_when_told(self, chunk: int, where: Path) -> None:
+        while self.progress.num_done < chunk and self._thread.is_alive():
+            time.sleep(0.01)
+        if self._thread.is_alive():
+            wait_to_go(where)
+        self.progress.release()
+
+    def _run(self, store: WeightStore, dsts: dict[str, int]) -> None:
         t0 = time.perf_counter()
         try:
-            self.ring.load_store(store, dsts, checked=checked, progress=self.progress)
+            self.ring.load_store(store, dsts, progress=self.progress)
         except BaseException as e:  # NOTE: raised in the engine's thread, by wait()
             self.error = e
         finally:
@@ -65,6 +77,8 @@ class WeightLoad:
     def wait(self) -> None:
         """Returns once every weight is on the device; raises what the load raised (a
         WeightStoreError names the bad chunk). Frees the staging slots and the stream."""
+        if self._releaser is not None:
+            self._releaser.join()
         self._thread.join()
         self.progress.close()
         if self.stream:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from medusa.materialize.captures import captures
 from medusa.trace import Ev, Trace
 from medusa.trace import records as R
 
@@ -134,45 +135,12 @@ class RunView:
             glob,
             funcs,
             loads,
-            _graphs(trace),
+            captures(trace),
             contents,
             devs[0] if devs else None,
             vmm,
             unsaved,
         )
-
-
-def _graphs(trace: Trace) -> list[dict]:
-    """Successful captures, in order, with nodes (by index), edges, attributes and launch seqs."""
-    launches = {x.node: x.seq for x in trace.of(R.Launch, Ev.LAUNCH) if x.node}
-    nodes: dict[int, list[R.Node]] = defaultdict(list)
-    for n in trace.of(R.Node, Ev.NODE):
-        nodes[n.graph].append(n)
-    edges: dict[int, list[R.Edge]] = defaultdict(list)
-    for e in trace.of(R.Edge, Ev.EDGE):
-        edges[e.graph].append(e)
-    attrs: dict[int, list[R.NodeAttr]] = defaultdict(list)
-    for a in trace.of(R.NodeAttr, Ev.NODE_ATTR):
-        attrs[a.node].append(a)
-    out = []
-    for end in trace.of(R.CaptureEnd, Ev.CAPTURE_END):
-        if end.result or not end.graph:
-            continue
-        ns = sorted(nodes[end.graph], key=lambda n: n.index)
-        pos = {n.node: n.index for n in ns}
-        out.append(
-            {
-                "seq": end.seq,
-                "nodes": ns,
-                "launch_seq": [launches.get(n.node, end.seq) for n in ns],
-                "edges": sorted(
-                    (pos[e.src], pos[e.dst], e.from_port, e.to_port, e.type)
-                    for e in edges[end.graph]
-                ),
-                "attrs": [(pos[n.node], a.attr, a.value) for n in ns for a in attrs[n.node]],
-            }
-        )
-    return out
 
 
 class AddressIndex:

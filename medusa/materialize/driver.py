@@ -3,11 +3,11 @@ shifted), analyze the two recordings and write the artifact."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -20,10 +20,13 @@ from medusa.engine.config import EngineConfig
 from medusa.materialize.analysis import MaterializeError, RunView
 from medusa.materialize.plan import build_plan
 from medusa.materialize.weights import STORE, write_weights
+from medusa.scratch import ScratchDir
 from medusa.trace import read_trace, recorder_env
 
 # Engine phases a restore skips (their work comes from the artifact instead).
 ENGINE_SKIPPED = ("kv_profile", "graph_capture")
+WORK = "medusa-mat-"  # the recordings, in /tmp
+ROOM = 1 << 20  # bytes: less left free after a recording, and it ran out of space
 SHIFT_BYTES = (2 << 20) + 4096  # held before the first allocation of the second run
 
 ENGINE_SCRIPT = """
@@ -69,6 +72,7 @@ def record_run(
     t0 = time.perf_counter()
     env = _env(trace, run, kind, extra_env)
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    _check_room(trace.parent)
     if res.returncode != 0:
         raise MaterializeError(
             f"the recorded start-up (run {run + 1}) exited {res.returncode}:\n{res.stderr[-3000:]}"
@@ -77,6 +81,22 @@ def record_run(
     what = what or f"run {run + 1} of 2"
     echo(f"  recorded {what} in {dt:.1f} s ({trace.stat().st_size // 1024} KiB trace)")
     return dt
+
+
+def _check_room(work: Path) -> None:
+    """OSError(ENOSPC) naming the recordings' directory if it filled up while they ran (the
+    recorder fails open: its trace, or the run's sidecar, would just end early)."""
+    st = os.statvfs(work)
+    free = st.f_bavail * st.f_frsize
+    if free >= ROOM:
+        return
+    used = sum(p.stat().st_size for p in work.iterdir() if p.is_file())
+    raise OSError(
+        errno.ENOSPC,
+        f"{work.parent}: no space left for the recordings ({used // 1024} KiB written when "
+        f"it filled, {free // 1024} KiB free); free some space there, or set TMPDIR to a "
+        "directory with more",
+    )
 
 
 def saved_images(a: RunView, plan: dict[str, Any]) -> dict[str, bytes]:
@@ -120,6 +140,7 @@ def probe_kv(config: EngineConfig, work: Path, store: str, echo: Echo) -> dict[s
     env = {k: v for k, v in os.environ.items() if k not in ("MEDUSA_TRACE", "MEDUSA_MODE")}
     cmd = python_code(ENGINE_SCRIPT, json.dumps(cfg), str(work / "probe.json"), store)
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    _check_room(work)
     if res.returncode != 0:
         raise MaterializeError(f"the plain start-up exited {res.returncode}:\n{res.stderr[-3000:]}")
     kv: dict[str, Any] = json.loads((work / "probe.json").read_text())["kv"]
@@ -147,11 +168,11 @@ def materialize_engine(
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     with (
-        tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp,
-        tempfile.TemporaryDirectory(prefix=f".{out.name}.weights.", dir=out.parent) as near,
+        ScratchDir(WORK) as tmp,
+        ScratchDir(f".{out.name}.weights.", out.parent) as near,
     ):  # NOTE: beside `out`, so the store moves into the artifact by a rename
         return _materialize_engine(
-            config, out, kind, echo, Path(tmp), Path(near) if weights else None, check_accesses
+            config, out, kind, echo, tmp, near if weights else None, check_accesses
         )
 
 
@@ -268,8 +289,7 @@ def check_pointer_accesses(
 def materialize_command(command: list[str], out: Path, kind: str, echo: Echo,
                         skipped: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     timings: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="medusa-mat-") as tmp:
-        work = Path(tmp)
+    with ScratchDir(WORK) as work:
         for run in (0, 1):
             echo(f"[{run + 1}/4] recording {' '.join(command)}" + (" (shifted)" if run else ""))
             timings[f"record_{run + 1}"] = record_run(command, work / f"{run}.mtr", run, kind, echo)

@@ -71,6 +71,20 @@ class _Funcs:
 MAX_SAVED_BYTES = 64 << 20
 
 
+def _check_one_row(n: Any, where: str) -> None:
+    """A copy or fill must be 1-D: the recording keeps no pitches (a trace's memset record has no
+    room for one), so restore could only rebuild it wrong."""
+    copy = n.type == NodeType.MEMCPY
+    if n.height > 1 or (copy and n.depth > 1):
+        shape = f"{n.height} rows" + (f" x {n.depth} slices" if copy and n.depth > 1 else "")
+        raise MaterializeError(
+            f"{where}: a {'copy' if copy else 'fill'} of {shape}, whose pitch the recording does "
+            f"not keep: restore rebuilds 1-D {'copies' if copy else 'fills'} only; "
+            f"{'copy' if copy else 'fill'} row by row (one 1-D call per row), or leave it out of "
+            "the captured graph"
+        )
+
+
 def _node(
     a: RunView,
     b: RunView,
@@ -109,6 +123,7 @@ def _node(
             ],
         )
     elif na.type in (NodeType.MEMCPY, NodeType.MEMSET):
+        _check_one_row(na, where)
         words_a = (na.dst, na.src) if na.type == NodeType.MEMCPY else (na.dst,)
         words_b = (nb.dst, nb.src) if nb.type == NodeType.MEMCPY else (nb.dst,)
         pa = b"".join(int(w).to_bytes(8, "little") for w in words_a)

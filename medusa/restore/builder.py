@@ -14,7 +14,7 @@ from medusa.cuda import paths
 from medusa.restore.layout import RELOC
 
 KINDS = 4
-ABI_VERSION = 5  # MR_ABI_VERSION in csrc/restore/restore.h
+ABI_VERSION = 7  # MR_ABI_VERSION in csrc/restore/restore.h
 
 
 class _Graph(ctypes.Structure):
@@ -69,7 +69,6 @@ class GraphBuilder:
             c_void_p,
             c_void_p,
             POINTER(c_void_p),
-            POINTER(c_void_p),
             c_char_p,
             c_size_t,
         ]
@@ -114,7 +113,7 @@ class GraphBuilder:
             attrs.ctypes.data if len(attrs) else None,
             len(attrs),
         )
-        graph, exec_ = c_void_p(), c_void_p()
+        exec_ = c_void_p()
         err = ctypes.create_string_buffer(512)
         code = self.lib.mr_build_graph(
             ctypes.byref(spec),
@@ -122,7 +121,6 @@ class GraphBuilder:
             ptrs,
             sizes,
             c_void_p(stream),
-            ctypes.byref(graph),
             ctypes.byref(exec_),
             err,
             512,

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from medusa.engine.config import EngineConfig
@@ -94,23 +95,28 @@ class AsyncEngine:
                 for out in outs:
                     self._dispatch(out)
             elif self.receiver is not None:  # NOTE: a hot engine waits on these polls
-                self.receiver.device.poll()
+                try:
+                    self.receiver.device.poll()
+                except Exception as e:  # noqa: BLE001 - as a failed step: told, and /health
+                    self._fail(e, "serving a Weaver region failed")
+                    continue
                 time.sleep(IDLE_POLL)
             if self.receiver is not None and self.receiver.stopped:
                 self.stop_receiving()
         self.stop_receiving()
         eng.shutdown()
 
-    def receive(self, region: str, num_blocks: int) -> None:
+    def receive(self, region: str | Path, num_blocks: int, dir_fd: int | None = None) -> None:
         """On the engine thread: serve a hot engine's region (Weaver) between this engine's
-        kernels, with `num_blocks` KV blocks of this device for its offloaded sequences."""
+        kernels, with `num_blocks` KV blocks of this device for its offloaded sequences.
+        dir_fd: the region's directory, opened (region is a name there)."""
         from medusa.engine.weaving_cold import ColdWeaving
 
         if self.receiver is not None:
             raise RuntimeError(f"already serving {self.receiver.region.path}")
         if self.engine is None:
             raise RuntimeError("the engine has not started")
-        self.receiver = ColdWeaving(self.engine, region, num_blocks)
+        self.receiver = ColdWeaving(self.engine, region, num_blocks, dir_fd=dir_fd)
 
     def stop_receiving(self) -> None:
         if self.receiver is not None:
@@ -135,11 +141,12 @@ class AsyncEngine:
         self._inbox.put(("call", run))
         return await fut
 
-    def _fail(self, e: Exception) -> None:
-        """A step raised (e.g. the weights a request needed could not be loaded): the engine
-        serves nothing more. Its requests, and those that come later, end with the reason."""
+    def _fail(self, e: Exception, what: str = "a step failed") -> None:
+        """A step raised (e.g. the weights a request needed could not be loaded), or the idle
+        poll of a Weaver region did: the engine serves nothing more. Its requests, and those
+        that come later, end with the reason."""
         log.error("the engine failed while serving: %s", e, exc_info=True)
-        self.error = f"a step failed: {type(e).__name__}: {e}"
+        self.error = f"{what}: {type(e).__name__}: {e}"
         for req in list(self._by_seq.values()):
             self._refuse(req)
         self._by_seq.clear()

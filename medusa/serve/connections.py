@@ -18,13 +18,10 @@ every connection is busy is the new one answered 503 with Retry-After, at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import resource
-import signal
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -229,30 +226,10 @@ class ConnectionGuard:
 
 def make_server(app: Any, limits: ConnectionLimits, **config: Any) -> uvicorn.Server:
     """A uvicorn server for `app` whose connections `limits` bound; run it with
-    `server.run(sockets=[listener])` (medusa.serve.listeners), clean up, then
-    `reraise_stop_signal(server)`."""
+    `server.run(sockets=[listener])` (medusa.serve.listeners)."""
     import uvicorn
 
-    class Server(uvicorn.Server):
-        # NOTE: uvicorn raises the signal that stopped it again as it returns, which kills the
-        # process before the caller's cleanup (a socket file, a restore's trace) runs; here it
-        # is kept in `stopped_by` for the caller to raise once it has cleaned up.
-        stopped_by: list[int] = []
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            with super().capture_signals():
-                yield
-                self.stopped_by, self._captured_signals = self._captured_signals, []
-
     guard = ConnectionGuard(limits)
-    return Server(
+    return uvicorn.Server(
         uvicorn.Config(app, http=guard.protocol_class(), ws="none", **config)  # type: ignore[arg-type]
     )
-
-
-def reraise_stop_signal(server: uvicorn.Server) -> None:
-    """Ends the process as the signal that stopped `server` would have (its exit status says
-    so), now that the caller has cleaned up."""
-    for sig in reversed(getattr(server, "stopped_by", [])):
-        signal.raise_signal(sig)

@@ -1,17 +1,14 @@
 """Where a server listens, made so that no other local user can get there first: a Unix socket
-created exclusively (mode 0600, never over an existing file or link), a private directory of them
-for the gateway's workers, a TCP socket bound to a port the kernel picks (never a number chosen
-earlier, which another user could bind in between), or a listening socket inherited from the
-process that made it (`medusa run --fd`)."""
+created exclusively (mode 0600, never over an existing file or link; the gateway's workers' are
+in its private directory, medusa.serve.gateway.private_dir), a TCP socket bound to a port the
+kernel picks (never a number chosen earlier, which another user could bind in between), or a
+listening socket inherited from the process that made it (`medusa run --fd`)."""
 
 from __future__ import annotations
 
 import errno
 import os
-import shutil
 import socket
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,44 +84,6 @@ def describe(sock: socket.socket) -> str:
     if sock.family == socket.AF_UNIX:
         return f"unix:{where}"
     return f"http://{where[0]}:{where[1]}"
-
-
-class SocketDir:
-    """A directory only this user can enter (mkdtemp: created exclusively, mode 0700), in
-    $XDG_RUNTIME_DIR when there is one, for the Unix sockets of the workers this process starts;
-    removed with everything in it by `close`."""
-
-    def __init__(self, prefix: str = "medusa-gateway-") -> None:
-        base = os.environ.get("XDG_RUNTIME_DIR", "")
-        if not _private_dir(base) or len(base) > MAX_UDS_PATH - 40:
-            base = tempfile.gettempdir() if len(tempfile.gettempdir()) < 40 else "/tmp"
-        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-        self._count = 0
-
-    def listener(self) -> tuple[socket.socket, str]:
-        """A new listening socket in the directory, and its path."""
-        self._count += 1
-        path = self.path / f"w{self._count}.sock"
-        return bind_unix(path), str(path)
-
-    @staticmethod
-    def remove(path: str) -> None:
-        Path(path).unlink(missing_ok=True)
-
-    def close(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _private_dir(path: str) -> bool:
-    """`path` is a directory of this user's that no one else can write to."""
-    if not path:
-        return False
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not writable_by_others
 
 
 @dataclass(frozen=True)

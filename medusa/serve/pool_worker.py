@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from medusa import scratch
 from medusa.engine.config import EngineConfig
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.connections import ConnectionLimits, make_server
@@ -209,7 +210,9 @@ class PooledWorker:
             checked = body.get("store_checked", "")
             if not isinstance(checked, str):
                 raise APIError(
-                    400, "store_checked is a store identity (a string)", param="store_checked"
+                    400,
+                    "store_checked is the gateway's descriptor of a checked store (a string)",
+                    param="store_checked",
                 )
             return await self._assign(argv, checked)
 
@@ -233,6 +236,7 @@ class PooledWorker:
         # a second would prove the answer twice.
         app = create_app(engine, job.served_name, max_body_bytes=self.max_body_bytes, token="")
         await asyncio.to_thread(engine.ready.wait)
+        scratch.remove_restore_trace()  # NOTE: read by the start only
         if engine.error:
             return self._failed(engine.error)
         self.inner = app
@@ -295,9 +299,9 @@ def serve_pooled(
     prepare: list[str],
     max_body_bytes: int,
     prepare_artifacts: list[str] | None = None,
-) -> uvicorn.Server:
-    """Runs a pooled worker on `listener` until it is stopped (SIGTERM: the server it returns
-    says so, for medusa.serve.connections.reraise_stop_signal) or its assignment fails."""
+) -> None:
+    """Runs a pooled worker on `listener` until it is stopped (SIGTERM) or its assignment
+    fails."""
     worker = PooledWorker(command, prepare, max_body_bytes, prepare_artifacts)
     app = TokenGuard(worker, token)
     server = worker.server = make_server(app, limits, log_level="warning", access_log=False)
@@ -309,4 +313,3 @@ def serve_pooled(
         worker.shutdown()
     if worker.engine is not None and worker.engine.error:
         raise SystemExit(1)
-    return server

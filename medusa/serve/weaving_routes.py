@@ -9,37 +9,80 @@
                                             (kernel and attention times, measured once) and
                                             the memory free for offloaded KV
 
-Each runs on the engine thread between two steps."""
+Each runs on the engine thread between two steps.
+
+They are the gateway's only: mounted only on a worker started with MEDUSA_WORKER_TOKEN (every
+route then needs it) and MEDUSA_WEAVING_DIR, the private directory the gateway made for its
+workers' regions; elsewhere (a standalone `medusa run`) /weaving answers 404 and says why. A
+region is a name in that directory (medusa.weaver.region_dir), never a path; a bad name, or a
+region file that is not a private exchange region of this user, gets 400."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
+from medusa import env
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.weaving import WeavingLink
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.protocol import APIError
 from medusa.weaver.region import RegionError
+from medusa.weaver.region_dir import NAME, RegionDir
 
+log = logging.getLogger("medusa.serve")
 TIMEOUT = 60.0  # seconds for the engine thread to take a command (a step of a long prefill)
 
 
+MAX_BLOCKS = 1 << 20  # KV blocks a receiver may be asked to set aside (memory decides first)
+
+
 class Offload(BaseModel):
-    region: str = Field(min_length=1)
+    region: str = Field(pattern=f"^{NAME}$")
     ratio: float = Field(gt=0.0, le=1.0)
 
 
 class Receive(BaseModel):
-    region: str = Field(min_length=1)
-    blocks: int = Field(ge=1)
+    region: str = Field(pattern=f"^{NAME}$")
+    blocks: int = Field(ge=1, le=MAX_BLOCKS)
 
 
-def add_weaving_routes(app: FastAPI, engine: AsyncEngine, ready: Callable[[], None]) -> None:
+def mount_weaving(
+    app: FastAPI, engine: AsyncEngine, ready: Callable[[], None], token: str, where: str
+) -> None:
+    """The /weaving routes, for the gateway's pairing: only with the worker token (the gateway
+    alone calls them) and its private directory of exchange regions (`where`)."""
+    if not token:
+        return weaving_off(app, f"it was not started by a gateway ({env.WORKER_TOKEN.name} unset)")
+    if not where:
+        return weaving_off(app, f"the gateway gave it no {env.WEAVING_DIR.name}")
+    try:
+        regions = RegionDir(where)
+    except RegionError as e:
+        log.warning("weaving is off: %s", e)
+        return weaving_off(app, str(e))
+    add_weaving_routes(app, engine, ready, regions)
+
+
+def weaving_off(app: FastAPI, why: str) -> None:
+    """/weaving on a worker that does not weave: 404 with the reason."""
+
+    @app.api_route("/weaving", methods=["GET", "POST"])
+    @app.api_route("/weaving/{rest:path}", methods=["GET", "POST"])
+    async def off(rest: str = "") -> None:
+        raise APIError(404, f"weaving is off on this worker: {why}", code="weaving_off")
+
+
+def add_weaving_routes(
+    app: FastAPI, engine: AsyncEngine, ready: Callable[[], None], regions: RegionDir
+) -> None:
+    """The routes, over the exchange regions named in `regions`."""
+
     async def run(fn: Callable[[LLMEngine], Any]) -> Any:
         ready()
         try:
@@ -51,12 +94,14 @@ def add_weaving_routes(app: FastAPI, engine: AsyncEngine, ready: Callable[[], No
 
     @app.post("/weaving/offload")
     async def offload(req: Offload) -> dict[str, Any]:
-        await run(lambda e: e.pair(WeavingLink(req.region, req.ratio)))
+        link = WeavingLink(regions.where(req.region), req.ratio, dir_fd=regions.fd)
+        await run(lambda e: e.pair(link))
         return await _state()
 
     @app.post("/weaving/receive")
     async def receive(req: Receive) -> dict[str, Any]:
-        await run(lambda e: engine.receive(req.region, req.blocks))
+        where = regions.where(req.region)
+        await run(lambda e: engine.receive(where, req.blocks, regions.fd))
         return await _state()
 
     @app.post("/weaving/unpair")

@@ -31,7 +31,7 @@ from medusa.serve.protocol import (
     server_error,
 )
 from medusa.serve.stop_filter import StopFilter
-from medusa.serve.weaving_routes import add_weaving_routes
+from medusa.serve.weaving_routes import mount_weaving
 
 if TYPE_CHECKING:
     from medusa.engine.tokenizer import Tokenizer
@@ -138,8 +138,11 @@ def create_app(
     max_pending: int = 256,
     max_body_bytes: int = MAX_BODY_BYTES,
     token: str | None = None,
+    weaving_dir: str | None = None,
 ) -> FastAPI:
-    """`token` (default: MEDUSA_WORKER_TOKEN): when set, requests without it get 401."""
+    """`token` (default: MEDUSA_WORKER_TOKEN): when set, requests without it get 401.
+    `weaving_dir` (default: MEDUSA_WEAVING_DIR): with a token, the /weaving routes make and open
+    exchange regions there; without either they are off."""
     app = FastAPI(title="medusa worker", **NO_DOCS)
     metrics = Metrics()
     app.state.metrics = metrics
@@ -372,5 +375,6 @@ def create_app(
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    add_weaving_routes(app, engine, ready)
+    where = env.WEAVING_DIR.get() if weaving_dir is None else weaving_dir
+    mount_weaving(app, engine, ready, token, where)
     return app

@@ -36,8 +36,14 @@ from medusa.tessera.depgraph import LastWriter, build
 Range = tuple[Key, int, int]  # (allocation key, lo, hi) offsets within the allocation
 
 
+class LinkError(ConnectionError):
+    """The other side sent what the plan does not expect (another plan, or a corrupt stream):
+    nothing of it was written."""
+
+
 class Link:
-    """Messages between the two processes: rank 0 listens on `path`, rank 1 connects."""
+    """Messages between the two processes: rank 0 listens on `path`, rank 1 connects. `timeout`
+    bounds every wait on the other side (a send, a receive): socket.timeout (an OSError)."""
 
     def __init__(self, path: str | Path, rank: int, timeout: float = 60.0) -> None:
         self.rank = rank
@@ -246,7 +252,7 @@ class PartitionedGraph:
             if self.rank == 0:
                 self.link.send(self._read(self.inputs))
             else:
-                self._write(self.link.recv())  # type: ignore[arg-type]
+                self._write(self.link.recv(), self.inputs)
         pass_on = getattr(self.link, "pass_on", None)  # pipelining (medusa.tessera.pipeline)
         for i, s in enumerate(self.segments):
             if s.device == self.rank:
@@ -257,15 +263,15 @@ class PartitionedGraph:
                 if pass_on is not None and nxt is not None and nxt.device == self.rank:
                     pass_on()  # another request group's segment may run here first
             else:
-                self._write(self.link.recv())  # type: ignore[arg-type]
+                self._write(self.link.recv(), s.sends)
         mine = self._read(self.deltas[self.rank])
         if self.rank == 0:
             self.link.send(mine)
-            self._write(self.link.recv())  # type: ignore[arg-type]
+            self._write(self.link.recv(), self.deltas[1])
         else:
             theirs = self.link.recv()
             self.link.send(mine)
-            self._write(theirs)  # type: ignore[arg-type]
+            self._write(theirs, self.deltas[0])
 
     def _read(self, ranges: list[Range]) -> list[list[object]]:
         return [
@@ -273,6 +279,20 @@ class PartitionedGraph:
             for (kind, idx), lo, hi in ranges
         ]
 
-    def _write(self, items: list[list]) -> None:  # type: ignore[type-arg]
+    def _write(self, items: object, expected: list[Range]) -> None:
+        """Writes what the other side sent, once it is checked to be exactly the ranges the plan
+        expects from it here (both sides plan alike): never bytes outside them."""
+        if not isinstance(items, list) or len(items) != len(expected):
+            raise LinkError(f"expected {len(expected)} ranges from the other device, not that")
+        for item, ((kind, idx), lo, hi) in zip(items, expected, strict=True):
+            if (
+                not isinstance(item, list)
+                or len(item) != 4
+                or item[:3] != [kind, idx, lo]
+                or not isinstance(item[3], bytes)
+                or len(item[3]) != hi - lo
+            ):
+                raise LinkError(f"the other device sent something else than {hi - lo} bytes of "
+                                f"allocation {idx} at {lo}")  # fmt: skip
         for kind, idx, lo, data in items:
             self.r.b.memcpy_htod(self.base[(kind, idx)] + lo, data)

@@ -6,8 +6,11 @@ and the KV cache's kernels. It starts a follower, device 1: another process rest
 same artifact, which runs no engine, only its segments of whichever decode graph the server
 launches. Each step the server sends the graph's index and what device 1 reads that the host
 wrote (executor.PartitionedGraph with host_inputs); the two then take turns through the graph
-and device 1's last writes come back. A follower that goes away ends the server's next step with
-an error naming it.
+and device 1's last writes come back. A follower that goes away, or does not answer within
+`--partition-timeout` seconds (stopped, hung), ends the server's step with an error naming it:
+the engine fails, its requests get 503 and /health reports it, so a gateway replaces the worker.
+What either side receives is written only where the plan expects it (executor.PartitionedGraph).
+The link is a Unix socket in a directory of this user's only (mkdtemp, 0700).
 
 A placement file (JSON) names the artifact it was made for (the sha256 of its manifest), the
 instrumented recording of the same start-up its accesses come from (a path relative to the
@@ -20,16 +23,17 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from medusa import scratch
+
 FORMAT = "medusa-tessera-placement/1"
+TIMEOUT = 10.0  # seconds the follower may take within a step (a decode step takes milliseconds)
 log = logging.getLogger("medusa.tessera")
 
 
@@ -123,7 +127,11 @@ class Leader:
     """Device 0's side in the serving process: the follower, and the engine's decode graphs
     replaced by their split versions."""
 
-    def __init__(self, engine: Any, artifact: str | Path, plan: str | Path) -> None:
+    def __init__(
+        self, engine: Any, artifact: str | Path, plan: str | Path, timeout: float = TIMEOUT
+    ) -> None:
+        """timeout: seconds the follower may take to answer within a step (a stopped or hung
+        follower then fails the step, and the engine, with an error naming it)."""
         from medusa.materialize.analysis import RunView
         from medusa.tessera.executor import Accesses, Link, PartitionedGraph
         from medusa.trace import read_trace
@@ -138,7 +146,8 @@ class Leader:
         if [len(g) for g in accesses.graphs] != nodes:
             raise PlacementError(f"--partition {plan}: its access recording is of other graphs "
                                  f"than {artifact}'s; {_remake(Path(plan), artifact)}")  # fmt: skip
-        self.dir = Path(tempfile.mkdtemp(prefix="medusa-partition-"))
+        self.scratch = scratch.ScratchDir("medusa-partition-")  # (a killed leader's: swept)
+        self.dir = self.scratch.path
         sock = self.dir / "exchange.sock"
         self.follower = _start_follower(artifact, plan, sock, self.dir)
         deadline = time.monotonic() + 120
@@ -147,7 +156,8 @@ class Leader:
                 raise PlacementError(f"--partition {plan}: the follower (device 1) did not start "
                                      f"(see its log {self.dir / 'follower.log'})")  # fmt: skip
             time.sleep(0.05)
-        self.link = Link(sock, 1, timeout=600)  # NOTE: Link's rank 1 connects
+        self.timeout = timeout
+        self.link = Link(sock, 1, timeout=timeout)  # NOTE: Link's rank 1 connects
         graphs = dict(engine.runner.graphs)
         self.split: dict[int, tuple[int, Any]] = {}
         for gi, size in enumerate(sizes):
@@ -166,6 +176,12 @@ class Leader:
         try:
             self.link.send(gi)
             pg.run()
+        except TimeoutError:
+            raise RuntimeError(
+                f"the partition's follower (device 1, pid {self.follower.pid}) did not answer "
+                f"in {self.timeout:g} s (--partition-timeout): stopped or hung; its log: "
+                f"{self.dir / 'follower.log'}"
+            ) from None
         except (ConnectionError, OSError) as e:
             raise RuntimeError(
                 f"the partition's follower (device 1, pid {self.follower.pid}) went away: {e}; "
@@ -182,7 +198,7 @@ class Leader:
             self.follower.kill()
             self.follower.wait()
         log.info("tessera: %d decode steps split over two processes", self.steps)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.scratch.close()
 
 
 def _graph_nodes(plan: dict) -> list[int]:  # type: ignore[type-arg]
@@ -237,7 +253,9 @@ def follow(artifact: str, plan: str, sock: str) -> None:
             gi = link.recv()
         except (ConnectionError, OSError):
             return  # the server stopped
-        graphs[int(gi)].run()  # type: ignore[call-overload]
+        if not isinstance(gi, int) or not 0 <= gi < len(graphs):
+            raise SystemExit(f"follower: the server asked for graph {gi!r} of {len(graphs)}")
+        graphs[gi].run()
 
 
 if __name__ == "__main__":

@@ -10,8 +10,12 @@ allocations as the simcuda analysis does. Instrumented code keeps each access's 
 thread that skips an access records nothing.
 
 Accesses through a register (`[%rdN+off]`, what nvcc emits for pointers) or a module global
-(`[sym+off]`) are instrumented; any other global access (`cp.async`, a 32-bit register address)
-is returned as unsupported, so that nothing is missed silently."""
+(`[sym+off]`) are instrumented. So are generic accesses (no state space: a `.func` given a
+pointer, inline assembly such as cuda_fp16's `atom.add.noftz.f16x2`) through a register: only
+threads whose address is global memory (`isspacep.global`) record, at its global address (for
+cudaMalloc'd memory the same number on sm_90). Any other global or generic access (`cp.async`,
+a 32-bit register or symbol address) is returned as unsupported, so that nothing is missed
+silently."""
 
 from __future__ import annotations
 
@@ -24,14 +28,16 @@ RECORD_BYTES = 16  # per site: u64 min address, u64 max end address
 READ, WRITE = 1, 2
 _UNTOUCHED = (2**64 - 1, 0)
 
+# One access, alone on its line or as a one-line inline-assembly block ("{ atom...; }").
 _ACCESS = re.compile(
-    r"^(?P<indent>\s*)(?P<pred>@!?%p\d+\s+)?(?P<op>ld|st|atom|red)(?:\.(?:volatile|relaxed|acquire"
-    r"|release|weak|sys|gpu|cta))*\.global(?P<mods>(?:\.\w+)*)"
-    r"\s+(?P<args>[^;]*);"
+    r"^(?P<indent>\s*)(?:\{\s*)?(?P<pred>@!?%p\d+\s+)?(?P<op>ld|st|atom|red)"
+    r"(?P<mods>(?:\.[\w:]+)*)\s+(?P<args>[^;]*);\s*\}?\s*$"
 )
+_ANY_ACCESS = re.compile(r"(?:^|[\s{;])(?:@!?%p\d+\s+)?(?:ld|st|atom|red)((?:\.[\w:]+)*)\s")
+_OTHER_SPACES = ("shared", "local", "param", "const", "tex")
 _ADDRESS = re.compile(r"\[(?P<reg>%rd\d+|[A-Za-z_$][\w$]*)(?:\+(?P<off>-?\d+))?\]")
 _ENTRY = re.compile(r"^\s*\.(?:visible\s+|weak\s+)?(?:\.)?(?:entry|func)\s+(?:\([^)]*\)\s*)?(\w+)")
-_WIDTH = {"8": 1, "16": 2, "32": 4, "64": 8, "128": 16}
+_TYPE = re.compile(r"[a-z]+(8|16|32|64|128)(?:x(\d+))?")  # u32, f16x2 (packed), b128
 
 
 @dataclass(frozen=True)
@@ -41,22 +47,85 @@ class Site:
     line: int  # in the original PTX, 1-based
     mode: int  # READ, WRITE or both
     width: int  # bytes one thread accesses
+    generic: bool = False  # a generic address: recorded only where it is global memory
 
 
 @dataclass(frozen=True)
 class Instrumented:
     ptx: str
     sites: list[Site]
-    unsupported: list[str]  # global accesses left as they were (file line: text)
+    unsupported: list[str]  # global or generic accesses left as they were (file line: text)
 
 
 def _width(mods: str) -> int:
     parts = mods.strip(".").split(".")
     lanes = next((int(p[1:]) for p in parts if re.fullmatch(r"v[248]", p)), 1)
-    bits = next((b for p in reversed(parts) if (b := re.sub(r"^[a-z]+", "", p)) in _WIDTH), None)
-    if bits is None:
-        raise ValueError(f"no operand size in .global{mods}")
-    return lanes * _WIDTH[bits]
+    for p in reversed(parts):
+        t = _TYPE.fullmatch(p)
+        if t:
+            return lanes * int(t.group(1)) // 8 * int(t.group(2) or 1)
+    raise ValueError(f"no operand size in {mods}")
+
+
+def _space(mods: str) -> str:
+    """The access's state space: global, generic, or other (shared, local, param, const)."""
+    parts = [p.split("::")[0] for p in mods.strip(".").split(".")]
+    if "global" in parts:
+        return "global"
+    return "other" if any(p in _OTHER_SPACES for p in parts) else "generic"
+
+
+def _record(site: Site, base: str, off: int, pred: str) -> list[str]:
+    """The instructions that fold one access into its site's record."""
+    if base.startswith("%"):
+        first = f"{pred}add.s64 \t%macc0, {base}, {off};"
+    else:
+        first = f"{pred}mov.u64 \t%macc0, {base}+{off};"  # a module global: its address
+    head = [first]
+    if site.generic:  # NOTE: a thread that skips the access or reaches other memory records nothing
+        head += [
+            "setp.ne.u32 \t%maccp, 0, 0;",
+            f"{pred}isspacep.global \t%maccp, %macc0;",
+            "@%maccp cvta.to.global.u64 \t%macc0, %macc0;",
+        ]
+        pred = "@%maccp "
+    return head + [
+        f"{pred}{ins}"
+        for ins in (
+            f"ld.global.u64 \t%macc1, [{BUFFER}];",
+            f"add.s64 \t%macc1, %macc1, {site.index * RECORD_BYTES};",
+            "atom.global.min.u64 \t%macc2, [%macc1], %macc0;",
+            f"add.s64 \t%macc0, %macc0, {site.width};",
+            "atom.global.max.u64 \t%macc2, [%macc1+8], %macc0;",
+        )
+    ]
+
+
+def _site(m: re.Match[str], index: int, function: str, line: int) -> tuple[Site, list[str]] | None:
+    """The site of an access and its recording instructions, or None if it cannot be recorded."""
+    space = _space(m.group("mods"))
+    addr = _ADDRESS.search(m.group("args"))
+    if addr is None or (space == "generic" and not addr.group("reg").startswith("%")):
+        return None
+    op = m.group("op")
+    mode = READ if op == "ld" else WRITE if op == "st" else READ | WRITE
+    site = Site(index, function, line, mode, _width(m.group("mods")), space == "generic")
+    ind = m.group("indent") or "\t"
+    code = _record(site, addr.group("reg"), int(addr.group("off") or 0), m.group("pred") or "")
+    return site, [ind + c for c in code]
+
+
+def _untracked(line: str) -> bool:
+    """Whether the line holds a global or generic access (or another global operation)."""
+    code = line.split("//")[0]
+    if any(_space(a.group(1)) != "other" for a in _ANY_ACCESS.finditer(code)):
+        return True
+    stripped = code.strip()
+    return (
+        ".global" in code
+        and bool(re.match(r"^(@!?%p\d+\s+)?[a-z]", stripped))
+        and not (stripped.startswith(("cvta", ".global", "mov", "isspacep")))
+    )
 
 
 def instrument(ptx: str) -> Instrumented:
@@ -64,56 +133,28 @@ def instrument(ptx: str) -> Instrumented:
     out: list[str] = []
     sites: list[Site] = []
     unsupported: list[str] = []
-    function = ""
-    declared = False
+    function, depth = "", 0
     for n, line in enumerate(ptx.splitlines(), 1):
         entry = _ENTRY.match(line)
         if entry:
             function = entry.group(1)
-        if line.strip() == "{" and function and not declared:
-            out.append(line)
-            out.append("\t.reg .b64 \t%macc<3>;")
-            declared = True
+        if depth == 0 and line.strip() == "{" and function:
+            out += [line, "\t.reg .b64 \t%macc<3>;", "\t.reg .pred \t%maccp;"]
+            depth = 1
             continue
-        if line.strip() == "}":
-            declared = False
+        code = line.split("//")[0]
+        depth += code.count("{") - code.count("}")
         if line.startswith(".address_size"):
-            out.append(line)
-            out.append(f"\n.global .align 8 .u64 {BUFFER};")
+            out += [line, f"\n.global .align 8 .u64 {BUFFER};"]
             continue
         m = _ACCESS.match(line)
-        addr = _ADDRESS.search(m.group("args")) if m else None
-        if m is None:
-            if ".global" in line and re.match(r"^\s*(@!?%p\d+\s+)?[a-z]", line):
-                if not line.strip().startswith(("cvta", ".global", "mov")):
-                    unsupported.append(f"{n}: {line.strip()}")
-            out.append(line)
-            continue
-        if addr is None or not declared:
+        tracked = m is not None and _space(m.group("mods")) != "other"
+        found = _site(m, len(sites), function, n) if m and tracked and depth > 0 else None
+        if found:
+            sites.append(found[0])
+            out += found[1]
+        elif tracked or (m is None and _untracked(line)):
             unsupported.append(f"{n}: {line.strip()}")
-            out.append(line)
-            continue
-        op = m.group("op")
-        mode = READ if op == "ld" else WRITE if op == "st" else READ | WRITE
-        site = Site(len(sites), function, n, mode, _width(m.group("mods")))
-        sites.append(site)
-        pred, ind = m.group("pred") or "", m.group("indent") or "\t"
-        off = int(addr.group("off") or 0)
-        base = addr.group("reg")
-        first = (
-            f"add.s64 \t%macc0, {base}, {off};"
-            if base.startswith("%")
-            else f"mov.u64 \t%macc0, {base}+{off};"  # a module global: its address
-        )
-        for ins in (
-            first,
-            f"ld.global.u64 \t%macc1, [{BUFFER}];",
-            f"add.s64 \t%macc1, %macc1, {site.index * RECORD_BYTES};",
-            "atom.global.min.u64 \t%macc2, [%macc1], %macc0;",
-            f"add.s64 \t%macc0, %macc0, {site.width};",
-            "atom.global.max.u64 \t%macc2, [%macc1+8], %macc0;",
-        ):
-            out.append(f"{ind}{pred}{ins}")
         out.append(line)
     return Instrumented("\n".join(out) + "\n", sites, unsupported)
 

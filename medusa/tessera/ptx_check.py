@@ -1,6 +1,7 @@
 """GPU check of the PTX access instrumentation (`bash scripts/gpu/tessera_ptx.sh`): compiles a
-kernel with known accesses to PTX, instruments it, runs it on the GPU through the driver API and
-compares the recorded extents with the ones its arguments imply. Needs nvcc and a GPU; on this
+kernel with known accesses (global; generic, to global or shared memory; a packed-half atomic)
+to PTX, instruments it, runs it on the GPU through the driver API and compares the recorded
+extents with the ones its arguments imply. Needs nvcc and a GPU; on this
 project's CPU machines the instrumented PTX is only assembled (tests/tessera/test_ptx.py)."""
 
 from __future__ import annotations
@@ -15,16 +16,21 @@ from pathlib import Path
 from medusa.tessera.ptx import BUFFER, READ, WRITE, extents, initial_records, instrument
 
 KERNEL = r"""
+#include <cuda_fp16.h>
 extern "C" __global__ void strided(float *out, const float *in, int n, int stride,
-                                   unsigned int *hits) {
+                                   unsigned int *hits, float *aux, __half2 *pairs) {
+    __shared__ float tile[256];
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         out[i] = in[i * stride] * 2.0f;
         if (i % 2 == 0) atomicAdd(hits, 1u);
+        float *p = i % 3 == 0 ? &tile[threadIdx.x] : aux + i;  // shared or global: generic
+        *p = 1.0f;
+        if (i < 64) atomicAdd(pairs + i, __floats2half2_rn(1.0f, 1.0f));  // generic f16x2
     }
 }
 """
-N, STRIDE, THREADS = 1000, 3, 256
+N, STRIDE, THREADS, PAIRS = 1000, 3, 256, 64  # PAIRS: the 64 of KERNEL
 
 
 class Driver:
@@ -68,13 +74,15 @@ def main() -> int:
 
     src_bytes = ((N - 1) * STRIDE + 1) * 4
     out, src, hits = alloc(N * 4), alloc(src_bytes + 4096), alloc(4)
+    aux, pairs = alloc(N * 4), alloc(PAIRS * 4)
     records = initial_records(len(inst.sites))
     buf = alloc(len(records))
     cu("cuMemcpyHtoD_v2", c_uint64(buf), records, c_size_t(len(records)))
     sym, size = c_uint64(), c_size_t()
     cu("cuModuleGetGlobal_v2", byref(sym), byref(size), mod, BUFFER.encode())
     cu("cuMemcpyHtoD_v2", sym, byref(c_uint64(buf)), c_size_t(8))
-    args = [c_uint64(out), c_uint64(src), c_int(N), c_int(STRIDE), c_uint64(hits)]
+    args = [c_uint64(out), c_uint64(src), c_int(N), c_int(STRIDE), c_uint64(hits),
+            c_uint64(aux), c_uint64(pairs)]  # fmt: skip
     params = (c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
     blocks = (N + THREADS - 1) // THREADS
     cu("cuLaunchKernel", fn, c_uint(blocks), c_uint(1), c_uint(1), c_uint(THREADS), c_uint(1),
@@ -87,6 +95,8 @@ def main() -> int:
         (READ, src, src + src_bytes),  # in[0 .. (N-1)*STRIDE], threads >= N read nothing
         (WRITE, out, out + N * 4),
         (READ | WRITE, hits, hits + 4),  # the atomic, from even threads only
+        (WRITE, aux + 4, aux + 999 * 4),  # generic: threads 1 .. 998 but every third (shared)
+        (READ | WRITE, pairs, pairs + PAIRS * 4),  # a generic packed-half atomic
     }
     print(f"{len(inst.sites)} sites instrumented; recorded extents:")
     for mode, lo, hi in sorted(seen, key=lambda e: e[1]):

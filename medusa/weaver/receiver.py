@@ -29,13 +29,16 @@ from medusa.weaver.region import (
     STOP,
     TASK,
     ExchangeRegion,
+    Geometry,
+    RegionError,
 )
 
 F32 = 4
 
 
 class ReceiverError(RuntimeError):
-    """A task the receiver cannot run (out of KV blocks, a sequence it does not hold)."""
+    """A task the receiver cannot run (out of KV blocks, a sequence it does not hold, counts
+    outside the region or its KV): refused, with nothing written."""
 
 
 class WeaverReceiver:
@@ -57,12 +60,21 @@ class WeaverReceiver:
         self.max_blocks = num_blocks
         self._part = block_size * g.kv_size * F32  # one layer's K (or V) rows of one block
         self._block_bytes = 2 * g.num_layers * self._part
+        if self._block_bytes // F32 >= 2**31 or g.max_seqs * num_blocks >= 2**31:
+            raise RegionError(
+                f"{region.path}: {g.num_layers} layers of {g.kv_size} floats in blocks of "
+                f"{block_size} tokens, {num_blocks} of them: more than the kernels can index"
+            )
         self.kv = kv or StaticOffloadedKV(device, num_blocks, self._block_bytes)
         self.tables: dict[int, list[int]] = {}  # offloaded sequence -> its block ids here
         self.lengths: dict[int, int] = {}  # tokens of it held here
+        # NOTE: the kernels read the checked copies of the task's counts here, never the
+        # region's: the sender could change those between the check and the kernel.
         self._ws = {
             "slots": device.alloc(4 * region.geometry.max_tokens),
             "block_tables": device.alloc(4 * g.max_seqs * self.max_blocks),
+            "seq_lens": device.alloc(4 * g.max_seqs),
+            "query_start": device.alloc(4 * (g.max_seqs + 1)),
         }
         self._dev_region = device.host_register(
             region.address, region.layout["end"], read_only=False
@@ -84,6 +96,7 @@ class WeaverReceiver:
             return True
         kind, layer, num_seqs, num_tokens = r.task_head()
         try:
+            _check_head(r.geometry, kind, layer, num_seqs, num_tokens)
             if kind in (ATTEND, APPEND):
                 self._attend(layer, num_seqs, num_tokens, attention=kind == ATTEND)
             elif kind == RELEASE:
@@ -121,10 +134,8 @@ class WeaverReceiver:
     # ---- tasks ----
     def _attend(self, layer: int, num_seqs: int, num_tokens: int, attention: bool = True) -> None:
         r, g, d = self.region, self.region.geometry, self.dev
-        ids = r.array("seq_ids")[:num_seqs].tolist()
-        lens = r.array("seq_lens")[:num_seqs].tolist()
-        qs = r.array("query_start")[: num_seqs + 1].tolist()
-        self._reserve(dict(zip(ids, lens, strict=True)), layer)
+        ids, lens, qs = self._task_rows(num_seqs, num_tokens)
+        self._reserve(dict(zip(ids, lens, strict=True)))
         slots = []
         for sid, total, q0, q1 in zip(ids, lens, qs[:-1], qs[1:], strict=True):
             table = self.tables[sid]
@@ -133,32 +144,52 @@ class WeaverReceiver:
         bt = np.zeros((num_seqs, self.max_blocks), np.int32)
         for i, sid in enumerate(ids):
             bt[i, : len(self.tables[sid])] = self.tables[sid]
+        ws = {name: buf.ptr for name, buf in self._ws.items()}
         d.upload(self._ws["slots"], np.asarray(slots, np.int32))
         d.upload(self._ws["block_tables"], bt)
+        d.upload(self._ws["seq_lens"], np.asarray(lens, np.int32))
+        d.upload(self._ws["query_start"], np.asarray(qs, np.int32))
         kc = self.kv.base + 2 * layer * self._part
         vc = kc + self._part
         stride = self._block_bytes // F32
         a = {name: self._dev_region + r.layout[name] for name in r.layout}
-        d.launch("reshape_and_cache_kernel", kc, vc, a["k"], a["v"], self._ws["slots"].ptr,
+        d.launch("reshape_and_cache_kernel", kc, vc, a["k"], a["v"], ws["slots"],
                  num_tokens, g.num_kv_heads, g.head_dim, g.kv_size, self.block_size,
                  stride)  # fmt: skip
         if attention:
-            d.launch("paged_attention_kernel", a["out"], a["q"], kc, vc,
-                     self._ws["block_tables"].ptr, a["seq_lens"], a["query_start"], num_seqs,
-                     g.num_heads, g.num_kv_heads, g.head_dim, self.block_size, self.max_blocks,
-                     g.q_size, g.head_dim**-0.5, stride)  # fmt: skip
+            d.launch("paged_attention_kernel", a["out"], a["q"], kc, vc, ws["block_tables"],
+                     ws["seq_lens"], ws["query_start"], num_seqs, g.num_heads, g.num_kv_heads,
+                     g.head_dim, self.block_size, self.max_blocks, g.q_size, g.head_dim**-0.5,
+                     stride)  # fmt: skip
         d.synchronize()
         if layer == g.num_layers - 1:
             for sid, total in zip(ids, lens, strict=True):
                 self.lengths[sid] = total
 
-    def _reserve(self, lens: dict[int, int], layer: int) -> None:
+    def _task_rows(self, num_seqs: int, num_tokens: int) -> tuple[list[int], list[int], list[int]]:
+        """An ATTEND or APPEND task's sequences, their lengths after it and its query starts,
+        copied out of the region and checked: distinct sequences, each given at least one row,
+        its rows following the tokens held here, the rows adding up to num_tokens."""
+        r = self.region
+        ids = r.array("seq_ids")[:num_seqs].tolist()
+        lens = r.array("seq_lens")[:num_seqs].tolist()
+        qs = r.array("query_start")[: num_seqs + 1].tolist()
+        if len(set(ids)) != num_seqs:
+            raise ReceiverError(f"task sequences {ids}: a sequence is given twice")
+        if qs[0] != 0 or qs[-1] != num_tokens:
+            raise ReceiverError(f"task query starts {qs}: must run from 0 to {num_tokens} rows")
+        for sid, total, q0, q1 in zip(ids, lens, qs[:-1], qs[1:], strict=True):
+            held = self.lengths.get(sid, 0)
+            if q1 <= q0 or total - (q1 - q0) != held:
+                raise ReceiverError(
+                    f"sequence {sid}: {q1 - q0} rows to reach {total} tokens, {held} held here"
+                )
+        return ids, lens, qs
+
+    def _reserve(self, lens: dict[int, int]) -> None:
         """Blocks for every sequence to reach its new length, all or none."""
         need = {}
         for sid, total in lens.items():
-            held = self.lengths.get(sid, 0)
-            if layer == 0 and total <= held:
-                raise ReceiverError(f"sequence {sid}: {total} tokens sent, {held} held already")
             need[sid] = -(-total // self.block_size) - len(self.tables.get(sid, []))
             if len(self.tables.get(sid, [])) + need[sid] > self.max_blocks:
                 raise ReceiverError(f"sequence {sid}: {total} tokens exceed this receiver's KV")
@@ -181,7 +212,7 @@ class WeaverReceiver:
         """Copies sequence `sid`'s K and V rows of `layer` into the region's k and v (handing it
         back to the sender)."""
         r, g = self.region, self.region.geometry
-        if sid not in self.tables:
+        if sid not in self.lengths:  # NOTE: held once a task's last layer went through
             raise ReceiverError(f"sequence {sid} is not held by this receiver")
         n = self.lengths[sid]
         if n > g.max_tokens:
@@ -195,6 +226,18 @@ class WeaverReceiver:
         r.array("k")[:n] = np.concatenate(k).reshape(-1, g.kv_size)[:n]
         r.array("v")[:n] = np.concatenate(v).reshape(-1, g.kv_size)[:n]
         r.array("seq_lens")[0] = n
+
+
+def _check_head(g: Geometry, kind: int, layer: int, num_seqs: int, num_tokens: int) -> None:
+    """A task's head within the region's geometry (what is read and written follows from it)."""
+    if not 0 <= layer < g.num_layers:
+        raise ReceiverError(f"task layer {layer}: the region has layers 0..{g.num_layers - 1}")
+    least = 0 if kind in (RELEASE, STOP) else 1
+    most = 1 if kind == FETCH else g.max_seqs
+    if not least <= num_seqs <= most:
+        raise ReceiverError(f"task of {num_seqs} sequences: expected {least}..{most}")
+    if not 0 <= num_tokens <= g.max_tokens:
+        raise ReceiverError(f"task of {num_tokens} rows: the region holds {g.max_tokens}")
 
 
 def main() -> None:  # pragma: no cover - the receiver process of tests and scripts

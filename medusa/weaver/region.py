@@ -11,13 +11,20 @@ head_dim]). One task is in flight at a time: a layer's next step needs this laye
 Protocol: the sender writes the task, then bumps `task`; the receiver, polling at its kernel
 boundaries, sees task > done, runs it, writes the output, then sets done = task. The receiver
 stamps `heartbeat` (CLOCK_MONOTONIC ns) at every poll, so a sender can tell a receiver that died or
-hangs from one that is busy."""
+hangs from one that is busy.
+
+The file is a private one of this user (0600), made with O_EXCL|O_NOFOLLOW and opened with
+O_NOFOLLOW; between workers of a gateway it lives in the directory the gateway gave them
+(medusa.weaver.region_dir), named, never given as a path. Everything the receiver reads from it
+is checked before it touches device memory (medusa.weaver.receiver)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +41,7 @@ TASK_HEAD = struct.Struct("<4i")  # kind, layer, num_seqs, num_tokens
 
 ATTEND, RELEASE, FETCH, STOP, APPEND = 1, 2, 3, 4, 5  # task kinds (APPEND: k/v, no attention)
 OK, FAILED = 0, 1  # STATUS values
+MAX_LAYERS, MAX_WIDTH = 1024, 1 << 16  # bounds of a geometry (Llama 405B: 126 layers, 16384)
 
 
 class RegionError(RuntimeError):
@@ -56,6 +64,11 @@ class Geometry:
             raise ValueError(f"{self}: num_heads must be a multiple of num_kv_heads")
         if not 1 <= self.max_seqs <= self.max_tokens:
             raise ValueError(f"{self}: need 1 <= max_seqs <= max_tokens")
+        # NOTE: kernels take these and their products (a block's floats) as 32-bit ints.
+        if self.num_layers > MAX_LAYERS or self.q_size > MAX_WIDTH or self.kv_size > MAX_WIDTH:
+            raise ValueError(
+                f"{self}: at most {MAX_LAYERS} layers and {MAX_WIDTH} floats of q or k per token"
+            )
 
     @property
     def q_size(self) -> int:
@@ -79,41 +92,79 @@ class Geometry:
         return out
 
 
+def _check_file(path: Path, fd: int) -> int:
+    """The size of the region file open at fd, if it is a private file of this user's."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise RegionError(f"{path}: not a regular file, so not an exchange region")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise RegionError(
+            f"{path}: not a private file of this user (owner uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):o}); a sender of this user makes its region (mode 600)"
+        )
+    if st.st_size < HEADER_BYTES:
+        raise RegionError(f"{path}: {st.st_size} bytes is not an exchange region")
+    return st.st_size
+
+
+def _geometry(path: Path, view: mmap.mmap, size: int) -> tuple[Geometry, dict[str, int]]:
+    magic, *dims = GEOMETRY.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise RegionError(f"{path}: not an exchange region (magic {magic!r})")
+    try:
+        geometry = Geometry(*dims[:6])
+    except ValueError as e:
+        raise RegionError(f"{path}: not a usable exchange region: {e}") from None
+    layout = geometry.offsets()
+    if size != layout["end"]:
+        raise RegionError(f"{path}: {size} bytes, its geometry needs {layout['end']}")
+    return geometry, layout
+
+
 class ExchangeRegion:
     """One process's mapping of the region; `create` makes the file, the constructor opens it."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path, *, dir_fd: int | None = None) -> None:
+        """dir_fd: `path`'s directory, opened (RegionDir): the file is its name there."""
+        self.path, self._dir_fd = Path(path), dir_fd
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
+            fd = os.open(self._name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         except FileNotFoundError:
             raise RegionError(
                 f"{self.path}: no exchange region here; the sender creates it"
             ) from None
+        except OSError as e:
+            raise RegionError(
+                f"{self.path}: cannot open it as an exchange region: {e.strerror}"
+            ) from None
         try:
-            size = os.fstat(fd).st_size
-            if size < HEADER_BYTES:
-                raise RegionError(f"{self.path}: {size} bytes is not an exchange region")
+            size = _check_file(self.path, fd)
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        magic, *dims = GEOMETRY.unpack_from(self._map, 0)
-        if magic != MAGIC:
+        try:
+            self.geometry, self.layout = _geometry(self.path, self._map, size)
+        except BaseException:
             self._map.close()
-            raise RegionError(f"{self.path}: not an exchange region (magic {magic!r})")
-        self.geometry = Geometry(*dims[:6])
-        self.layout = self.geometry.offsets()
-        if size != self.layout["end"]:
-            self._map.close()
-            raise RegionError(f"{self.path}: {size} bytes, its geometry needs {self.layout['end']}")
+            raise
         self._anchor = ctypes.c_char.from_buffer(self._map)
         self.address = ctypes.addressof(self._anchor)  # host address, page aligned
 
+    @property
+    def _name(self) -> str | Path:
+        return self.path.name if self._dir_fd is not None else self.path
+
     @classmethod
-    def create(cls, path: str | Path, geometry: Geometry) -> ExchangeRegion:
+    def create(
+        cls, path: str | Path, geometry: Geometry, *, dir_fd: int | None = None
+    ) -> ExchangeRegion:
+        """A new region file (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600: never an existing file or
+        a link planted there); dir_fd as for the constructor."""
         path = Path(path)
         size = geometry.offsets()["end"]
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        name = path.name if dir_fd is not None else path
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
         try:
             os.ftruncate(fd, size)
             g = geometry
@@ -122,7 +173,12 @@ class ExchangeRegion:
             os.pwrite(fd, header, 0)
         finally:
             os.close(fd)
-        return cls(path)
+        return cls(path, dir_fd=dir_fd)
+
+    def unlink(self) -> None:
+        """Removes the region's file (the sender's, when the pairing ends)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._name, dir_fd=self._dir_fd)
 
     # ---- counters ----
     def counter(self, offset: int) -> int:

@@ -56,6 +56,7 @@ class WeaverSender:
     def __init__(self, region: ExchangeRegion, timeout: float = TIMEOUT) -> None:
         self.region, self.timeout = region, timeout
         self.offloaded: set[int] = set()  # sequences whose KV the receiver holds
+        self.lengths: dict[int, int] = {}  # their tokens there, as last sent
         region.set_counter(SENDER_PID, os.getpid())
         self._since = time.monotonic_ns()  # a receiver that never started gets `timeout` from now
 
@@ -113,6 +114,7 @@ class WeaverSender:
             r.array(name)[:rows] = a
         self.offloaded.update(seq_ids)
         self._run(kind, layer, n, rows)
+        self.lengths.update(zip(seq_ids, seq_lens, strict=True))
         return rows
 
     def release(self, seq_ids: Sequence[int]) -> None:
@@ -124,6 +126,8 @@ class WeaverSender:
             self.region.array("seq_ids")[: len(part)] = part
             self._run(RELEASE, 0, len(part), 0)
             self.offloaded.difference_update(part)
+            for sid in part:
+                self.lengths.pop(sid, None)
 
     def take_back(self, seq_id: int) -> tuple[np.ndarray, np.ndarray]:
         """Hands a sequence back (its receiver scales down or gets busy): its K and V,
@@ -134,6 +138,11 @@ class WeaverSender:
             r.array("seq_ids")[0] = seq_id
             self._run(FETCH, layer, 1, 0)
             n = int(r.array("seq_lens")[0])
+            if n != self.lengths.get(seq_id):
+                raise WeaverError(
+                    f"the receiver handed back {n} tokens of sequence {seq_id}, "
+                    f"{self.lengths.get(seq_id)} were sent"
+                )
             ks.append(r.array("k")[:n].copy())
             vs.append(r.array("v")[:n].copy())
         self.release([seq_id])

@@ -59,6 +59,8 @@ class _Load(ctypes.Structure):  # mr_load in csrc/restore/restore.h
         ("stream", c_void_p),
         ("workers", ctypes.c_uint32),
         ("progress", c_void_p),
+        ("fd", ctypes.c_int32),
+        ("file_offset", ctypes.c_uint64),
     ]
 
 
@@ -207,24 +209,26 @@ class StagingRing:
         store: WeightStore,
         dsts: dict[str, int],
         *,
-        checked: bool = False,
         progress: LoadProgress | None = None,
     ) -> None:
         """Copies the store's tensors named in `dsts` (name -> device address) and checks every
         chunk of the store, those of tensors not copied (host-resident ones) included. Raises
-        WeightStoreError naming the first bad chunk; nothing is used before all are checked.
-        checked: the gateway read and checked this very file in full and holds it mapped, so
-        nothing is hashed again and only the copied tensors' bytes are staged. The work is one
-        call into C (csrc/restore/chunk_loader.c) that does not hold the GIL, so a thread that
-        runs it leaves the interpreter to the rest of the start-up. progress: made for this
-        store, published to as chunks are done (and ended however this returns)."""
+        WeightStoreError naming the first bad chunk, or a file cut short while read; nothing is
+        used before all are checked. A store opened from a file is read into the staging slots
+        (pread: never mapped), a sealed copy is copied from its mapping. A vouched copy (checked
+        in full by the gateway, and sealed) is not hashed again: only the copied tensors' bytes
+        are staged. The work is one call into C (csrc/restore/chunk_loader.c) that does not hold
+        the GIL, so a thread that runs it leaves the interpreter to the rest of the start-up.
+        progress: made for this store, published to as chunks are done (and ended however this
+        returns)."""
         h = store.header
         starts, pieces = _pieces(h, dsts)
         for s in range(SLOTS):
             self._wait(s)
-        digests = None if checked else np.frombuffer(h.chunk_digests, np.uint8)
+        digests = None if store.vouched else np.frombuffer(h.chunk_digests, np.uint8)
+        mapped = store.sealed and h.data_size
         args = _Load(
-            data=store.data(0, h.data_size).ctypes.data if h.data_size else None,
+            data=store.data(0, h.data_size).ctypes.data if mapped else None,
             data_size=h.data_size,
             chunk_size=h.chunk_size,
             num_chunks=h.num_chunks,
@@ -238,19 +242,26 @@ class StagingRing:
             stream=self.stream,
             workers=self.workers,
             progress=progress.handle if progress is not None else None,
+            fd=-1 if mapped else store.fd,
+            file_offset=h.data_offset,
         )
         bad, err = ctypes.c_uint32(), ctypes.create_string_buffer(256)
         code = _chunk_loader()(byref(args), byref(bad), err, len(err))
         self._pending = [True] * SLOTS  # NOTE: the last copies may still be in flight
         self.synchronize()
+        i, why = bad.value, err.value.decode(errors="replace")
         if code == 1:
-            i = bad.value
             raise WeightStoreError(
                 f"{store.path}: chunk {i} of {h.num_chunks} ({store.describe_chunk(i)}) does not "
                 "match its checksum (corrupted); materialize again to rewrite the store"
             )
+        if code == 4:
+            raise WeightStoreError(
+                f"{store.path}: chunk {i} of {h.num_chunks} could not be read: {why} (the file "
+                "was changed while in use?); materialize again to rewrite the store"
+            )
         if code:
-            raise RuntimeError(f"loading {store.path}: {err.value.decode(errors='replace')}")
+            raise RuntimeError(f"loading {store.path}: {why}")
 
     # ---- arrays (a model file) ----
     def upload(self, dst: int, arr: np.ndarray) -> None:

@@ -1,5 +1,7 @@
-"""An open weight store: its header checked, its file mapped read-only and shared (MAP_SHARED),
-so every process that maps one store shares its page-cache pages."""
+"""An open weight store: its header checked, and its bytes read from the file (pread), never
+mapped: another local user may write or cut short a file while a worker loads it, and a mapping
+cut short kills the reader with SIGBUS. What is mapped is a sealed copy (medusa.weights.sealed):
+memory nobody can change or shrink, which weights="host" registers for the device to read."""
 
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ from medusa.weights.errors import WeightStoreError
 from medusa.weights.format import Header, Tensor, header_size, parse_header
 
 # A file changed this close before a check may change again with the same times (they are coarse):
-# like git's racy-clean rule, only files unchanged for this long before a check are vouched for.
+# like git's racy-clean rule, a pooled worker reuses what it read of an artifact at warm-up only
+# if no file of it changed for this long before (medusa.serve.pool_worker). NOTE: file times are
+# no proof that bytes are unchanged (a write through a shared mapping changes neither time):
+# nothing that is used without being read and checked again may rely on them.
 RACY_SECONDS = 2.0
 
 _FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a FIFO never hangs
@@ -26,25 +31,35 @@ _FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK:
 
 class WeightStore:
     def __init__(
-        self, path: Path, header: Header, mm: mmap.mmap, identity: str = "", mtime_ns: int = 0
+        self,
+        path: Path,
+        header: Header,
+        fd: int,
+        nbytes: int,
+        *,
+        mapping: mmap.mmap | None = None,
+        vouched: bool = False,
     ) -> None:
+        """fd: the file (owned: closed with the store), or a sealed copy's memfd, then mapped
+        (`mapping`). vouched: every chunk of the sealed copy was checked by whoever sealed it."""
         self.path = path
         self.header = header
-        # The file this mapping shows (device, inode, size, times) and its header: equal in two
-        # processes only while they map the same, unchanged file (see HostWeights for the limit
-        # of file times).
-        self.identity = identity
-        self.mtime_ns = mtime_ns
-        self.nbytes = len(mm)
-        self._mm = mm
-        self._data = np.frombuffer(mm, np.uint8)
-        self.address = int(self._data.ctypes.data)  # where the mapping starts in this process
+        self.fd = fd
+        self.nbytes = nbytes
+        self.vouched = vouched
+        self._mm = mapping
+        self._data = np.frombuffer(mapping, np.uint8) if mapping is not None else None
         self.tensors = {t.name: t for t in header.tensors}
         self._tokenizer: dict[str, Any] | None = None
 
     @property
     def model(self) -> dict[str, Any]:
         return self.header.model
+
+    @property
+    def sealed(self) -> bool:
+        """A copy in memory nobody can change (mapped), not the file."""
+        return self._data is not None
 
     def tokenizer_record(self) -> dict[str, Any]:
         """The model's tokenizer record, parsed on first use (its JSON is most of the header:
@@ -62,17 +77,42 @@ class WeightStore:
         return self._tokenizer
 
     @property
-    def data_address(self) -> int:
-        return self.address + self.header.data_offset
+    def address(self) -> int:
+        """Where a sealed copy's mapping starts in this process."""
+        if self._data is None:
+            raise RuntimeError(f"{self.path}: read from its file, not mapped (seal it first)")
+        return int(self._data.ctypes.data)
 
     def data(self, start: int, end: int) -> np.ndarray:
-        """Bytes [start, end) of the data, a view of the mapping (not checked)."""
+        """Bytes [start, end) of a sealed copy's data, a view of its mapping (not checked)."""
+        if self._data is None:
+            raise RuntimeError(f"{self.path}: read from its file, not mapped (use read())")
         off = self.header.data_offset
         return self._data[off + start : off + end]
 
+    def read(self, start: int, end: int) -> np.ndarray:
+        """Bytes [start, end) of the data (not checked): a view of a sealed copy, or read from
+        the file; WeightStoreError if the file ends before them (cut short since it was opened)."""
+        if self._data is not None:
+            return self.data(start, end)
+        out = bytearray(end - start)
+        view, at = memoryview(out), self.header.data_offset + start
+        while len(view):
+            try:
+                got = os.preadv(self.fd, [view], at)
+            except OSError as e:
+                raise WeightStoreError(f"{self.path}: cannot be read ({e.strerror})") from None
+            if got == 0:
+                raise WeightStoreError(
+                    f"{self.path}: ends before byte {at} its header promises (cut short or "
+                    "rewritten while in use); materialize again"
+                )
+            view, at = view[got:], at + got
+        return np.frombuffer(out, np.uint8)
+
     def array(self, t: Tensor) -> np.ndarray:
-        """Tensor t as a read-only float32 view of the mapping (not checked)."""
-        return self.data(t.offset, t.end).view(np.float32).reshape(t.shape)
+        """Tensor t as a float32 array (not checked)."""
+        return self.read(t.offset, t.end).view(np.float32).reshape(t.shape)
 
     def check_chunk(self, i: int, data: np.ndarray) -> None:
         """Raises WeightStoreError naming chunk i (and its tensors) unless `data` is its bytes."""
@@ -85,7 +125,7 @@ class WeightStore:
     def verify(self) -> None:
         """Checks every chunk (medusa verify); loading checks them as it copies instead."""
         for i in range(self.header.num_chunks):
-            self.check_chunk(i, self.data(*self.header.chunk_range(i)))
+            self.check_chunk(i, self.read(*self.header.chunk_range(i)))
 
     def describe_chunk(self, i: int) -> str:
         start, end = self.header.chunk_range(i)
@@ -94,13 +134,18 @@ class WeightStore:
         return f"bytes {start}..{end} of the data: {shown or 'padding'}"
 
     def close(self) -> None:
-        """Unmaps the store (once no array from it is left: a view still held keeps the mapping
-        until it goes)."""
-        self._data = np.empty(0, np.uint8)
-        try:
-            self._mm.close()
-        except BufferError:
-            pass  # NOTE: the views hold the mmap object; it unmaps when the last one is freed
+        """Closes the file (and unmaps a sealed copy, once no array from it is left: a view
+        still held keeps the mapping until it goes)."""
+        self._data = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # NOTE: the views hold the mmap object; it unmaps when the last one is freed
+            self._mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def __enter__(self) -> WeightStore:
         return self
@@ -110,13 +155,33 @@ class WeightStore:
 
 
 def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    """What changes when a file is written, replaced or moved in: device, inode, size, times."""
+    """What changes when a file is replaced, moved in or written by write(2): device, inode,
+    size, times (not a write through a shared mapping: see RACY_SECONDS)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
+def read_header(fd: int, size: int, where: str) -> Header:
+    """The header of the store open as `fd` (`size` bytes), checked (format.parse_header)."""
+    head = os.pread(fd, min(size, 1 << 16), 0)
+    end = header_size(head, where)
+    if end > size:
+        raise WeightStoreError(f"{where}: cut short inside its header; materialize again")
+    if end > len(head):
+        head += os.pread(fd, end - len(head), len(head))
+    return parse_header(head, size, where)
+
+
+def check_digest(header: Header, digest: str | None, where: str) -> None:
+    if digest is not None and header.digest != digest:
+        raise WeightStoreError(
+            f"{where}: its header is not the one the artifact's manifest seals (replaced or "
+            "changed after materialize); materialize again"
+        )
+
+
 def open_store(path: str | Path, *, digest: str | None = None) -> WeightStore:
-    """Opens and maps a weight store, its header checked (and, given `digest`, that it is the
-    header an artifact's manifest sealed). Chunks are checked as they are loaded."""
+    """Opens a weight store, its header checked (and, given `digest`, that it is the header an
+    artifact's manifest sealed). Its bytes are read as needed; chunks are checked as loaded."""
     path = Path(path)
     try:
         fd = os.open(path, _FLAGS)
@@ -129,20 +194,12 @@ def open_store(path: str | Path, *, digest: str | None = None) -> WeightStore:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise WeightStoreError(f"{path}: not a regular file; materialize again")
-        head = os.pread(fd, min(st.st_size, 1 << 16), 0)
-        end = header_size(head, str(path))
-        if end > st.st_size:
-            raise WeightStoreError(f"{path}: cut short inside its header; materialize again")
-        if end > len(head):
-            head += os.pread(fd, end - len(head), len(head))
-        header = parse_header(head, st.st_size, str(path))
-        if digest is not None and header.digest != digest:
-            raise WeightStoreError(
-                f"{path}: its header is not the one the artifact's manifest seals (replaced or "
-                "changed after materialize); materialize again"
-            )
-        mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    finally:
+        header = read_header(fd, st.st_size, str(path))
+        check_digest(header, digest, str(path))
+    except OSError as e:
         os.close(fd)
-    identity = ":".join(map(str, [*file_identity(st), header.digest]))
-    return WeightStore(path, header, mm, identity, st.st_mtime_ns)
+        raise WeightStoreError(f"{path}: cannot be read ({e.strerror})") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return WeightStore(path, header, fd, st.st_size)

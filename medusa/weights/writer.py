@@ -3,6 +3,7 @@ computed as the bytes are written, the header last, then an atomic rename."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable, Iterable
@@ -54,6 +55,8 @@ def write_store(
     num_chunks = -(-data_size // chunk_size)
     placeholder = encode_header(entries, data_size, chunk_size, model, bytes(16 * num_chunks))
     out.parent.mkdir(parents=True, exist_ok=True)
+    need = len(placeholder) + data_size
+    check_space(out.parent, need, "the weight store")
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -66,6 +69,11 @@ def write_store(
             f.write(head)
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)
+    except OSError as e:
+        os.unlink(tmp)
+        if e.errno in NO_SPACE:
+            raise no_space(e.errno, out.parent, need, "the weight store") from None
+        raise
     except BaseException:
         os.unlink(tmp)
         raise
@@ -78,6 +86,30 @@ def write_store(
         "chunks": num_chunks,
         "hash": "xxh3_128",
     }
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def check_space(directory: Path, need: int, what: str) -> None:
+    """OSError(ENOSPC) naming `directory` and the space `what` needs unless it has that free."""
+    st = os.statvfs(directory)
+    if st.f_bavail * st.f_frsize < need:
+        raise no_space(errno.ENOSPC, directory, need, what)
+
+
+def no_space(code: int, directory: Path, need: int, what: str) -> OSError:
+    """The error a full disk (or quota) gives, saying where and how much."""
+    try:
+        st = os.statvfs(directory)
+        free = f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return OSError(
+        code,
+        f"{directory}: no space left for {what} ({need / 2**20:.0f} MiB needed, {free}); free "
+        "some space there or write elsewhere (--out)",
+    )
 
 
 def _write_data(

@@ -3,7 +3,7 @@ each layer waiting for its own weights (--serve-while-loading; the default on a 
 for the whole load first (--no-serve-while-loading), side by side in one run, and the full
 load's own time. Seconds from process start; `ready` is when the engine returned, `load_end` when
 the store's last chunk was in (the copy runs from the weights_load stage on).
-Run: python scripts/bench/serve_while_loading.py [--repeat 3]
+Run: python scripts/bench/serve_while_loading.py [--repeat 3] [--model FILE.gguf|DIR]
 """
 
 from __future__ import annotations
@@ -65,12 +65,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="starts of each kind; medians shown")
     ap.add_argument("--json", action="store_true", help="also print every start's figures")
+    ap.add_argument(
+        "--model", default=None, help="'smollm2' (default), a .gguf file or a directory"
+    )
     args = ap.parse_args()
     cfg = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 1024}
     env = clean_env()
     with tempfile.TemporaryDirectory() as tmp:
         art = Path(tmp) / "art"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items()]
+        opts += [args.model] if args.model else []
+        cfg["model"] = args.model
         subprocess.run([sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out",
                         str(art)], env=env, check=True, capture_output=True)  # fmt: skip
         renv = recorder_env(Path(tmp) / "r-%p.mtr", mode="restore", base=env)

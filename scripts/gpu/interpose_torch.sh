@@ -6,6 +6,8 @@
 #   bash scripts/gpu/interpose_torch.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/gpu/lib/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
+require_medusa
 out=$(mktemp -d)
 cat > "$out/graph.py" <<'PY'
 import torch

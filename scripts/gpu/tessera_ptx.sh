@@ -6,5 +6,6 @@
 # Needs nvcc and a GPU. (CI only assembles the instrumented PTX of our kernels with ptxas.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-[ -n "${MEDUSA_GPU_INSTALLED:-}" ] || pip install -q .
+source scripts/gpu/lib/require.sh  # Medusa installed by scripts/gpu/all.sh; a check never installs
+require_medusa
 python -m medusa.tessera.ptx_check

@@ -7,8 +7,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${MODEL:?set MODEL to a local model directory, e.g. Qwen2.5-0.5B-Instruct}"
-python -c "import vllm, torch; assert torch.cuda.is_available(), 'no CUDA device'" \
-  || pip install -q ".[vllm]"
-pip install -q -e .   # the plugin's entry point must be installed where vLLM looks for it
+source scripts/gpu/lib/require.sh  # a check never installs
+require_medusa
+# vLLM finds the plugin through the installed package's entry point (all.sh's `pip install .`).
+python -c "import vllm, torch; assert torch.cuda.is_available(), 'no CUDA device'
+from importlib.metadata import entry_points
+assert any(e.name == 'medusa' for e in entry_points(group='vllm.general_plugins')), \
+    'the medusa vLLM plugin entry point is not installed'" || {
+  echo "vllm_coldstart: needs vLLM's CUDA build and Medusa installed with its plugin entry point;" \
+    "with network: pip install '.[vllm]'" >&2
+  exit 3
+}
 export HF_HUB_OFFLINE=1
 python scripts/bench/vllm_coldstart.py --model "$MODEL" "$@"

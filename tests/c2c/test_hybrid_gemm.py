@@ -8,7 +8,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from medusa.c2c.hybrid import hybrid_gemm
+from medusa.c2c.hybrid import hybrid_gemm, launch_shape
 from medusa.c2c.model import Tiles, gemm_traffic
 from medusa.cuda import load_backend
 
@@ -93,3 +93,9 @@ def test_the_papers_shape_in_the_model():
     sym = gemm_traffic(10240, 16384, 4096, 1.0, big, elem=2).c2c_read
     asym = gemm_traffic(10240, 16384, 4096, 0.0, big, elem=2).c2c_read
     assert round(sym / 1e9, 2) == 5.37 and round(asym / 1e9, 2) == 0.13
+
+
+def test_tiles_needing_more_shared_memory_than_a_block_has_are_refused():
+    big = Tiles(bm=128, bn=128, bk=64, wbm=128, wbn=128, wbk=256)
+    with pytest.raises(ValueError, match=r"needs 131584 bytes of shared memory per block, more "):
+        launch_shape(8, 256, 256, 0.5, big)

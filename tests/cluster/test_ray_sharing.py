@@ -76,7 +76,10 @@ warm_pool: 1
             # The ledger is on the node, made by the slice's actor: the workers' parent there.
             ledger = _ledger_of(a["pid"])
             assert _ledger_of(b["pid"]) == ledger and ledger.exists()
-            assert ledger.name.startswith(f"medusa-ledger-{_parent(a['pid'])}-")
+            # in the actor's private directory (mode 700), itself private (600)
+            assert ledger.parent.name.startswith(f"medusa-shm-{_parent(a['pid'])}-")
+            assert (ledger.stat().st_mode & 0o777, ledger.parent.stat().st_mode & 0o777) == (
+                0o600, 0o700)  # fmt: skip
             assert _parent(b["pid"]) == _parent(a["pid"]) != gw.proc.pid
             assert pooled["pid"] in (a["pid"], b["pid"])  # one came from the pool
             # The gateway reads it through the actor: the models' weights are held there.

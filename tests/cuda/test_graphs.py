@@ -61,3 +61,20 @@ def test_memcheck_refuses_an_access_policy_window_outside_every_allocation(cprog
     assert out["window inside"] == "cudaSuccess"
     assert out["window outside"] == "cudaErrorInvalidValue"
     assert lines(run(cprog("node_params")).stdout)["window outside"] == "cudaSuccess"
+
+
+def test_copy_and_fill_parameters_are_checked_as_cuda_h_asks(cprog, run):
+    out = lines(run(cprog("copy_params")).stdout)
+    assert out["copy node, pitch 0"] == "cudaErrorInvalidValue"  # one row still needs pitches
+    assert out["copy node, pitch below its row"] == "cudaErrorInvalidValue"
+    assert out["copy node, pitch of its row"] == "cudaSuccess"
+    assert out["fill node, pitch below its row"] == "cudaErrorInvalidValue"
+    assert out["fill node, pitch above its row"] == "cudaSuccess"
+    assert out["cudaMemset2D, pitch below its row"] == "cudaErrorInvalidValue"
+
+
+def test_a_captured_copy_and_pitched_fill_read_back_as_they_were_made(cprog, run):
+    out = lines(run(cprog("copy_params")).stdout)
+    assert out["captured copy, added again"] == "cudaSuccess"
+    assert out["captured fill"] == "pitch 64 rows 3"
+    assert out["fill replayed"] == "120 of 120 row bytes, 72 of 72 gap bytes kept"

@@ -60,3 +60,20 @@ def test_blocks_no_python_tensor_holds_are_told_apart_from_held_ones():
     assert capture.python_held(blocks[1:3], [(base, 256)]) == [False, False]  # just outside
     assert capture.python_held([(base - 8, 16)], [(base, 256)]) == [True]  # overlaps the start
     del view
+
+
+def test_the_sidecar_is_never_written_or_read_through_a_planted_link(tmp_path, monkeypatch):
+    """MEDUSA_VLLM_SIDECAR may name a file in /tmp: a link planted there is refused, and the
+    file is written under a fresh name (O_EXCL, mode 0600) and renamed into place."""
+    side, victim = tmp_path / "side.json", tmp_path / "victim"
+    victim.write_text('{"theirs": 1}')
+    side.symlink_to(victim)
+    monkeypatch.setenv("MEDUSA_VLLM_SIDECAR", str(side))
+    with pytest.raises(OSError):
+        capture.write_sidecar({"captures": 1})
+    assert victim.read_text() == '{"theirs": 1}'
+    side.unlink()
+    capture.write_sidecar({"captures": 1})
+    capture.write_sidecar({"graphs": []})
+    assert side.read_text() == '{"captures": 1, "graphs": []}'
+    assert side.stat().st_mode & 0o777 == 0o600 and sorted(tmp_path.iterdir()) == [side, victim]

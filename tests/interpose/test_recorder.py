@@ -165,6 +165,18 @@ def test_an_existing_trace_is_not_overwritten_and_the_program_still_runs(cprog, 
     assert "checksum" in lines(res.stdout)
 
 
+def test_a_trace_and_its_side_files_are_this_users_only(cprog, run, tmp_path):
+    """A trace holds the program's kernel images: under /tmp another user must not read it."""
+    prog = cprog("recorded", src_dir=PROGRAMS)
+    trace = tmp_path / "t.mtr"
+    assert run(prog, env=recorder_env(trace)).returncode == 0
+    images = trace.with_name(trace.name + ".images")
+    made = [trace, trace.with_name(trace.name + ".blobs"), images, *images.iterdir()]
+    assert len(made) > 3  # an image was saved too
+    assert {p.stat().st_mode & 0o777 for p in made} == {0o600, 0o700}
+    assert images.stat().st_mode & 0o777 == 0o700
+
+
 def test_percent_p_gives_one_file_per_process(cprog, run, tmp_path):
     prog = cprog("recorded", src_dir=PROGRAMS)
     res = run(prog, env=recorder_env(tmp_path / "t-%p.mtr"))

@@ -1,7 +1,7 @@
 """Restore of what a real GPU graph may hold beyond plain kernels: a cooperative kernel (its
 parameters must go as kernelParams, never a packed buffer), an access-policy window whose base is
-a pointer, a 2-D copy the recording cannot rebuild, and a start-up that goes on after the graph
-stage (phases that have not run yet when the restore does)."""
+a pointer, a 2-D copy or fill the recording cannot rebuild, and a start-up that goes on after the
+graph stage (phases that have not run yet when the restore does)."""
 
 from __future__ import annotations
 
@@ -77,8 +77,16 @@ def _resave(src: Path, dst: Path, edit) -> None:  # type: ignore[no-untyped-def]
     reseal(copy_artifact(src, dst), edit)
 
 
-@pytest.mark.parametrize("shape", [{"height": 2}, {"depth": 2}])
-def test_a_2d_or_3d_copy_is_refused_naming_its_graph_and_node(tmp_path, shape):
+@pytest.mark.parametrize(
+    ("kind", "shape", "why"),
+    [
+        (NodeType.MEMCPY, "height", "it is a 2-D or 3-D copy"),
+        (NodeType.MEMCPY, "depth", "it is a 2-D or 3-D copy"),
+        (NodeType.MEMSET, "height", "it is a 2-D fill, and the recording keeps no pitch"),
+    ],
+)
+def test_a_2d_or_3d_copy_or_fill_is_refused_naming_its_graph_and_node(tmp_path, kind, shape, why):
+    """A plan edited to hold one (materialize refuses to write such a plan)."""
     src = tmp_path / "general"
     materialize_general(GENERAL, src)
 
@@ -87,18 +95,16 @@ def test_a_2d_or_3d_copy_is_refused_naming_its_graph_and_node(tmp_path, shape):
     def two_d(plan: dict) -> None:
         t = plan["templates"][0]
         rows = np.frombuffer(t["nodes"], NODE).copy()
-        (i,) = np.flatnonzero(rows["type"] == NodeType.MEMCPY)
-        rows[i]["width"] //= 2  # a copy that fits its allocations, in two rows or slices
-        rows[i][next(iter(shape))] = 2
+        (i,) = np.flatnonzero(rows["type"] == kind)
+        rows[i]["width"] //= 2  # one that fits its allocations, in two rows or slices
+        rows[i][shape] = 2
         t["nodes"] = rows.tobytes()
         node["i"] = int(i)
 
     _resave(src, tmp_path / "art", two_d)
     res = _run(GENERAL, tmp_path, "restore", str(tmp_path / "art"), restore=True)
     assert res.returncode != 0
-    assert f"graph 0: node {node['i']} (type {int(NodeType.MEMCPY)}): it is a 2-D or 3-D copy" in (
-        res.stderr
-    )
+    assert f"graph 0: node {node['i']} (type {int(kind)}): {why}" in res.stderr
 
 
 def _drop_layout(plan: dict) -> None:

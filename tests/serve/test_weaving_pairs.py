@@ -74,7 +74,7 @@ def fake_pairs(
     def client(w: Fake) -> httpx.AsyncClient:  # type: ignore[override]
         return httpx.AsyncClient(base_url=w.url, transport=httpx.MockTransport(handle))
 
-    return WeavingPairs(MODELS, client=client, region_dir="/tmp")  # type: ignore[arg-type]
+    return WeavingPairs(MODELS, client=client)  # type: ignore[arg-type]
 
 
 def test_pairs_a_hot_worker_with_an_idle_one_and_unpairs_when_it_gets_busy():
@@ -82,7 +82,7 @@ def test_pairs_a_hot_worker_with_an_idle_one_and_unpairs_when_it_gets_busy():
     pairs = fake_pairs(set(), calls)
     hot, cold, other = Fake("hot", 1), Fake("cold", 2, inflight=1), Fake("other", 3)
     asyncio.run(pairs.tick([hot, cold, other]))
-    region = "/tmp/medusa-weaver-1-3"
+    region = "weaver-1"  # a name in the workers' private directory, never a path
     assert calls == [(1, "/weaving/offload", {"region": region, "ratio": 0.5}),
                      (3, "/weaving/receive", {"region": region, "blocks": 256})]  # fmt: skip
     calls.clear()
@@ -169,13 +169,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_worker(model: Path, name: str) -> tuple[subprocess.Popen[str], int]:
+TOKEN = "pairing-test-token"
+HEADERS = {"x-medusa-worker-token": TOKEN}
+
+
+def start_worker(model: Path, name: str, regions: Path) -> tuple[subprocess.Popen[str], int]:
+    """A worker as the gateway starts one: its token, and the gateway's directory of regions."""
     port = _free_port()
     cmd = [sys.executable, "-m", "medusa.cli", "run", str(model), "--port", str(port),
            "--served-model-name", name]  # fmt: skip
     for k, v in ENGINE.items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+    env |= {"MEDUSA_WORKER_TOKEN": TOKEN, "MEDUSA_WEAVING_DIR": str(regions)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     return proc, port
@@ -186,7 +192,8 @@ def wait_healthy(proc: subprocess.Popen[str], port: int) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+            r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, headers=HEADERS)
+            if r.status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -195,7 +202,9 @@ def wait_healthy(proc: subprocess.Popen[str], port: int) -> None:
 
 
 async def complete_all(port: int, name: str) -> list[str]:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=120, headers=HEADERS
+    ) as c:
         rs = await asyncio.gather(*(
             c.post("/v1/completions", json={"model": name, "prompt": p, "max_tokens": 8,
                                             "temperature": 0})
@@ -207,24 +216,29 @@ def test_two_workers_paired_then_unpaired_answer_as_without_offload(tmp_path):
     hot_model, cold_model = tmp_path / "hot.gguf", tmp_path / "cold.gguf"
     write_gguf(hot_model, [T.F32], seed=0)
     write_gguf(cold_model, [T.F32], seed=1)
-    (hp, hport), (cp, cport) = start_worker(hot_model, "hot"), start_worker(cold_model, "cold")
+    regions = tmp_path / "regions"
+    regions.mkdir(mode=0o700)
+    (hp, hport) = start_worker(hot_model, "hot", regions)
+    (cp, cport) = start_worker(cold_model, "cold", regions)
     try:
         wait_healthy(hp, hport)
         wait_healthy(cp, cport)
         want = asyncio.run(complete_all(hport, "hot"))  # not paired yet: all local
-        hot, cold = Fake("hot", hport), Fake("cold", cport)
-        pairs = WeavingPairs(MODELS, region_dir=tmp_path)
+        hot, cold = Fake("hot", hport, headers=HEADERS), Fake("cold", cport, headers=HEADERS)
+        pairs = WeavingPairs(MODELS)
         asyncio.run(pairs.tick([hot, cold]))
         assert len(pairs.pairs) == 1
         assert asyncio.run(complete_all(hport, "hot")) == want
-        status = httpx.get(f"http://127.0.0.1:{hport}/weaving").json()["offloading"]
+        status = httpx.get(f"http://127.0.0.1:{hport}/weaving", headers=HEADERS).json()
+        status = status["offloading"]
         assert status["num_offloaded"] == len(PROMPTS) // 2 and status["error"] is None
-        assert httpx.get(f"http://127.0.0.1:{cport}/weaving").json()["receiving"]["served"] > 0
+        got = httpx.get(f"http://127.0.0.1:{cport}/weaving", headers=HEADERS).json()
+        assert got["receiving"]["served"] > 0
         cold.inflight = 2  # the cold model gets busy
         asyncio.run(pairs.tick([hot, cold]))
-        assert pairs.pairs == []
+        assert pairs.pairs == [] and list(regions.iterdir()) == []  # the region file went too
         for port in (hport, cport):
-            got = httpx.get(f"http://127.0.0.1:{port}/weaving").json()
+            got = httpx.get(f"http://127.0.0.1:{port}/weaving", headers=HEADERS).json()
             assert got["offloading"] is None and got["receiving"] is None
             assert len(got["profile"]["ops"]) > 10 and got["free_bytes"] > 0
         assert asyncio.run(complete_all(hport, "hot")) == want  # unpaired: all local again

@@ -195,10 +195,17 @@ def test_receiver_errors_reach_the_sender_and_sequences_come_back(tmp_path, dev)
         assert np.array_equal(vb[0], v)
         assert not sender.offloaded
         q, k, v = rows(rng, 64)
-        with pytest.raises(WeaverError, match="exceed this receiver"):
+        # rows that leave a gap (8 rows for 512 tokens): attention would read slots never written
+        with pytest.raises(WeaverError, match="8 rows to reach 512 tokens, 0 held here"):
             sender.attend(0, list(range(8)), [8 * 64] * 8, q, k, v, list(range(0, 65, 8)))
-        with pytest.raises(WeaverError, match="out of KV blocks"):  # 8 x 10 blocks > 64
-            sender.attend(0, list(range(8)), [40] * 8, q, k, v, list(range(0, 65, 8)))
+        for n in (64, 128, 192, 256):  # sequence 3 takes all 64 blocks, 64 rows at a time
+            for layer in range(GEO.num_layers):
+                sender.append(layer, [3], [n], k, v, [0, 64])
+        with pytest.raises(WeaverError, match="exceed this receiver"):
+            sender.append(0, [3], [257], k[:1], v[:1], [0, 1])
+        with pytest.raises(WeaverError, match="out of KV blocks"):
+            sender.attend(0, [5], [1], q[:1], k[:1], v[:1])
+        sender.release([3])
         q, k, v = rows(rng, 1)  # nothing was half taken: the receiver still serves
         assert sender.attend(0, [5], [1], q, k, v).shape == (1, GEO.q_size)
         sender.stop()

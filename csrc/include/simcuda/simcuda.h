@@ -86,6 +86,10 @@ enum { SIMCUDA_TRAFFIC_DEVICE = 0, SIMCUDA_TRAFFIC_HOST_MAPPED = 1, SIMCUDA_TRAF
 SIMCUDA_EXPORT void simcudaGetTraffic(uint64_t out[3]);
 SIMCUDA_EXPORT void simcudaResetTraffic(void);
 
+/* How many objects of one kind are alive (not yet destroyed), for leak checks. */
+enum { SIMCUDA_LIVE_GRAPHS = 0, SIMCUDA_LIVE_EXECS = 1 };
+SIMCUDA_EXPORT uint64_t simcudaCountLive(int kind);
+
 /* The message of the last memcheck or launch failure on this thread ("" if none). */
 SIMCUDA_EXPORT const char *simcudaGetLastMessage(void);
 

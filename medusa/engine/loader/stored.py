@@ -14,8 +14,9 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
 from medusa.engine.loader import ModelSource, open_model
-from medusa.engine.spec import ModelSpec, RoPE
-from medusa.engine.tokenizer import Tokenizer, gguf_specials, merge_pairs
+from medusa.engine.loader.spec_record import spec_from_record
+from medusa.engine.spec import ModelSpec
+from medusa.engine.tokenizer import Tokenizer, gguf_specials, merge_pairs, merges_paired
 from medusa.weights import WeightStore, WeightStoreError
 
 GGUF_TOKENIZER_KEYS = (
@@ -46,11 +47,6 @@ def model_record(source: ModelSource) -> dict[str, Any]:
     }
 
 
-def spec_from_record(d: dict[str, Any]) -> ModelSpec:
-    rope = RoPE(**{**d["rope"], "freq_divisors": tuple(d["rope"]["freq_divisors"])})
-    return ModelSpec(**{**d, "rope": rope})
-
-
 def packed_gguf_tokenizer(meta: dict[str, Any]) -> dict[str, Any] | None:
     """A GGUF byte-level BPE tokenizer as a store keeps it (kind "bpe"): tokens and merges as
     one newline-joined string each, which JSON parses in a few ms where 98k strings took 27 ms,
@@ -77,6 +73,8 @@ def check_packed_tokenizer(r: dict[str, Any]) -> None:
         raise ValueError(f"a special token id outside the {n} tokens")
     if not isinstance(r.get("chat_template"), (str, type(None))):
         raise ValueError("chat_template is not a string")
+    if r["merges"] and not merges_paired(r["merges"]):  # merge_pairs' own rule
+        raise ValueError("a merge that is not two tokens apart by one space")
 
 
 def tokenizer_from_record(r: dict[str, Any], path: Path) -> Tokenizer:
@@ -109,9 +107,9 @@ class StoredModel:
         self.store, self.path, self._identity = store, path, identity
         where = f"{store.path}"
         try:
-            self.spec = spec_from_record(store.model["spec"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise WeightStoreError(f"{where}: its model record is not usable ({e!r}); "
+            self.spec = spec_from_record(store.model.get("spec"))
+        except ValueError as e:
+            raise WeightStoreError(f"{where}: its model record is not usable ({e}); "
                                    "materialize again") from None  # fmt: skip
         check_tensors(store, self.spec)
         tok = store.tokenizer_record()  # NOTE: refused here, at open, not at the tokenizer stage
@@ -140,7 +138,15 @@ class StoredModel:
         return cls(store, path, got)
 
     def tokenizer(self) -> Tokenizer:
-        return tokenizer_from_record(self.store.tokenizer_record(), self.path)
+        """WeightStoreError naming the store if its record builds no tokenizer."""
+        try:
+            return tokenizer_from_record(self.store.tokenizer_record(), self.store.path)
+        except Exception as e:  # NOTE: the record is the store's data: whatever fails, refuse it
+            why = f"{type(e).__name__}: {e}"
+            raise WeightStoreError(
+                f"{self.store.path}: its tokenizer record builds no tokenizer ({why}); "
+                "materialize again"
+            ) from None
 
     def tokenizer_record(self) -> dict[str, Any]:
         return dict(self.store.tokenizer_record())
@@ -149,6 +155,6 @@ class StoredModel:
         return self._identity
 
     def weights(self) -> Iterator[tuple[str, np.ndarray]]:
-        """The store's tensors, unchecked views of its mapping (the loader checks chunks)."""
+        """The store's tensors, read unchecked (the loader checks chunks)."""
         for t in self.store.header.tensors:
             yield t.name, self.store.array(t)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -167,11 +168,17 @@ def write_sidecar(data: dict[str, Any]) -> None:
     if not path:
         return
     p = Path(path.replace("%p", str(os.getpid())))
-    old = json.loads(p.read_text()) if p.exists() else {}
+    old = {}
+    try:  # NOTE: never through a link planted there (the directory may be /tmp)
+        with os.fdopen(os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)) as f:
+            old = json.load(f)
+    except FileNotFoundError:
+        pass
     old.update(data)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(old))
-    tmp.replace(p)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)  # O_EXCL|O_NOFOLLOW, 0600
+    with os.fdopen(fd, "w") as f:
+        json.dump(old, f)
+    os.replace(tmp, p)
 
 
 WRAPPER_QUALNAME = f"{__name__}.MedusaCUDAGraphWrapper"

@@ -72,7 +72,7 @@ class InstanceManager:
         self.sharing = sharing or Sharing(
             GatewayConfig(models), slices, open_ledger=self.backend.open_ledger
         )
-        self.weaving = WeavingPairs(models)
+        self.weaving = WeavingPairs(models, enabled=self.backend.weaving)
 
     # ---- state ----
     def state(self, model: str) -> str:

@@ -85,13 +85,15 @@ class Sharing:
         ledger_dir: Path | None = None,
         footprints: dict[str, tuple[int, int]] | None = None,
     ) -> None:
-        """`open_ledger`: makes a slice's ledger where its workers run (the back-end's); the
-        default makes files in `ledger_dir` on this machine."""
+        """`open_ledger`: makes a slice's ledger where its workers run (the back-end's); or
+        files in `ledger_dir` (a private directory) on this machine."""
         self.config = config
         self.models = config.models
         self.rates = RateMeter(config.prism.rate_window)
         self.slices: list[Slice] = []
-        self._open = open_ledger or file_ledgers(ledger_dir)
+        if open_ledger is None and ledger_dir is None:
+            raise ValueError("Sharing needs open_ledger (the back-end's) or a ledger_dir")
+        self._open = open_ledger or file_ledgers(ledger_dir)  # type: ignore[arg-type]
         self._footprints = dict(footprints or {})
         self.ledgers: dict[str, SliceLedger] = {}
         self.queues: dict[str, SliceQueue] = {}

@@ -1,14 +1,13 @@
 """The page ledger of one elastic slice, as the gateway uses it: it reads the free pages and who
 holds them, and holds a row per model for its weights. The ledger is a file on the machine whose
-workers share the slice (`medusa.prism.ledger`): `FileLedger` there; the ray back-end reaches a
-node's through its slice actor, with the same methods (`SliceLedger`)."""
+workers share the slice (`medusa.prism.ledger`), in the private directory of the process that
+starts them (`private_dir`): `FileLedger` there; the ray back-end reaches a node's through its
+slice actor, with the same methods (`SliceLedger`)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
+import hashlib
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -17,7 +16,7 @@ from medusa import env
 from medusa.prism.ledger import Holder, PageLedger
 from medusa.serve.gateway.slices import Slice
 
-PREFIX = "medusa-ledger-"
+PREFIX = "ledger-"
 
 
 class SliceLedger(Protocol):
@@ -40,48 +39,31 @@ class SliceLedger(Protocol):
         """Gives back every row and deletes the ledger (at shutdown, once its workers are gone)."""
 
 
-def ledger_dir() -> Path:
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-
-
-def sweep(where: Path) -> None:
-    """Deletes the ledgers that processes now gone left behind (one killed with SIGKILL, a lost
-    Ray node's slice actor): a ledger's name carries the pid of the process that made it."""
-    for path in where.glob(f"{PREFIX}*"):
-        pid = path.name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                path.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: not ours to sweep
-        return True
-    return True
-
-
 class FileLedger:
-    """A new ledger file for one slice, made (and owned) by this process."""
+    """A new ledger file for one slice, made (and owned) by this process in `where`, a
+    directory of its own (private_dir.PrivateDir: no other user can reach it)."""
 
-    def __init__(self, slice_id: str, pages: int, page_bytes: int, where: Path | None = None):
-        where = where or ledger_dir()
-        sweep(where)
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", slice_id)
-        self.path = where / f"{PREFIX}{os.getpid()}-{name}"
+    def __init__(self, slice_id: str, pages: int, page_bytes: int, where: Path):
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", slice_id)[:64]
+        tag = hashlib.sha256(slice_id.encode()).hexdigest()[:8]  # "a/b" and "a_b" differ
+        self.path = where / f"{PREFIX}{name}-{tag}"
         self._ledger = PageLedger.create(self.path, pages, page_bytes)
         self.capacity = self._ledger.capacity
         self._rows: dict[str, PageLedger] = {}
 
     def free(self) -> int:
+        self._rewrite()
         return self._ledger.free()
 
     def holders(self) -> list[Holder]:
+        self._rewrite()
         return self._ledger.holders()
+
+    def _rewrite(self) -> None:
+        """Each of the gateway's rows written again from its own count (a row changed in the
+        file is put right the next time the gateway reads the ledger)."""
+        for row in self._rows.values():
+            row.free()  # NOTE: a holder's scan writes its own row
 
     def hold(self, name: str, pages: int) -> bool:
         self.drop(name)
@@ -110,8 +92,8 @@ class FileLedger:
 OpenLedger = Callable[[Slice, int, int], SliceLedger]  # (slice, pages, page bytes)
 
 
-def file_ledgers(where: Path | None = None) -> OpenLedger:
-    """Ledger files on this machine (in `where`, default /dev/shm); a slice's workers find its
+def file_ledgers(where: Path) -> OpenLedger:
+    """Ledger files on this machine, in `where` (a PrivateDir's path); a slice's workers find its
     ledger by MEDUSA_KV_LEDGER in the slice's env (pooled workers too)."""
 
     def open_ledger(s: Slice, pages: int, page_bytes: int) -> SliceLedger:

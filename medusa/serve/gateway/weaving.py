@@ -14,15 +14,18 @@ Every autoscaler tick:
   ties to the one with the most free memory. A cold worker whose device has not the memory for
   `blocks` KV blocks (with elastic KV: whose page ledger cannot hold one offloaded sequence)
   refuses (409); a refused pairing is not tried again for `retry_after` seconds.
+- the region is named, never a path: each worker makes or opens it in the private directory the
+  gateway gave it at start (MEDUSA_WEAVING_DIR), and the /weaving routes answer only the
+  gateway (the worker token). Workers of the ray back-end are not paired.
 `release(inst)` unpairs a worker before the gateway stops it (scale-down, shutdown)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -76,11 +79,14 @@ class WeavingPairs:
         *,
         blocks: int = BLOCKS,
         retry_after: float = 30.0,
-        region_dir: str | Path = "/dev/shm",
         client: Callable[[Worker], httpx.AsyncClient] = default_client,
+        enabled: bool = True,
     ) -> None:
+        """enabled: the back-end's workers can pair (they share a machine and the gateway's
+        private directory, MEDUSA_WEAVING_DIR); if not, no worker is ever paired."""
         self.models, self.blocks, self.retry_after = models, blocks, retry_after
-        self.region_dir, self._client = Path(region_dir), client
+        self._client, self.enabled = client, enabled
+        self._names = itertools.count(1)
         self.pairs: list[Pair] = []
         self._refused: dict[tuple[str, str], float] = {}  # (hot name, cold name) -> when
 
@@ -91,6 +97,8 @@ class WeavingPairs:
         return next((p for p in self.pairs if w in (p.hot, p.cold)), None)
 
     async def tick(self, workers: list[Worker]) -> None:
+        if not self.enabled:
+            return
         for p in list(self.pairs):
             why = self._unpair_reason(p)
             if why:
@@ -149,7 +157,7 @@ class WeavingPairs:
         key = (hot.name, cold.name)
         if self._refused_lately(hot, cold):
             return False
-        region = str(self.region_dir / f"medusa-weaver-{hot.name}-{cold.name}")
+        region = f"weaver-{next(self._names)}"  # a name in the workers' MEDUSA_WEAVING_DIR
         try:
             await self._post(hot, "/weaving/offload",
                              {"region": region, "ratio": self.config(hot.model).ratio})  # fmt: skip

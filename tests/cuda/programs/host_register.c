@@ -1,6 +1,7 @@
 /* cudaHostRegister on a read-only file mapping and on malloc'd memory: flags, errors, attributes,
  * kernels reading it, and what a write into a read-only registration does.
- * argv[1]: "api" (default), "write-file", "write-anon", "after-unregister", "memcpy-into". */
+ * argv[1]: "api" (default), "write-file", "write-anon", "after-unregister", "memcpy-into",
+ * "read-cut-short" (the file truncated under the registration, then read by a kernel). */
 #include <fcntl.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -14,6 +15,8 @@ extern void scale_inplace(void);
 
 enum { N = 2048, BYTES = N * 4 }; /* two pages */
 
+static int g_file = -1; /* the mapped file, kept open to be cut short */
+
 static float *map_file(void) {
     char path[] = "/tmp/simcuda-hostreg-XXXXXX";
     int fd = mkstemp(path);
@@ -24,7 +27,7 @@ static float *map_file(void) {
         exit(2);
     unlink(path);
     void *p = mmap(NULL, BYTES, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
+    g_file = fd;
     return p == MAP_FAILED ? (exit(2), NULL) : p;
 }
 
@@ -171,6 +174,10 @@ int main(int argc, char **argv) {
         SHOW("write kernel", launch_scale(rw));
         rw[6] = 1.0f;
         printf("host writes: %d\n", rw[5] == 1.0f && rw[6] == 1.0f);
+    } else if (!strcmp(mode, "read-cut-short")) {
+        if (ftruncate(g_file, 0))
+            return 2;
+        SHOW("read kernel", launch_add(out, a, ro_dev));
     } else if (!strcmp(mode, "after-unregister")) {
         CHECK(cudaHostUnregister(ro));
         SHOW("read after unregister", launch_add(out, a, ro_dev));

@@ -11,7 +11,7 @@ import abc
 from typing import TYPE_CHECKING, Protocol
 
 from medusa.serve.gateway.config import GatewayConfig
-from medusa.serve.gateway.slice_ledger import SliceLedger, file_ledgers
+from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class WorkerHandle(Protocol):
 
 class WorkerBackend(abc.ABC):
     name: str
+    weaving = False  # its workers can pair for Weaver (they share a machine and a directory)
 
     @abc.abstractmethod
     def discover(self, topology: str | None) -> list[Slice]:
@@ -69,14 +70,14 @@ class WorkerBackend(abc.ABC):
     @abc.abstractmethod
     def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
         """Starts `medusa run ARGS` on `slc` (returns at once; see WorkerHandle.placed).
-        `local_env`: settings that hold only on the gateway's own machine (a host-weight store
-        the gateway has checked and mapped); a back-end whose workers run elsewhere drops it."""
+        `local_env`: settings that hold only on the gateway's own machine (the descriptor of a
+        host-weight store's copy the gateway checked); a back-end whose workers run elsewhere
+        drops it."""
 
+    @abc.abstractmethod
     def open_ledger(self, slc: Slice, pages: int, page_bytes: int) -> SliceLedger:
         """Makes the page ledger of elastic slice `slc` where its workers run, and has the
-        workers started there find it; the default: a file on this machine, named in the
-        slice's env (MEDUSA_KV_LEDGER)."""
-        return file_ledgers()(slc, pages, page_bytes)
+        workers started there find it (a file named in their env: MEDUSA_KV_LEDGER)."""
 
     async def assignment(
         self, worker: WorkerHandle, args: list[str], store_checked: str
@@ -84,7 +85,7 @@ class WorkerBackend(abc.ABC):
         """What a pooled worker `launch` started is told to start, for `medusa run ARGS` with
         `store_checked` (HostWeights.vouched): as is where the worker runs here; a back-end
         whose workers run elsewhere gives the artifact's copy on the worker's node, and no
-        store_checked (it vouches for a file here). Raises ValueError if the artifact cannot
+        store_checked (a descriptor of the gateway's). Raises ValueError if the artifact cannot
         get there."""
         return args, store_checked
 

@@ -1,7 +1,12 @@
 """The ray back-end: one `SliceActor` per slice of the cluster, which Ray places on the node that
 advertises the slice (`medusa_slice_<class>` resources) and supervises; a worker is `medusa run`
 started by its slice's actor. The gateway's slices are those actors: the list follows nodes that
-join (their slices are added once their actors run) and nodes that are lost (their slices go)."""
+join (their slices are added once their actors run) and nodes that are lost (their slices go).
+
+Whoever can join a Ray cluster runs code as its user on every node: a cluster the gateway starts
+(no address) asks for a token only this user can read; one it joins is the user's to guard
+(Ray's token authentication, a private network). Its workers listen on their node's address and
+answer only their token; they do not weave (no shared directory across nodes)."""
 
 from __future__ import annotations
 
@@ -19,12 +24,14 @@ from typing import Any
 from medusa.child import ROOT
 from medusa.prism.ledger import Holder
 from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
+from medusa.serve.gateway.backends.ray_auth import private_token
 from medusa.serve.gateway.backends.resources import (
     class_slice,
     cluster_slices,
     node_resources,
     resource_name,
 )
+from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice, discover_slices
 
@@ -128,6 +135,7 @@ class RayBackend(WorkerBackend):
         self._next_refresh = 0.0
         self._held: list[_Held] = []
         self._shipping = threading.Lock()  # one source actor, each artifact put once
+        self._dir: PrivateDir | None = None  # the token of a cluster it starts
 
     def discover(self, topology: str | None) -> list[Slice]:
         # NOTE: the actors import medusa from where this process did (a checkout or the
@@ -145,6 +153,7 @@ class RayBackend(WorkerBackend):
                     "the address `ray start --head` printed (HOST:6379 by default)"
                 ) from None
         else:  # a one-node cluster on this machine, with this machine's slices
+            self._dir = private_token()
             resources = node_resources(discover_slices(topology))
             ray.init(
                 resources=resources,
@@ -170,8 +179,8 @@ class RayBackend(WorkerBackend):
         return RayLedger(next(h for h in self._held if h.slice is slc), pages, page_bytes)
 
     def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
-        # NOTE: local_env is dropped: it vouches for files on the gateway's machine, and a node
-        # checks its own copy of an artifact.
+        # NOTE: local_env is dropped: it names a descriptor of the gateway's process, and a
+        # node checks its own copy of an artifact.
         held = next(h for h in self._held if h.slice is slc)
         started = self._pool.submit(self._start, held.actor, args)
         return RayWorker(held.actor, held.node, started)
@@ -278,3 +287,5 @@ class RayBackend(WorkerBackend):
         self._pool.shutdown(wait=False, cancel_futures=True)
         if ray.is_initialized():
             await asyncio.to_thread(ray.shutdown)
+        if self._dir is not None:
+            self._dir.remove()

@@ -23,6 +23,8 @@ import ray
 from medusa import env
 from medusa.serve.gateway.artifact_cache import ArtifactCache, Shipment, cache_root
 from medusa.serve.gateway.backends.resources import class_slice, resource_name
+from medusa.serve.gateway.claims import claim, device_of
+from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import FileLedger
 from medusa.serve.gateway.slices import Slice, nvml_slices
 from medusa.serve.gateway.worker_process import WorkerProcess, launch
@@ -54,6 +56,7 @@ class SliceActor:
         self.slice = self._take_slice(kind)
         self.procs: dict[int, WorkerProcess] = {}  # by pid, until stopped
         self._ledger: FileLedger | None = None
+        self._dir: PrivateDir | None = None  # the ledger's (made with it)
         self._turn = asyncio.Lock()  # one start at a time (an artifact is fetched once)
 
     def info(self) -> dict[str, str]:
@@ -94,7 +97,8 @@ class SliceActor:
     def open_ledger(self, pages: int, page_bytes: int) -> str:
         """Makes this slice's page ledger on the node (once); its path there."""
         if self._ledger is None:
-            self._ledger = FileLedger(self.slice.id, pages, page_bytes)
+            self._dir = self._dir or PrivateDir()
+            self._ledger = FileLedger(self.slice.id, pages, page_bytes, self._dir.path)
         return str(self._ledger.path)
 
     def ledger(self, method: str, *args: Any) -> Any:
@@ -106,16 +110,25 @@ class SliceActor:
         result = getattr(self._ledger, method)(*args)
         if method == "remove":
             self._ledger = None
+            if self._dir is not None:
+                self._dir.remove()
+                self._dir = None
         return result
 
     def _take_slice(self, kind: str) -> Slice:
         locks = self.cache.root / "slices"
         locks.mkdir(parents=True, exist_ok=True)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         for slc in _node_slices(kind, self.node_id):
-            fd = os.open(locks / f"{Path(slc.id).name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(locks / f"{Path(slc.id).name}.lock", flags, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                os.close(fd)
+                continue
+            device = device_of(slc)  # a real one: not while a local gateway holds it either
+            self._claim = claim(device) if device else None
+            if device and self._claim is None:
                 os.close(fd)
                 continue
             self._lock = fd  # held (the slice is ours) until this actor's process ends
