@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -38,6 +38,7 @@ class Fake:
     port: int
     inflight: int = 0
     state: State = State.WARM
+    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -48,7 +49,7 @@ class Fake:
         return str(self.port)
 
     def connect(self, timeout: float) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=timeout)
+        return httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=timeout)
 
 
 def fake_pairs(
