@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
-from medusa.commands.options import max_request_bytes_option
+from medusa.commands.options import (
+    connection_limits,
+    connection_options,
+    max_request_bytes_option,
+)
+
+# Descriptors kept for what is not a client's connection: workers' sockets and pipes, their
+# connections, artifacts and weight stores; each slice may hold a worker (and a pooled one).
+RESERVED_FDS = 256
+RESERVED_FDS_PER_SLICE = 32
 
 
 @click.command(
@@ -21,6 +30,7 @@ from medusa.commands.options import max_request_bytes_option
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", default=9000, type=int, help="Port to listen on.")
 @max_request_bytes_option
+@connection_options
 @click.option(
     "--cluster",
     default="local",
@@ -28,13 +38,21 @@ from medusa.commands.options import max_request_bytes_option
     "a new one on this machine) or ray://HOST:PORT (join the Ray cluster headed there; needs "
     "the [ray] extra).",
 )
-def gateway(config_path: str, host: str, port: int, max_request_bytes: int, cluster: str) -> None:
+def gateway(
+    config_path: str,
+    host: str,
+    port: int,
+    max_request_bytes: int,
+    max_connections: int,
+    header_timeout: float,
+    body_timeout: float,
+    cluster: str,
+) -> None:
     """Serve a catalog of models, each scaled from zero onto device slices, behind one
     OpenAI-compatible endpoint."""
     import logging
 
-    import uvicorn
-
+    from medusa.serve.connections import fit_descriptors, make_server
     from medusa.serve.gateway.app import create_gateway
     from medusa.serve.gateway.backends import make_backend
     from medusa.serve.gateway.config import ConfigError, load_config
@@ -42,6 +60,12 @@ def gateway(config_path: str, host: str, port: int, max_request_bytes: int, clus
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from medusa.serve.listeners import bind_tcp
+
+    try:
+        limits, given = connection_limits(max_connections, header_timeout, body_timeout)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     try:
         config = load_config(config_path)
         backend = make_backend(cluster)
@@ -49,18 +73,20 @@ def gateway(config_path: str, host: str, port: int, max_request_bytes: int, clus
         slices = backend.discover(config.slices)
         check_placement(config, slices)
         config = plan_chunks(config, slices)
-    except (ConfigError, ValueError) as e:
+        reserve = RESERVED_FDS + RESERVED_FDS_PER_SLICE * len(slices)
+        limits = fit_descriptors(limits, per_connection=2, reserve=reserve, explicit=given)
+        listener = bind_tcp(host, port)
+    except (ConfigError, ValueError) as e:  # ListenError is one
         raise click.ClickException(str(e)) from None
     click.echo(
         f"gateway: {len(config.models)} models, {len(slices)} slices "
         f"({', '.join(s.id for s in slices)})",
         err=True,
     )
+    app = create_gateway(config, slices, max_body_bytes=max_request_bytes, backend=backend)
     # NOTE: no access log: a line per proxied request is a measurable share of its overhead.
-    uvicorn.run(
-        create_gateway(config, slices, max_body_bytes=max_request_bytes, backend=backend),
-        host=host,
-        port=port,
-        log_level="info",
-        access_log=False,
-    )
+    server = make_server(app, limits, log_level="info", access_log=False)
+    try:
+        server.run(sockets=[listener])
+    finally:
+        listener.close()

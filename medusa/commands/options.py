@@ -104,3 +104,46 @@ max_request_bytes_option = click.option(
     type=click.IntRange(min=1024),
     help="Larger request bodies get 413.",
 )
+
+
+def connection_options(f):  # type: ignore[no-untyped-def]
+    """How many connections a server (a worker, the gateway) holds and how long a client may
+    take to send a request (medusa.serve.connections); the defaults come from ConnectionLimits."""
+    from medusa.serve.connections import ConnectionLimits
+
+    d = ConnectionLimits()
+    opts = [
+        click.option(
+            "--max-connections",
+            default=d.max_connections,
+            type=click.IntRange(min=1),
+            help="Connections held at once (lowered to fit ulimit -n unless given). At the "
+            "limit a new connection displaces the oldest one still waiting for its request; "
+            "when all are busy it gets 503 with Retry-After.",
+        ),
+        click.option(
+            "--header-timeout",
+            default=d.header_timeout,
+            type=click.FloatRange(min=0, min_open=True),
+            help="Seconds a client has to send a request's line and headers (408 after).",
+        ),
+        click.option(
+            "--body-timeout",
+            default=d.body_timeout,
+            type=click.FloatRange(min=0, min_open=True),
+            help="Seconds a client has, from its headers, to send the request's body (408 after).",
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def connection_limits(max_connections: int, header_timeout: float, body_timeout: float):  # type: ignore[no-untyped-def]
+    """The ConnectionLimits of connection_options' values, and whether --max-connections was
+    given on the command line (then it is not lowered to fit: too many is an error)."""
+    from medusa.serve.connections import ConnectionLimits
+
+    ctx = click.get_current_context()
+    given = ctx.get_parameter_source("max_connections") == click.core.ParameterSource.COMMANDLINE
+    return ConnectionLimits(max_connections, header_timeout, body_timeout), given

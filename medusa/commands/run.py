@@ -3,6 +3,7 @@ started the normal way, or wait in the gateway's warm pool."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import click
 from medusa import scratch
 from medusa.child import exit_on_sigterm
 from medusa.commands.options import (
+    connection_limits,
+    connection_options,
     engine_choice,
     engine_options,
     max_request_bytes_option,
@@ -21,6 +24,8 @@ from medusa.commands.options import (
 
 if TYPE_CHECKING:
     from medusa.engine.config import EngineConfig
+    from medusa.serve.connections import ConnectionLimits
+    from medusa.serve.listeners import Listener, Where
 
 
 @click.command(
@@ -34,6 +39,21 @@ if TYPE_CHECKING:
 )
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", default=8000, type=int, help="Port to listen on.")
+@click.option(
+    "--uds",
+    metavar="PATH",
+    default=None,
+    help="Listen on a Unix socket made at PATH instead of --host/--port: created by this "
+    "command (PATH must not exist), mode 0600, removed when it stops.",
+)
+@click.option(
+    "--fd",
+    type=click.IntRange(min=3),
+    default=None,
+    help="Listen on the listening socket inherited as descriptor FD instead (how the gateway "
+    "starts its workers: it binds each one's socket itself, so nobody else can take it).",
+)
+@connection_options
 @click.option("--served-model-name", default=None, help="Model id clients send (default: MODEL).")
 @engine_options
 @click.option(
@@ -106,6 +126,11 @@ def run(
     argv: tuple[str, ...],
     host: str,
     port: int,
+    uds: str | None,
+    fd: int | None,
+    max_connections: int,
+    header_timeout: float,
+    body_timeout: float,
     served_model_name: str | None,
     demo: str | None,
     artifact: str | None,
@@ -135,9 +160,10 @@ def run(
     _setup_logging(verbose, quiet=demo is not None)
     if engine_name == "vllm":
         _refuse_reference_options(
-            [*engine, "served_model_name", "demo", "validate"],
+            [*engine, "served_model_name", "demo", "validate", "uds", "fd", "max_connections",
+             "header_timeout", "body_timeout"],
             "medusa run --engine vllm --artifact DIR -- --seed 3",
-        )
+        )  # fmt: skip
         _run_vllm(model, artifact, list(argv), host, port, require_artifact, trust)
     if argv:
         raise click.UsageError(
@@ -147,9 +173,11 @@ def run(
         _check_pool_inputs(model, artifact, prepare)
     try:
         config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
+        limits, given = connection_limits(max_connections, header_timeout, body_timeout)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    _check_run_inputs(model, artifact, host, port)
+    _check_run_inputs(model, artifact)
+    where = _where(host, port, uds, fd, demo)
     if partition and (not artifact or pool or not Path(partition).is_file()):
         raise click.UsageError(
             f"--partition {partition}: " + ("no such file; make it with `medusa tessera place "
@@ -173,16 +201,17 @@ def run(
 
         try:
             serve_pooled(
-                click.get_current_context().command, host, port, medusa_env.WORKER_TOKEN.get(),
-                list(prepare), max_request_bytes, list(prepare_artifacts),
+                click.get_current_context().command, _open(where),
+                _fit(limits, given), medusa_env.WORKER_TOKEN.get(), list(prepare),
+                max_request_bytes, list(prepare_artifacts),
             )  # fmt: skip
         finally:
             scratch.remove_restore_trace()
         return
     _serve(
-        config, model, host, port, served_model_name, demo, artifact, require_artifact, validate,
-        trust=trust, max_request_bytes=max_request_bytes, partition=partition,
-        partition_timeout=partition_timeout,
+        config, model, where, served_model_name, demo, artifact,
+        require_artifact, validate, trust=trust, max_request_bytes=max_request_bytes,
+        partition=partition, partition_timeout=partition_timeout, limits=_fit(limits, given),
     )  # fmt: skip
 
 
@@ -222,12 +251,8 @@ def _setup_logging(verbose: bool, quiet: bool) -> None:
         logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
-def _check_run_inputs(model: str | None, artifact: str | None, host: str, port: int) -> None:
-    """What would otherwise surface only after a slow start, or never (another server answering
-    on the port): refuse it now, with the fix."""
-    import errno
-    import socket
-
+def _check_run_inputs(model: str | None, artifact: str | None) -> None:
+    """What would otherwise surface only after a slow start: refuse it now, with the fix."""
     from medusa.cuda.backend import NoDeviceError, load_backend
     from medusa.engine.loader import ModelError, locate_model
 
@@ -244,22 +269,45 @@ def _check_run_inputs(model: str | None, artifact: str | None, host: str, port: 
         load_backend()
     except (NoDeviceError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise click.ClickException(f"port {port} is in use; pass --port") from None
-            raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
+def _where(host: str, port: int, uds: str | None, fd: int | None, demo: str | None) -> Where:
+    """Where to listen, checked before a slow start: refused now, with the fix. The socket
+    itself is made once the engine starts."""
+    from medusa.serve.listeners import ListenError, Where
+
+    if (uds or fd is not None) and demo is not None:
+        raise click.UsageError("--demo listens on --host/--port: drop --uds/--fd")
+    where = Where(host, port, uds, fd)
+    try:
+        where.check()
+    except ListenError as e:
+        raise click.ClickException(str(e)) from None
+    return where
+
+
+def _open(where: Where) -> Listener:
+    from medusa.serve.listeners import ListenError
+
+    try:
+        return where.open()
+    except ListenError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _fit(limits: ConnectionLimits, given: bool) -> ConnectionLimits:
+    from medusa.serve.connections import fit_descriptors
+
+    try:
+        return fit_descriptors(limits, per_connection=1, reserve=256, explicit=given)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def _serve(
     config: EngineConfig,
     model: str | None,
-    host: str,
-    port: int,
+    where: Where,
     served_model_name: str | None,
     demo: str | None,
     artifact: str | None,
@@ -268,15 +316,19 @@ def _serve(
     *,
     trust: str | None,
     max_request_bytes: int,
+    limits: ConnectionLimits,
     partition: str | None = None,
     partition_timeout: float = 10.0,
 ) -> None:
+    """Serves on `where` until stopped."""
     import threading
 
-    import uvicorn
-
     from medusa.serve.async_engine import AsyncEngine
+    from medusa.serve.connections import make_server
+    from medusa.serve.listeners import describe
     from medusa.serve.worker import create_app
+
+    listener = None if demo is not None else _open(where)
 
     factory = None
     if artifact:
@@ -313,8 +365,10 @@ def _serve(
         if demo is not None:
             from medusa.serve.demo import run_demo
 
-            raise SystemExit(run_demo(app, async_engine, host, port, name, demo))
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+            raise SystemExit(run_demo(app, async_engine, where.host, where.port, name, demo))
+        assert listener is not None
+        server = make_server(app, limits, log_level="info")
+        logging.getLogger("medusa.serve").info("listening on %s", describe(listener.socket))
 
         def stop_if_failed() -> None:
             async_engine.ready.wait()
@@ -322,7 +376,7 @@ def _serve(
                 server.should_exit = True
 
         threading.Thread(target=stop_if_failed, daemon=True).start()
-        server.run()
+        server.run(sockets=[listener.socket])
         if async_engine.error:
             click.echo(f"medusa run: the engine failed to start: {async_engine.error}", err=True)
             raise SystemExit(1)
@@ -331,6 +385,8 @@ def _serve(
     finally:
         async_engine.shutdown()
         scratch.remove_restore_trace()
+        if listener is not None:
+            listener.close()
 
 
 def _remove_trace_when_started(engine: Any) -> None:

@@ -23,7 +23,8 @@ from starlette.types import Receive, Scope, Send
 from medusa import scratch
 from medusa.engine.config import EngineConfig
 from medusa.serve.async_engine import AsyncEngine
-from medusa.serve.protocol import APIError, TokenGuard, read_json
+from medusa.serve.connections import ConnectionLimits, make_server
+from medusa.serve.protocol import NO_DOCS, APIError, TokenGuard, read_json
 from medusa.serve.worker import create_app
 from medusa.weights.store import RACY_SECONDS, file_identity
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from medusa.engine.llm_engine import LLMEngine
     from medusa.engine.loader import ModelSource
     from medusa.engine.tokenizer import Tokenizer
+    from medusa.serve.listeners import Listener
     from medusa.weights import WeightStore
 
 log = logging.getLogger("medusa.pool")
@@ -160,7 +162,9 @@ class PooledWorker:
             self.error = f"{type(e).__name__}: {e}"
             log.error("pooled worker: warm-up failed: %s", self.error)
         # The first app costs ~25 ms (FastAPI and pydantic build their models), later ones ~2 ms.
-        create_app(AsyncEngine(EngineConfig()), "warm-up", max_body_bytes=self.max_body_bytes)
+        create_app(
+            AsyncEngine(EngineConfig()), "warm-up", max_body_bytes=self.max_body_bytes, token=""
+        )
         for model in self.prepare if self.error is None else []:
             try:
                 self.sources[str(locate_model(model))] = _Prepared(open_model(model))
@@ -177,7 +181,7 @@ class PooledWorker:
         self.prepared.set()
 
     def _pool_app(self) -> FastAPI:
-        app = FastAPI(title="medusa pooled worker")
+        app = FastAPI(title="medusa pooled worker", **NO_DOCS)
 
         @app.exception_handler(APIError)
         async def api_error(_: Request, e: APIError) -> JSONResponse:
@@ -228,7 +232,9 @@ class PooledWorker:
         engine.start()
         # NOTE: built while the engine starts (5 ms of FastAPI routes; its routes answer 503
         # until the engine is ready, and nobody reaches them before self.inner is set).
-        app = create_app(engine, job.served_name, max_body_bytes=self.max_body_bytes)
+        # NOTE: no guard of its own (token=""): the pooled worker's guard is in front of it, and
+        # a second would prove the answer twice.
+        app = create_app(engine, job.served_name, max_body_bytes=self.max_body_bytes, token="")
         await asyncio.to_thread(engine.ready.wait)
         scratch.remove_restore_trace()  # NOTE: read by the start only
         if engine.error:
@@ -287,25 +293,23 @@ class PooledWorker:
 
 def serve_pooled(
     command: click.Command,
-    host: str,
-    port: int,
+    listener: Listener,
+    limits: ConnectionLimits,
     token: str,
     prepare: list[str],
     max_body_bytes: int,
     prepare_artifacts: list[str] | None = None,
 ) -> None:
-    """Runs a pooled worker until it is stopped (SIGTERM) or its assignment fails."""
-    import uvicorn
-
+    """Runs a pooled worker on `listener` until it is stopped (SIGTERM) or its assignment
+    fails."""
     worker = PooledWorker(command, prepare, max_body_bytes, prepare_artifacts)
     app = TokenGuard(worker, token)
-    server = worker.server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-    )
+    server = worker.server = make_server(app, limits, log_level="warning", access_log=False)
     threading.Thread(target=worker.warm_up, name="medusa-pool-warm-up", daemon=True).start()
     try:
-        server.run()
+        server.run(sockets=[listener.socket])
     finally:
+        listener.close()
         worker.shutdown()
     if worker.engine is not None and worker.engine.error:
         raise SystemExit(1)

@@ -18,9 +18,12 @@ class StopFilter:
     def push(self, out: Output) -> str:
         if self.stopped:
             return ""
+        # NOTE: only where a stop can begin that was not searched before: the new text and the
+        # `hold` characters before it (searching all of it again at each token is quadratic).
+        start = max(0, len(self.text) - self.hold)
         self.text += out.text
         for s in self.stops:
-            i = self.text.find(s)
+            i = self.text.find(s, start)
             if i >= 0:
                 self.text, self.stopped = self.text[:i], True
         end = len(self.text) if self.stopped else max(self.sent, len(self.text) - self.hold)

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException
 
 from medusa import env
@@ -22,11 +22,13 @@ from medusa.engine.sampling import SamplingParams
 from medusa.serve.async_engine import AsyncEngine, EngineFailed, Output
 from medusa.serve.protocol import (
     MAX_BODY_BYTES,
+    NO_DOCS,
     APIError,
     TokenGuard,
     error_body,
     parse,
     read_json,
+    server_error,
 )
 from medusa.serve.stop_filter import StopFilter
 from medusa.serve.weaving_routes import mount_weaving
@@ -42,23 +44,55 @@ async def _encode(tok: Tokenizer, text: str) -> list[int]:
     return list(batch[0].ids)
 
 
+# What one request may ask for: each bound keeps a request's cost to the worker in proportion to
+# the tokens it gets (a 340,000-entry stop list once made 100 tokens take 18 s of event loop).
+MAX_STOPS = 16  # OpenAI allows 4
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 4096
+MAX_TOKENS = 1 << 20
+MAX_NAME_CHARS = 256
+
+
+async def _render(tok: Tokenizer, messages: list[dict[str, str]]) -> str:
+    """The prompt the model's chat template makes of `messages`, off the event loop; 400 if the
+    template refuses them (raise_exception: roles that do not alternate, say) or fails."""
+    import jinja2
+
+    try:
+        return await asyncio.to_thread(tok.apply_chat_template, messages)
+    except (jinja2.TemplateError, TypeError, ValueError) as e:
+        raise APIError(
+            400, f"messages: the model's chat template cannot render them: {e}", param="messages"
+        ) from None
+
+
 class _Sampling(BaseModel):
     """Fields completions and chat completions share."""
 
     model_config = ConfigDict(allow_inf_nan=False)
 
-    model: str
+    model: str = Field(max_length=MAX_NAME_CHARS)
     temperature: float = 1.0
     top_p: float = 1.0
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = 1
 
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences, not {len(stops)}")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"a stop sequence has at most {MAX_STOP_CHARS} characters")
+        return stop
+
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)
 
 
 class ChatMessage(BaseModel):
@@ -68,9 +102,9 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
 
 class Metrics:
@@ -109,12 +143,13 @@ def create_app(
     """`token` (default: MEDUSA_WORKER_TOKEN): when set, requests without it get 401.
     `weaving_dir` (default: MEDUSA_WEAVING_DIR): with a token, the /weaving routes make and open
     exchange regions there; without either they are off."""
-    app = FastAPI(title="medusa worker")
+    app = FastAPI(title="medusa worker", **NO_DOCS)
     metrics = Metrics()
     app.state.metrics = metrics
     token = env.WORKER_TOKEN.get() if token is None else token
     if token:
         app.add_middleware(TokenGuard, token=token)
+    app.add_exception_handler(Exception, server_error)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
@@ -245,7 +280,7 @@ def create_app(
             {"role": "system" if m.role == "developer" else m.role, "content": m.content}
             for m in req.messages
         ]
-        ids = await _encode(tok, tok.apply_chat_template(messages))
+        ids = await _encode(tok, await _render(tok, messages))
         room = max(1, engine.config.max_model_len - len(ids))
         limit = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -8,8 +8,9 @@ worker directly.
 Traces: --trace poisson | gamma (bursts; --cv sets burstiness) | a CSV in the Azure LLM trace
 format (TIMESTAMP,ContextTokens,GeneratedTokens). Lengths of synthetic requests follow a
 ShareGPT-like log-normal distribution.
-Targets (issue 6): p99 TTFT >= 2x lower with Medusa; gateway overhead < 2 ms p50. Issue 17: the
-store and the pool lower it further.
+Targets (issue 6): p99 TTFT >= 2x lower with Medusa; gateway overhead <= 1 ms p50 (issue 30;
+--compare NAME=TREE measures another checkout's beside this one's). Issue 17: the store and the
+pool lower it further.
 Run: python scripts/bench/serverless.py [--duration 60] [--rate 0.5] [--models 3]
 With --cluster ray (issue 19; needs the [ray] extra): instead of the trace, the gateway's own
 overhead on the cold path (cold TTFT minus the worker's restore and its generation) with
@@ -115,14 +116,17 @@ def start_gateway(
     return launch_gateway(cfg, env, subprocess.DEVNULL)
 
 
-def launch_gateway(cfg: Path, env: dict[str, str], log, *args: str) -> tuple:  # type: ignore[no-untyped-def]
+def launch_gateway(
+    cfg: Path, env: dict[str, str], log, *args: str, cwd: Path | None = None
+) -> tuple:  # type: ignore[no-untyped-def]
     """`medusa gateway --config CFG ARGS` on a free port, output to `log`; (process, base URL)
-    once it answers /health."""
+    once it answers /health. cwd: the checkout whose medusa it runs (`-m` imports from there)."""
     port = _port()
     cmd = ["gateway", "--config", str(cfg), "--port", str(port), *args]
     proc = subprocess.Popen(
         [sys.executable, "-m", "medusa.cli", *cmd],
         env=env,
+        cwd=cwd,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -203,50 +207,6 @@ def report(results: list[dict], wall: float, slo_ttft: float) -> dict[str, float
     }
 
 
-def overhead(tmp: Path, artifact: Path) -> tuple[float, float]:
-    """p50 latency of a request straight to a worker, and through the gateway. The request is one
-    the worker refuses once it has parsed it (n=2): generation time, which varies by far more than
-    2 ms on a CPU, is left out. The gateway's workers answer only it (their token), so "straight"
-    is a `medusa run` of the same artifact started here without a token."""
-    proc, base = start_gateway(tmp, "overhead", artifact, 1, 600)
-    port = _port()
-    opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
-    env = clean_env()
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "medusa.cli", "run", "--artifact", str(artifact), *opts]
-        + ["--served-model-name", "m0", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        body = {"model": "m0", "prompt": [100, 101, 102], "max_tokens": 1, "n": 2}
-        httpx.post(f"{base}/v1/completions", json={**body, "n": 1}, timeout=300)  # warm it
-        direct_url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(f"{direct_url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        direct, via = [], []
-        with httpx.Client(timeout=60) as c:
-            for _ in range(40):
-                t = time.perf_counter()
-                assert c.post(f"{direct_url}/v1/completions", json=body).status_code == 400
-                direct.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                assert c.post(f"{base}/v1/completions", json=body).status_code == 400
-                via.append(time.perf_counter() - t)
-        return float(np.median(direct) * 1000), float(np.median(via) * 1000)
-    finally:
-        worker.terminate()
-        proc.terminate()
-        worker.wait(timeout=60)
-        proc.wait(timeout=60)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default="gamma", help="poisson, gamma, or an Azure-format CSV")
@@ -264,11 +224,34 @@ def main() -> None:
         help="ray: the cold path's overhead on a one-node Ray cluster beside local, no trace",
     )
     ap.add_argument("--repeats", type=int, default=3, help="cold starts per back-end (--cluster)")
+    ap.add_argument(
+        "--overhead-only", action="store_true", help="only the gateway's overhead, no trace"
+    )
+    ap.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="NAME=TREE",
+        help="also measure the gateway overhead of the checkout TREE (e.g. main's code), "
+        "side by side (scripts/bench/gateway_overhead.py)",
+    )
     a = ap.parse_args()
     if a.cluster == "ray":
         from ray_overhead import compare  # scripts/bench/, next to this file
 
         compare(a.repeats)
+        return
+    import gateway_overhead  # scripts/bench/, next to this file
+
+    trees = gateway_overhead.trees(a.compare)
+    if a.overhead_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            art = Path(tmp) / "art"
+            opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+            cmd = [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--no-weights"]
+            subprocess.run([*cmd, "--out", str(art)], env=clean_env(), check=True,
+                           capture_output=True)  # fmt: skip
+            gateway_overhead.report(gateway_overhead.measure(Path(tmp), art, trees, 200))
         return
     reqs = (
         azure(a.trace, a.models, a.duration)
@@ -306,17 +289,15 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(timeout=120)
             rows[name] = report(results, wall, a.slo_ttft)
-        direct, via = overhead(tmp_p, art)
+        overheads = gateway_overhead.measure(tmp_p, art, trees)
     print(f"{'metric':24}" + "".join(f" {name:>12}" for name in rows))
     for k in rows["baseline"]:
         print(f"{k:24}" + "".join(f" {row[k]:12.2f}" for row in rows.values()))
     for name in ("medusa", "store+pool"):
         ratio = rows["baseline"]["p99_ttft_ms"] / rows[name]["p99_ttft_ms"]
         print(f"p99 TTFT: {ratio:.2f}x lower with {name} than the baseline (target >= 2x)")
-    print(
-        f"gateway overhead per warm request: {via - direct:.2f} ms p50 "
-        f"(direct {direct:.2f} ms, via gateway {via:.2f} ms; target < 2 ms)"
-    )
+    gateway_overhead.report(overheads)
+    print("target: gateway overhead <= 1 ms p50")
 
 
 if __name__ == "__main__":

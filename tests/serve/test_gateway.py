@@ -197,7 +197,9 @@ def test_workers_answer_only_the_gateway_and_a_warm_queue_is_bounded(gateway):
     ok = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "a", **CHAT}, timeout=120)
     assert ok.status_code == 200
     (inst,) = httpx.get(f"{gateway}/admin/instances").json()["a"]
-    direct = httpx.get(f"http://127.0.0.1:{inst['port']}/v1/models")
+    uds = inst["address"].removeprefix("unix:")
+    with httpx.Client(transport=httpx.HTTPTransport(uds=uds)) as worker:
+        direct = worker.get("http://worker/v1/models")
     assert direct.status_code == 401 and direct.json()["error"]["code"] == "invalid_worker_token"
 
     # a: target 1, max_queue 3: one request in the worker's batch and three beyond it

@@ -45,6 +45,13 @@ class Fake:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def name(self) -> str:
+        return str(self.port)
+
+    def connect(self, timeout: float) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=timeout)
+
 
 def fake_pairs(
     refuse: set[tuple[int, str]],

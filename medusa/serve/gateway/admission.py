@@ -22,7 +22,8 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     parts: list[Any] = []
     prompt = body.get("prompt")
     parts += prompt if isinstance(prompt, list) else [prompt]
-    for message in body.get("messages") or []:
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else []:
         if isinstance(message, dict):
             content = message.get("content")
             parts += content if isinstance(content, list) else [content]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import signal
 import threading
@@ -17,7 +16,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException
 
@@ -25,11 +24,26 @@ from medusa.serve.gateway.admission import prompt_tokens
 from medusa.serve.gateway.backends import WorkerBackend
 from medusa.serve.gateway.backends.local import LocalBackend
 from medusa.serve.gateway.config import GatewayConfig
+from medusa.serve.gateway.forwarding import (
+    Forwarding,
+    Relayed,
+    end_stream,
+    request_body,
+    sse_error,
+)
+from medusa.serve.gateway.hop import HopResponse
+from medusa.serve.gateway.instance import Lease
 from medusa.serve.gateway.instances import Instance, InstanceManager, QueueFull, Unavailable
 from medusa.serve.gateway.metrics import GatewayMetrics
 from medusa.serve.gateway.sharing import Sharing
 from medusa.serve.gateway.slices import Slice
-from medusa.serve.protocol import MAX_BODY_BYTES, APIError, error_body, loads, read_body
+from medusa.serve.protocol import (
+    MAX_BODY_BYTES,
+    NO_DOCS,
+    APIError,
+    read_body,
+    server_error,
+)
 
 log = logging.getLogger("medusa.gateway")
 
@@ -44,12 +58,6 @@ def _error(
     code: str | None = None,
 ) -> JSONResponse:
     return APIError(status, message, kind=kind, headers=headers, param=param, code=code).response()
-
-
-def _sse_error(message: str) -> bytes:
-    """An OpenAI-shaped error event: the openai client raises it instead of ending normally."""
-    body = error_body(message, "server_error", code="worker_died")
-    return f"data: {json.dumps(body)}\n\n".encode()
 
 
 @contextlib.contextmanager
@@ -86,10 +94,9 @@ def create_gateway(
     wait_timeout: float = 300.0,
     max_body_bytes: int = MAX_BODY_BYTES,
     backend: WorkerBackend | None = None,
-) -> FastAPI:
+) -> Forwarding:
     metrics = GatewayMetrics()
     backend = backend or LocalBackend()
-    client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
 
     async def on_cold_start(inst: Instance) -> None:
         metrics.cold_starts.labels(inst.model).inc()
@@ -101,7 +108,7 @@ def create_gateway(
         if inst.timings:
             return
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            r = await client.get(f"{inst.url}/metrics", headers=inst.headers, timeout=5)
+            r = await inst.client.get("/metrics", timeout=5)
             text = r.text
             for line in text.splitlines():
                 if line.startswith('medusa_startup_seconds{stage="'):
@@ -129,10 +136,10 @@ def create_gateway(
         task.cancel()
         log.info("draining: waiting for in-flight requests, then stopping workers")
         await manager.shutdown()
-        await client.aclose()
 
-    app = FastAPI(title="medusa gateway", lifespan=lifespan)
+    app = FastAPI(title="medusa gateway", lifespan=lifespan, **NO_DOCS)
     app.state.manager = manager
+    app.add_exception_handler(Exception, server_error)
 
     def authorized(request: Request) -> bool:
         if not config.api_keys:
@@ -210,7 +217,7 @@ def create_gateway(
                 m: [
                     {
                         "pid": i.proc.pid,
-                        "port": i.port,
+                        "address": f"unix:{i.proc.uds}" if i.proc.uds else f"{i.host}:{i.port}",
                         "slice": i.slice.id,
                         "node": i.proc.node,
                         "state": i.state.value,
@@ -243,9 +250,7 @@ def create_gateway(
         if not authorized(request):
             return unauthorized()
         raw = await read_body(request, max_body_bytes)
-        body = loads(raw)
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
+        body = request_body(raw)
         model = body.get("model")
         if model not in config.models:
             return _error(
@@ -255,10 +260,10 @@ def create_gateway(
                 param="model",
                 code="model_not_found",
             )
-        stream = bool(body.get("stream"))
+        stream, tokens = bool(body.get("stream")), prompt_tokens(body)
         for attempt in (0, 1):
             try:
-                inst = await manager.acquire(model, wait_timeout)
+                lease = await manager.acquire(model, wait_timeout)
             except QueueFull:
                 metrics.requests.labels(model, "429").inc()
                 return _error(
@@ -273,49 +278,55 @@ def create_gateway(
                 metrics.requests.labels(model, "503").inc()
                 headers = {"Retry-After": str(e.retry_after)}
                 return _error(503, str(e), "unavailable", headers, code=e.code)
-            await manager.sharing.admit(inst, prompt_tokens(body))  # elastic slices: its turn
+            answer = await send(lease, route, raw, stream, tokens)
+            if answer is not None:
+                return answer
+            if attempt == 0:
+                log.warning("retrying a %s request on another instance", model)
+        metrics.requests.labels(model, "503").inc()
+        return _error(
+            503,
+            f"{model}: the worker died and no other instance answered",
+            "unavailable",
+            {"Retry-After": "5"},
+        )
+
+    async def send(
+        lease: Lease, route: str, raw: bytes, stream: bool, tokens: int
+    ) -> Response | None:
+        """The worker's answer, or None if it is gone (its instance is retired). The lease is
+        released here on every path, or by the relayed stream once it ends."""
+        inst, handed = lease.inst, False
+        try:
+            await lease.admit(tokens)  # elastic slices: its turn
             t0 = time.perf_counter()
             try:
-                req = client.build_request(
-                    "POST", f"{inst.url}{route}", content=raw, headers=inst.headers
-                )
-                resp = await client.send(req, stream=stream)
-            except httpx.TransportError:
-                manager.release(inst)
+                resp = await inst.proc.hop.post(route, raw)
+                content = None if stream else await resp.read()
+            except httpx.TransportError as e:  # NotOurWorker too: never relayed
+                log.warning("%s on %s: %s", inst.model, inst.slice.id, e)
                 manager.mark_dead(inst)
-                if attempt == 0:
-                    log.warning("retrying a %s request on another instance", model)
-                    continue
-                metrics.requests.labels(model, "503").inc()
-                return _error(
-                    503,
-                    f"{model}: the worker died and no other instance answered",
-                    "unavailable",
-                    {"Retry-After": "5"},
-                )
-            if not stream:
-                content = resp.content  # read in full by send() when not streaming
-                manager.release(inst)
-                metrics.ttft.labels(model).observe(time.perf_counter() - t0)
-                metrics.requests.labels(model, str(resp.status_code)).inc()
-                return Response(
-                    content,
-                    status_code=resp.status_code,
-                    media_type=resp.headers.get("content-type"),
-                )
-            return StreamingResponse(
-                relay(resp, inst, model, t0),
+                return None
+            if content is not None:
+                metrics.ttft.labels(inst.model).observe(time.perf_counter() - t0)
+                metrics.requests.labels(inst.model, str(resp.status_code)).inc()
+                media = resp.headers.get("content-type")
+                return Response(content, status_code=resp.status_code, media_type=media)
+            handed = True
+            return Relayed(
+                relay(resp, inst, t0),
+                lambda: end_stream(resp, lease),
                 status_code=resp.status_code,
                 media_type=resp.headers.get("content-type", "text/event-stream"),
             )
-        return _error(503, f"{model}: unavailable", "unavailable")
+        finally:
+            if not handed:
+                lease.release()
 
-    async def relay(
-        resp: httpx.Response, inst: Instance, model: str, t0: float
-    ) -> AsyncIterator[bytes]:
-        last, pending = None, b""
+    async def relay(resp: HopResponse, inst: Instance, t0: float) -> AsyncIterator[bytes]:
+        model, last, pending = inst.model, None, b""
         try:
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.pieces():
                 now = time.perf_counter()
                 if last is None:
                     metrics.ttft.labels(model).observe(now - t0)
@@ -334,17 +345,6 @@ def create_gateway(
         except httpx.TransportError:
             manager.mark_dead(inst)
             metrics.requests.labels(model, "502").inc()
-            yield _sse_error(f"{model}: the worker stopped in the middle of the answer; retry")
-        finally:
-            await resp.aclose()
-            manager.release(inst)
+            yield sse_error(f"{model}: the worker stopped in the middle of the answer; retry")
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await forward(request, "/v1/completions")
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await forward(request, "/v1/chat/completions")
-
-    return app
+    return Forwarding(app, forward)  # /v1/completions and /v1/chat/completions

@@ -22,12 +22,13 @@ from medusa.serve.gateway.errors import (  # noqa: F401 - the gateway's errors, 
     Unavailable,
 )
 from medusa.serve.gateway.host_weights import HostWeights
-from medusa.serve.gateway.instance import Instance, State
+from medusa.serve.gateway.instance import Instance, Lease, State
 from medusa.serve.gateway.pool import Assigned, PooledWorker, WarmPool
 from medusa.serve.gateway.sharing import Choice, Sharing
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import StartPolicy
 from medusa.serve.gateway.weaving import WeavingPairs
+from medusa.serve.gateway.worker_link import NotOurWorker
 
 log = logging.getLogger("medusa.gateway")
 
@@ -65,6 +66,7 @@ class InstanceManager:
             warm_timeout=startup_timeout,
             launch=lambda slc, args: self.backend.launch(slc, args, {}),
             prepare_artifacts=sorted({m.artifact for m in models.values() if m.artifact}),
+            busy=lambda: any(i.inflight for i in self.live()),
         )
         self.host_weights = HostWeights(models)
         self.sharing = sharing or Sharing(
@@ -124,7 +126,7 @@ class InstanceManager:
             raise NoCapacity(f"no free slice for {model}")
         slc.busy = True
         proc = self.backend.launch(slc, self._args(model, slc), self.host_weights.worker_env(model))
-        inst = Instance(model, slc, proc.port, proc, proc.token)
+        inst = Instance(model, slc, proc)
         self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
         log.info("starting %s on slice %s (%s back-end)", model, slc.id, self.backend.name)
@@ -132,7 +134,7 @@ class InstanceManager:
         return inst
 
     def _start_pooled(self, model: str, w: PooledWorker) -> Instance:
-        inst = Instance(model, w.slice, w.port, w.proc, w.token, pooled=True)
+        inst = Instance(model, w.slice, w.proc, pooled=True)
         self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
         log.info("starting %s on %s from the warm pool (pid %d)", model, w.slice.id, w.proc.pid)
@@ -148,7 +150,6 @@ class InstanceManager:
             done = Assigned(str(e), {}, {})
         else:
             done = await self.pool.assign(w, args, self.startup_timeout, checked)
-        inst.host, inst.port, inst.token = w.host, w.port, w.token  # (placed once it warmed up)
         if inst.state == State.STARTING:  # else stopped while it started (the gateway shuts down)
             inst.stages, inst.timings = done.stages, done.timings
             if done.error is None and inst.proc.poll() is None:
@@ -164,23 +165,25 @@ class InstanceManager:
 
     async def _wait_ready(self, inst: Instance) -> None:
         deadline = time.monotonic() + self.startup_timeout
-        health = None
-        if await inst.proc.placed(self.startup_timeout):
-            inst.host, inst.port, inst.token = inst.proc.host, inst.proc.port, inst.proc.token
-        async with httpx.AsyncClient(timeout=2.0, headers=inst.headers) as client:
-            while inst.proc.poll() is None and inst.state == State.STARTING and health is None:
-                if time.monotonic() > deadline:
-                    break
-                try:
-                    r = await client.get(f"{inst.url}/health")
-                    health = r if r.status_code in (200, 500) else None
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.1)
+        health, impostor = None, None
+        placed = await inst.proc.placed(self.startup_timeout)
+        while placed and inst.proc.poll() is None and inst.state == State.STARTING:
+            try:
+                r = await inst.client.get("/health", timeout=2.0)
+                health = r if r.status_code in (200, 500) else None
+            except NotOurWorker as e:
+                impostor = str(e)
+            except httpx.TransportError:
+                pass
+            if health is not None or impostor is not None or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
         if inst.state != State.STARTING:  # stopped while it started (the gateway shuts down)
             return
         if health is not None and health.status_code == 200 and inst.proc.poll() is None:
             await self._ready(inst)
+        elif impostor is not None:
+            await self._start_failed(inst, impostor)
         elif health is None and inst.proc.poll() is None:
             await self._start_failed(
                 inst, f"it did not answer /health within {self.startup_timeout:.0f} s"
@@ -275,8 +278,9 @@ class InstanceManager:
         if queued >= cfg.max_queue:
             raise QueueFull(model)
 
-    async def acquire(self, model: str, timeout: float) -> Instance:
-        """The least-loaded warm instance, starting one if needed; waits while it starts."""
+    async def acquire(self, model: str, timeout: float) -> Lease:
+        """A slot on the least-loaded warm instance, starting one if needed; waits while it
+        starts. The caller releases the lease (in a `finally`)."""
         self._check_admission(model)
         self.sharing.rates.arrived(model)
         self.waiting[model] += 1
@@ -289,7 +293,7 @@ class InstanceManager:
                     inst = min(warm, key=lambda i: i.inflight)
                     inst.inflight += 1
                     inst.last_used = time.monotonic()
-                    return inst
+                    return Lease(inst, self.sharing.admit, self.sharing.done)
                 self._refuse_if_hopeless(model)
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -313,11 +317,6 @@ class InstanceManager:
             self._maybe_scale_up(model)
             if not self.instances[model] and not self.policy.backing_off(model):
                 raise NoCapacity(f"no free slice to start {model} on")
-
-    def release(self, inst: Instance) -> None:
-        inst.inflight -= 1
-        inst.last_used = time.monotonic()
-        self.sharing.done(inst)
 
     def _migrate(self, now: float) -> None:
         """Prism's placement moves at most one model per call: its new worker restores on the

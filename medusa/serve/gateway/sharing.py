@@ -243,14 +243,10 @@ class Sharing:
     # ---- local scheduling ----
     async def admit(self, inst: Resident, prompt_tokens: int) -> None:
         """On an elastic slice: waits for the request's turn in the slice's queue; at once
-        elsewhere. An admitted request ends with `done` (the gateway's release)."""
-        if not inst.slice.shared:
-            return
-        try:
+        elsewhere. An admitted request ends with `done` (the gateway's Lease.release); one that
+        raised here (its client left) was not admitted."""
+        if inst.slice.shared:
             await self.queues[inst.slice.id].admit(self.models[inst.model].slo_ttft, prompt_tokens)
-        except BaseException:
-            inst.inflight -= 1  # NOTE: not admitted (its client left): no slot to give back
-            raise
 
     def done(self, inst: Resident) -> None:
         if inst.slice.shared:

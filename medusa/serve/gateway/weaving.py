@@ -44,14 +44,13 @@ class Worker(Protocol):
     """What pairing needs of a gateway instance (instances.Instance)."""
 
     model: str
-    port: int
     inflight: int
     state: Any  # instances.State
 
     @property
-    def url(self) -> str: ...
-    @property
-    def headers(self) -> dict[str, str]: ...
+    def name(self) -> str: ...  # unique on its machine, fit for a file name
+
+    def connect(self, timeout: float) -> httpx.AsyncClient: ...
 
 
 def warm(w: Worker) -> bool:
@@ -70,7 +69,7 @@ class PairingFailed(RuntimeError):
 
 
 def default_client(w: Worker) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=w.url, headers=w.headers, timeout=TIMEOUT)
+    return w.connect(TIMEOUT)
 
 
 class WeavingPairs:
@@ -89,7 +88,7 @@ class WeavingPairs:
         self._client, self.enabled = client, enabled
         self._names = itertools.count(1)
         self.pairs: list[Pair] = []
-        self._refused: dict[tuple[int, int], float] = {}  # (hot port, cold port) -> when
+        self._refused: dict[tuple[str, str], float] = {}  # (hot name, cold name) -> when
 
     def config(self, model: str) -> WeavingConfig:
         return getattr(self.models[model], "weaving", None) or WeavingConfig()
@@ -116,20 +115,20 @@ class WeavingPairs:
         """Before `w` stops: its pairing ends (a hot worker's sequences come back first)."""
         p = self.paired(w)
         if p is not None:
-            await self._unpair(p, f"{w.model} on port {w.port} is stopping")
+            await self._unpair(p, f"{w.model} ({w.name}) is stopping")
 
     def _unpair_reason(self, p: Pair) -> str | None:
         if not warm(p.hot):
-            return f"{p.hot.model} on port {p.hot.port} is no longer warm"
+            return f"{p.hot.model} ({p.hot.name}) is no longer warm"
         if not warm(p.cold):
-            return f"{p.cold.model} on port {p.cold.port} is no longer warm"
+            return f"{p.cold.model} ({p.cold.name}) is no longer warm"
         target = self.models[p.cold.model].target
         if p.cold.inflight >= target:
             return f"{p.cold.model} is busy ({p.cold.inflight} requests in flight, target {target})"
         return None
 
     def _refused_lately(self, hot: Worker, cold: Worker) -> bool:
-        when = self._refused.get((hot.port, cold.port), -1e9)
+        when = self._refused.get((hot.name, cold.name), -1e9)
         return time.monotonic() - when < self.retry_after
 
     async def _rank(self, hot: Worker, colds: list[Worker]) -> list[Worker]:
@@ -151,11 +150,11 @@ class WeavingPairs:
             body = r.json()
             return WeavingProfile.from_json(body["profile"]), int(body["free_bytes"])
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-            log.warning("weaving: %s on port %d has no usable profile: %r", w.model, w.port, e)
+            log.warning("weaving: %s (%s) has no usable profile: %r", w.model, w.name, e)
             return None, 0
 
     async def _pair(self, hot: Worker, cold: Worker) -> bool:
-        key = (hot.port, cold.port)
+        key = (hot.name, cold.name)
         if self._refused_lately(hot, cold):
             return False
         region = f"weaver-{next(self._names)}"  # a name in the workers' MEDUSA_WEAVING_DIR
@@ -174,9 +173,9 @@ class WeavingPairs:
             await self._post_quietly(hot, "/weaving/unpair")
             return False
         self.pairs.append(Pair(hot, cold, region))
-        log.info("weaving: %s (port %d) offloads %.0f%% of its sequences to %s (port %d)",
-                 hot.model, hot.port, 100 * self.config(hot.model).ratio, cold.model,
-                 cold.port)  # fmt: skip
+        log.info("weaving: %s (%s) offloads %.0f%% of its sequences to %s (%s)",
+                 hot.model, hot.name, 100 * self.config(hot.model).ratio, cold.model,
+                 cold.name)  # fmt: skip
         return True
 
     async def _unpair(self, p: Pair, why: str) -> None:
@@ -200,4 +199,4 @@ class WeavingPairs:
         try:
             await self._post(w, path)
         except PairingFailed as e:
-            log.warning("weaving: %s on port %d: %s", w.model, w.port, e)
+            log.warning("weaving: %s (%s): %s", w.model, w.name, e)

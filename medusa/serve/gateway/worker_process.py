@@ -13,49 +13,88 @@ import subprocess
 import threading
 import time
 from functools import cached_property
-from typing import IO
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import httpx
 
 from medusa import env as medusa_env
 from medusa.child import medusa_cli, tied_to_this_process
-from medusa.serve.protocol import WORKER_TOKEN_HEADER
+from medusa.serve.gateway.hop import Hop
+from medusa.serve.gateway.worker_link import connect
+
+if TYPE_CHECKING:
+    from medusa.serve.gateway.backends import WorkerHandle
 
 log = logging.getLogger("medusa.gateway")
 
 
 class WorkerAddress:
-    """Where a worker listens and what every request to it carries (a mixin for the records of
-    started and pooled workers, which have `port` and `token`)."""
+    """Where a worker listens and how the gateway talks to it (a mixin for the records of
+    started and pooled workers: their `proc` says, once placed)."""
 
-    port: int
-    token: str
-    host: str = "127.0.0.1"  # where it listens (a Ray node's address for the ray back-end)
+    proc: WorkerHandle
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+    def host(self) -> str:
+        return self.proc.host
 
-    @cached_property
-    def headers(self) -> dict[str, str]:
-        """Without the token the worker answers 401."""
-        return {"content-type": "application/json", WORKER_TOKEN_HEADER: self.token}
+    @property
+    def port(self) -> int:
+        return self.proc.port
+
+    @property
+    def name(self) -> str:
+        """Unique on its machine, fit for a file name: its socket's, else host-port."""
+        if self.proc.uds:
+            return Path(self.proc.uds).parent.name + "-" + Path(self.proc.uds).stem
+        return f"{self.proc.host}-{self.proc.port}"
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The worker's client: requests go to paths, proven both ways (worker_link)."""
+        return self.proc.client
+
+    def connect(self, timeout: float) -> httpx.AsyncClient:
+        """A client of its own (the caller closes it)."""
+        return connect(self.proc.uds, self.host, self.port, self.proc.token, timeout=timeout)
 
 
 class WorkerProcess:
-    """A worker started with `argv`; its stderr is drained into the last `keep` lines (the local
-    back-end's WorkerHandle: placed as soon as started)."""
+    """A worker started with `argv`, serving on `listener` (which it is handed: nobody else can
+    accept on it); its stderr is drained into the last `keep` lines (the local back-end's
+    WorkerHandle: placed as soon as started)."""
 
-    host, port, token, node = "127.0.0.1", 0, "", "local"
+    host, port, uds, node = "127.0.0.1", 0, "", "local"
 
-    def __init__(self, argv: list[str], env: dict[str, str], *, keep: int = 20) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        listener: socket.socket,
+        token: str,
+        *,
+        keep: int = 20,
+    ) -> None:
+        self.token = token
+        if listener.family == socket.AF_UNIX:
+            self.uds = listener.getsockname()
+        else:
+            self.host, self.port = listener.getsockname()[:2]
+        fd = listener.fileno()
         # NOTE: the parent-death signal fires when the *thread* that forked exits: start workers
         # from the event loop's thread, never from a worker thread.
-        self.popen = subprocess.Popen(
-            argv,
-            env=tied_to_this_process(env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        try:
+            self.popen = subprocess.Popen(
+                [*argv, "--fd", str(fd)],
+                env=tied_to_this_process(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(fd,),
+            )
+        finally:
+            listener.close()  # NOTE: the worker's alone: its death closes it
         self.stderr: collections.deque[str] = collections.deque(maxlen=keep)
         assert self.popen.stderr is not None
         self._reader = threading.Thread(
@@ -72,6 +111,14 @@ class WorkerProcess:
 
     async def placed(self, timeout: float) -> bool:
         return self.poll() is None
+
+    @cached_property
+    def client(self) -> httpx.AsyncClient:
+        return connect(self.uds, self.host, self.port, self.token)
+
+    @cached_property
+    def hop(self) -> Hop:
+        return Hop(self.uds, self.host, self.port, self.token)
 
     def _drain(self, pipe: IO[bytes]) -> None:
         with pipe:
@@ -108,20 +155,19 @@ class WorkerProcess:
             log.warning("worker pid %d ignored SIGTERM for %.0f s: killing it", self.pid, timeout)
             self.popen.kill()
             await asyncio.to_thread(self.popen.wait)
+        if "client" in self.__dict__:
+            await self.client.aclose()
+        if "hop" in self.__dict__:
+            self.hop.close()
+        if self.uds:
+            Path(self.uds).unlink(missing_ok=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def launch(
-    slice_env: dict[str, str], args: list[str], host: str = "127.0.0.1"
-) -> tuple[WorkerProcess, int, str]:
-    """`medusa run ARGS` bound to a slice (its env), on a free port of `host`, with its own
-    token: (process, port, token)."""
-    port, token = free_port(), secrets.token_urlsafe(32)
+def launch(slice_env: dict[str, str], args: list[str], listener: socket.socket) -> WorkerProcess:
+    """`medusa run ARGS` bound to a slice (its env), serving on `listener` (a socket the caller
+    bound: a Unix socket in a private directory, or a TCP port the kernel picked), with a token
+    of its own."""
+    token = secrets.token_urlsafe(32)
     # NOTE: a slice's device is its env's alone; how simcuda checks and schedules work is not
     # the device's, and stays as the gateway was told (the test suite's race checking).
     checks = (medusa_env.SIM_RACECHECK.name, medusa_env.SIM_SCHEDULE_SEED.name)
@@ -132,7 +178,4 @@ def launch(
     }
     env.update(slice_env)
     env[medusa_env.WORKER_TOKEN.name] = token
-    argv = medusa_cli("run", *args, "--host", host, "--port", str(port))
-    proc = WorkerProcess(argv, env)
-    proc.host, proc.port, proc.token = host, port, token
-    return proc, port, token
+    return WorkerProcess(medusa_cli("run", *args), env, listener, token)

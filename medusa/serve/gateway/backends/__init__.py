@@ -8,20 +8,35 @@ and supervises. Callers never branch on which one runs."""
 from __future__ import annotations
 
 import abc
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice
 
+if TYPE_CHECKING:
+    import httpx
+
+    from medusa.serve.gateway.hop import Hop
+
 
 class WorkerHandle(Protocol):
-    """One started worker. `host`, `port` and `token` are known once `placed()` returned True."""
+    """One started worker. Where it listens (`uds`, a Unix socket, else `host`:`port`), its
+    `token` and its `client` are known once `placed()` returned True."""
 
     host: str
     port: int
+    uds: str
     token: str
     node: str  # where it runs ("local", or a Ray node id)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The gateway's client of it (medusa.serve.gateway.worker_link); closed by `reap`."""
+
+    @property
+    def hop(self) -> Hop:
+        """The forwarded requests' client of it (medusa.serve.gateway.hop); closed by `reap`."""
 
     @property
     def pid(self) -> int: ...  # on its node; 0 until placed

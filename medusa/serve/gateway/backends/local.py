@@ -1,10 +1,14 @@
 """The local back-end: `medusa run` processes on this machine's slices (NVML, a slices file).
 
 Its workers share files with it in a directory of its own (private_dir.PrivateDir, made on first
-use): the elastic slices' page ledgers, and the Weaver exchange regions (MEDUSA_WEAVING_DIR).
-It claims the real devices it finds (claims): a second gateway of this user on them is refused."""
+use): the elastic slices' page ledgers, the Weaver exchange regions (MEDUSA_WEAVING_DIR), and each
+worker's Unix socket, which the gateway binds there and hands to the worker: no TCP port, nothing
+another local user can reach or take first. It claims the real devices it finds (claims): a
+second gateway of this user on them is refused."""
 
 from __future__ import annotations
+
+import itertools
 
 from medusa import env
 from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
@@ -13,6 +17,7 @@ from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import SliceLedger, file_ledgers
 from medusa.serve.gateway.slices import Slice, discover_slices
 from medusa.serve.gateway.worker_process import launch
+from medusa.serve.listeners import bind_unix
 
 
 class LocalBackend(WorkerBackend):
@@ -22,6 +27,7 @@ class LocalBackend(WorkerBackend):
     def __init__(self) -> None:
         self._dir: PrivateDir | None = None
         self._claims: list[int] = []
+        self._sockets = itertools.count(1)
 
     @property
     def shared_dir(self) -> PrivateDir:
@@ -36,8 +42,8 @@ class LocalBackend(WorkerBackend):
 
     def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
         shared = {env.WEAVING_DIR.name: str(self.shared_dir.weaving)}
-        proc, _, _ = launch({**slc.env, **shared, **local_env}, args)
-        return proc
+        listener = bind_unix(self.shared_dir.path / f"w{next(self._sockets)}.sock")
+        return launch({**slc.env, **shared, **local_env}, args, listener)
 
     def open_ledger(self, slc: Slice, pages: int, page_bytes: int) -> SliceLedger:
         return file_ledgers(self.shared_dir.path)(slc, pages, page_bytes)

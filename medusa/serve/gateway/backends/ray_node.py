@@ -28,6 +28,7 @@ from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import FileLedger
 from medusa.serve.gateway.slices import Slice, nvml_slices
 from medusa.serve.gateway.worker_process import WorkerProcess, launch
+from medusa.serve.listeners import bind_tcp
 
 
 def _node_slices(kind: str, node_id: str) -> list[Slice]:
@@ -86,9 +87,12 @@ class SliceActor:
         slice_env = dict(self.slice.env)
         if self._ledger is not None:
             slice_env[env.KV_LEDGER.name] = str(self._ledger.path)
-        proc, port, token = launch(slice_env, args, ray.util.get_node_ip_address())
+        # NOTE: the actor binds the worker's port (one the kernel picks) and hands the socket
+        # down: no port number is chosen before it is held, so nobody can take it first. The
+        # token goes back to the gateway through Ray, never over the worker's port.
+        proc = launch(slice_env, args, bind_tcp(ray.util.get_node_ip_address()))
         self.procs[proc.pid] = proc
-        return {"host": proc.host, "port": port, "token": token, "pid": proc.pid}
+        return {"host": proc.host, "port": proc.port, "token": proc.token, "pid": proc.pid}
 
     def open_ledger(self, pages: int, page_bytes: int) -> str:
         """Makes this slice's page ledger on the node (once); its path there."""

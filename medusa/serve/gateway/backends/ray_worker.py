@@ -5,10 +5,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
+from functools import cached_property
 from typing import Any
 
+import httpx
 import ray
 from ray.exceptions import RayError
+
+from medusa.serve.gateway.hop import Hop
+from medusa.serve.gateway.worker_link import connect
 
 # A start that failed: in Ray, or shipping the artifact (ArtifactError is a ValueError).
 START_ERRORS = (RayError, OSError, ValueError)
@@ -23,6 +28,7 @@ class RayWorker:
     def __init__(self, actor: Any, node: str, started: concurrent.futures.Future[Any]) -> None:
         """`started`: the ref of the actor's start() (submitted off the event loop)."""
         self.host, self.port, self.token, self.node = "", 0, "", node
+        self.uds = ""  # NOTE: TCP to its node; its answers prove they come from it (worker_link)
         self._pid, self._error = 0, ""
         self._code: int | None = None
         self._lost = False  # its actor (its node) is gone: Ray refuses calls to it
@@ -31,6 +37,16 @@ class RayWorker:
     @property
     def pid(self) -> int:
         return self._pid
+
+    @cached_property
+    def client(self) -> httpx.AsyncClient:
+        assert self.port, "the worker is not placed yet"
+        return connect("", self.host, self.port, self.token)
+
+    @cached_property
+    def hop(self) -> Hop:
+        assert self.port, "the worker is not placed yet"
+        return Hop("", self.host, self.port, self.token)
 
     def poll(self) -> int | None:
         return self._code
@@ -98,6 +114,10 @@ class RayWorker:
             except (*START_ERRORS, asyncio.TimeoutError):
                 pass  # never started, or lost with its node
         self._end(-15, "stopped by the gateway")
+        if "client" in self.__dict__:
+            await self.client.aclose()
+        if "hop" in self.__dict__:
+            self.hop.close()
 
 
 __all__ = ["RayWorker", "START_ERRORS", "why", "ray"]
