@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 from medusa.c2c.model import C2C_BW, SliceProfile, Tiles, gemm_time, gemm_traffic
+from medusa.errors import RefusedError
 
 CHUNKS = (128, 256, 512, 1024, 2048, 4096)
 # Tiles for full-size GPU GEMMs (the simcuda tests use small ones).
@@ -58,7 +59,7 @@ class ModelShape:
         return tokens * (self.hidden * 4 + self.intermediate * 2 * 4)
 
 
-class PlacementError(ValueError):
+class PlacementError(RefusedError, ValueError):
     """A set of models the superchip cannot serve; the message names the demand."""
 
 

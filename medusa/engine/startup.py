@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from medusa.artifact import Artifact, ArtifactError, load_artifact
-from medusa.cuda import CudaError
+from medusa.artifact import Artifact, load_artifact
 from medusa.engine.startup_weights import WeightStartUp
+from medusa.errors import MedusaError
 from medusa.restore import RestoreError, Restorer
 from medusa.restore.compat import check_compatible, device_fingerprint
 
@@ -130,7 +130,7 @@ class StartUp(WeightStartUp):
 
 def _reason(e: Exception) -> str:
     """Our errors say what to do; anything else is named by its type too."""
-    return str(e) if isinstance(e, (ArtifactError, RestoreError, CudaError)) else f"{e!r}"
+    return str(e) if isinstance(e, MedusaError) else f"{e!r}"
 
 
 F = TypeVar("F", bound=Callable[..., Any])
