@@ -326,7 +326,7 @@ def _serve(
     from medusa.serve.async_engine import AsyncEngine
     from medusa.serve.connections import make_server
     from medusa.serve.listeners import describe
-    from medusa.serve.worker import create_app
+    from medusa.serve.api_server import create_app
 
     listener = None if demo is not None else _open(where)
 

@@ -22,10 +22,11 @@ from starlette.types import Receive, Scope, Send
 
 from medusa import scratch
 from medusa.engine.config import EngineConfig
+from medusa.serve.api_server import create_app
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.connections import ConnectionLimits, make_server
-from medusa.serve.protocol import NO_DOCS, APIError, TokenGuard, read_json
-from medusa.serve.worker import create_app
+from medusa.serve.protocol import NO_DOCS, APIError, read_json
+from medusa.serve.worker_auth import TokenGuard
 from medusa.weights.store import RACY_SECONDS, file_identity
 
 if TYPE_CHECKING:
