@@ -197,7 +197,7 @@ def run(
     exit_on_sigterm()  # NOTE: so that what this process made in /tmp goes with it
     if pool:
         from medusa import env as medusa_env
-        from medusa.serve.pool_worker import serve_pooled
+        from medusa.serve.pooled_server import serve_pooled
 
         try:
             serve_pooled(
@@ -323,10 +323,10 @@ def _serve(
     """Serves on `where` until stopped."""
     import threading
 
+    from medusa.serve.api_server import create_app
     from medusa.serve.async_engine import AsyncEngine
     from medusa.serve.connections import make_server
     from medusa.serve.listeners import describe
-    from medusa.serve.api_server import create_app
 
     listener = None if demo is not None else _open(where)
 
