@@ -83,7 +83,7 @@ class PooledServer:
         self.engine: AsyncEngine | None = None
         self.server: uvicorn.Server | None = None
         self._assigned = False
-        handlers = {APIError: api_error}
+        handlers: dict[Any, Any] = {APIError: api_error}
         app = FastAPI(title="medusa pooled worker", exception_handlers=handlers, **NO_DOCS)
         app.state.pooled = self
         app.include_router(router)
