@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 import httpx
 
 from medusa.engine.loader import DEFAULT_MODEL
-from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
+from medusa.serve.gateway.backends import WorkerBackend
 from medusa.serve.gateway.config import ModelConfig
 from medusa.serve.gateway.errors import NoCapacity
 from medusa.serve.gateway.host_weights import HostWeights
@@ -23,6 +23,7 @@ from medusa.serve.gateway.sharing import Choice, Sharing
 from medusa.serve.gateway.slices import Slice
 from medusa.serve.gateway.start_policy import StartPolicy
 from medusa.serve.gateway.weaving import WeavingPairs
+from medusa.serve.gateway.worker_handle import WorkerHandle
 from medusa.serve.gateway.worker_link import NotOurWorker
 
 log = logging.getLogger("medusa.gateway")

@@ -8,55 +8,13 @@ and supervises. Callers never branch on which one runs."""
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Protocol
 
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice
+from medusa.serve.gateway.worker_handle import WorkerHandle
 
-if TYPE_CHECKING:
-    import httpx
-
-    from medusa.serve.gateway.hop import Hop
-
-
-class WorkerHandle(Protocol):
-    """One started worker. Where it listens (`uds`, a Unix socket, else `host`:`port`), its
-    `token` and its `client` are known once `placed()` returned True."""
-
-    host: str
-    port: int
-    uds: str
-    token: str
-    node: str  # where it runs ("local", or a Ray node id)
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """The gateway's client of it (medusa.serve.gateway.worker_link); closed by `reap`."""
-
-    @property
-    def hop(self) -> Hop:
-        """The forwarded requests' client of it (medusa.serve.gateway.hop); closed by `reap`."""
-
-    @property
-    def pid(self) -> int: ...  # on its node; 0 until placed
-
-    def poll(self) -> int | None:
-        """None while it runs; its exit status once it ended (or its node was lost)."""
-
-    def last_error(self) -> str:
-        """Why it ended (its last stderr line), or how."""
-
-    async def placed(self, timeout: float) -> bool:
-        """Waits until it runs somewhere and its address is known; False if it never will."""
-
-    async def exited(self, timeout: float) -> bool:
-        """Waits up to `timeout` seconds for it to end."""
-
-    def terminate(self) -> None: ...
-
-    async def reap(self, timeout: float = 10.0) -> None:
-        """Stops it (SIGTERM, SIGKILL after `timeout`) and returns once it is gone."""
+__all__ = ["WorkerBackend", "WorkerHandle", "make_backend"]
 
 
 class WorkerBackend(abc.ABC):
