@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 from medusa.c2c.model import C2C_BW, SliceProfile, Tiles, gemm_time, gemm_traffic
+from medusa.errors import PlacementError
 
 CHUNKS = (128, 256, 512, 1024, 2048, 4096)
 # Tiles for full-size GPU GEMMs (the simcuda tests use small ones).
@@ -56,10 +57,6 @@ class ModelShape:
 
     def activation_bytes(self, tokens: int) -> int:
         return tokens * (self.hidden * 4 + self.intermediate * 2 * 4)
-
-
-class PlacementError(ValueError):
-    """A set of models the superchip cannot serve; the message names the demand."""
 
 
 def step_time(

@@ -87,7 +87,6 @@ def simulate(
     duration = duration or 60.0
 
     from medusa.c2c.model import GH200_MIG
-    from medusa.c2c.scheduler import PlacementError
     from medusa.c2c.simulator import (
         DEFAULT_MODELS,
         Policy,
@@ -98,6 +97,7 @@ def simulate(
     from medusa.c2c.simulator import (
         simulate as run_sim,
     )
+    from medusa.errors import PlacementError
 
     try:
         profiles = [GH200_MIG[p.strip()] for p in slices.split(",") if p.strip()]
@@ -136,7 +136,7 @@ def _simulate_sharing(
 ) -> None:
     import json
 
-    from medusa.prism.placement import PlacementError
+    from medusa.errors import PlacementError
     from medusa.prism.simulate import compare
 
     if n_models < 1 or n_devices < 1 or duration <= 0:
