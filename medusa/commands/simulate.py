@@ -86,17 +86,17 @@ def simulate(
         return
     duration = duration or 60.0
 
-    from medusa.c2c.model import GH200_MIG
-    from medusa.c2c.simulator import (
+    from medusa.c2c.link_simulator import (
         DEFAULT_MODELS,
         Policy,
         azure_trace,
         bursty_trace,
         sparkline,
     )
-    from medusa.c2c.simulator import (
+    from medusa.c2c.link_simulator import (
         simulate as run_sim,
     )
+    from medusa.c2c.model import GH200_MIG
     from medusa.errors import PlacementError
 
     try:
@@ -137,7 +137,7 @@ def _simulate_sharing(
     import json
 
     from medusa.errors import PlacementError
-    from medusa.prism.simulate import compare
+    from medusa.prism.sharing_simulator import compare
 
     if n_models < 1 or n_devices < 1 or duration <= 0:
         raise click.UsageError("--models and --devices must be >= 1 and --duration > 0")
