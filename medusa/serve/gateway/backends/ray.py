@@ -23,7 +23,7 @@ from typing import Any
 
 from medusa.child import ROOT
 from medusa.prism.ledger import Holder
-from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
+from medusa.serve.gateway.backends.base import WorkerBackend
 from medusa.serve.gateway.backends.ray_auth import private_token
 from medusa.serve.gateway.backends.resources import (
     class_slice,
@@ -34,6 +34,7 @@ from medusa.serve.gateway.backends.resources import (
 from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice, discover_slices
+from medusa.serve.gateway.worker_handle import WorkerHandle
 
 log = logging.getLogger("medusa.gateway")
 
