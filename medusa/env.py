@@ -118,6 +118,11 @@ ARTIFACT_CACHE = EnvVar(
     "gateway --cluster ray: where each node keeps the artifacts shipped to it, by digest "
     "(default ~/.cache/medusa/artifacts)",
 )
+GATEWAY_SIM_SLICES = EnvVar(
+    "MEDUSA_GATEWAY_SIM_SLICES",
+    2,
+    "gateway: simcuda slices (8 GiB, 132 SMs each) on a machine with no GPU and no slices file",
+)
 
 STORE_CHECKED = EnvVar(
     "MEDUSA_STORE_CHECKED",
@@ -163,4 +168,5 @@ ALL: tuple[EnvVar, ...] = (
     VLLM_SIDECAR,
     TRUST,
     ARTIFACT_CACHE,
+    GATEWAY_SIM_SLICES,
 )
