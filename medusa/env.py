@@ -130,16 +130,16 @@ WEAVING_DIR = EnvVar(
     "and open Weaver exchange regions, by name; the weaving routes are off without it and "
     "MEDUSA_WORKER_TOKEN (the gateway sets both)",
 )
-GATEWAY_SIM_SLICES = EnvVar(
-    "MEDUSA_GATEWAY_SIM_SLICES",
-    2,
-    "gateway without NVML (a CPU machine): how many simcuda slices of 8 GiB it schedules onto",
-)
 ARTIFACT_CACHE = EnvVar(
     "MEDUSA_ARTIFACT_CACHE",
     "",
     "gateway --cluster ray: where each node keeps the artifacts shipped to it, by digest "
     "(default ~/.cache/medusa/artifacts)",
+)
+GATEWAY_SIM_SLICES = EnvVar(
+    "MEDUSA_GATEWAY_SIM_SLICES",
+    2,
+    "gateway: simcuda slices (8 GiB, 132 SMs each) on a machine with no GPU and no slices file",
 )
 
 STORE_CHECKED = EnvVar(

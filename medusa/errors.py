@@ -39,3 +39,10 @@ class BusyError(MedusaError):
 
 class EngineDeadError(MedusaError):
     """The engine, worker or link can no longer serve; replace it."""
+
+
+class PlacementError(RefusedError, ValueError):
+    """A set of models the devices cannot serve: one fits on none of them (its weights and its
+    minimum KV cache, or the HBM it needs), or together they ask more of a shared link than it
+    carries. The message names the model or the demand, and what to change. (Prism's placement
+    and the C2C scheduler both raise it: one idea, one class.)"""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from medusa.c2c.model import C2C_BW, SliceProfile, Tiles, gemm_time, gemm_traffic
-from medusa.errors import RefusedError
+from medusa.errors import PlacementError
 
 if TYPE_CHECKING:
     from medusa.engine.spec import ModelSpec
@@ -61,10 +61,6 @@ class ModelShape:
 
     def activation_bytes(self, tokens: int) -> int:
         return tokens * (self.hidden * 4 + self.intermediate * 2 * 4)
-
-
-class PlacementError(RefusedError, ValueError):
-    """A set of models the superchip cannot serve; the message names the demand."""
 
 
 def step_time(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from medusa.commands.options import (
@@ -9,6 +11,14 @@ from medusa.commands.options import (
     connection_options,
     max_request_bytes_option,
 )
+
+if TYPE_CHECKING:
+    import socket
+
+    from medusa.serve.connections import ConnectionLimits
+    from medusa.serve.gateway.backends import WorkerBackend
+    from medusa.serve.gateway.config import GatewayConfig
+    from medusa.serve.gateway.slices import Slice
 
 # Descriptors kept for what is not a client's connection: workers' sockets and pipes, their
 # connections, artifacts and weight stores; each slice may hold a worker (and a pooled one).
@@ -52,32 +62,18 @@ def gateway(
     OpenAI-compatible endpoint."""
     import logging
 
-    from medusa.serve.connections import fit_descriptors, make_server
+    from medusa.serve.connections import make_server
     from medusa.serve.gateway.app import create_gateway
-    from medusa.serve.gateway.backends import make_backend
-    from medusa.serve.gateway.config import ConfigError, load_config
-    from medusa.serve.gateway.placement import check_placement, plan_chunks
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from medusa.serve.listeners import bind_tcp
-
     try:
         limits, given = connection_limits(max_connections, header_timeout, body_timeout)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    try:
-        config = load_config(config_path)
-        backend = make_backend(cluster)
-        backend.check(config)
-        slices = backend.discover(config.slices)
-        check_placement(config, slices)
-        config = plan_chunks(config, slices)
-        reserve = RESERVED_FDS + RESERVED_FDS_PER_SLICE * len(slices)
-        limits = fit_descriptors(limits, per_connection=2, reserve=reserve, explicit=given)
-        listener = bind_tcp(host, port)
-    except (ConfigError, ValueError) as e:  # ListenError is one
-        raise click.ClickException(str(e)) from None
+    config, backend, slices, limits, listener = _prepare(
+        config_path, cluster, limits, given, host, port
+    )
     click.echo(
         f"gateway: {len(config.models)} models, {len(slices)} slices "
         f"({', '.join(s.id for s in slices)})",
@@ -90,3 +86,29 @@ def gateway(
         server.run(sockets=[listener])
     finally:
         listener.close()
+
+
+def _prepare(
+    config_path: str, cluster: str, limits: ConnectionLimits, given: bool, host: str, port: int
+) -> tuple[GatewayConfig, WorkerBackend, list[Slice], ConnectionLimits, socket.socket]:
+    """The catalog, the back-end and its slices, checked (the models fit them), the connection
+    limits the descriptors allow, and the bound listener: refused at once, with the reason."""
+    from medusa.serve.connections import fit_descriptors
+    from medusa.serve.gateway.backends import make_backend
+    from medusa.serve.gateway.config import ConfigError, load_config
+    from medusa.serve.gateway.placement import check_placement, plan_chunks
+    from medusa.serve.listeners import bind_tcp
+
+    try:
+        config = load_config(config_path)
+        backend = make_backend(cluster)
+        backend.check(config)
+        slices = backend.discover(config.slices)
+        check_placement(config, slices)
+        config = plan_chunks(config, slices)
+        reserve = RESERVED_FDS + RESERVED_FDS_PER_SLICE * len(slices)
+        limits = fit_descriptors(limits, per_connection=2, reserve=reserve, explicit=given)
+        listener = bind_tcp(host, port)
+    except (ConfigError, ValueError) as e:  # ListenError is one
+        raise click.ClickException(str(e)) from None
+    return config, backend, slices, limits, listener

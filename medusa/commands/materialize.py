@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 
 from medusa.child import exit_on_sigterm
-from medusa.commands.options import engine_choice, engine_options
-from medusa.commands.run import _refuse_reference_options
+from medusa.commands.options import engine_choice, engine_options, refuse_reference_options
 
 
 @click.command(
@@ -95,7 +94,7 @@ def materialize(
         if engine_name == "vllm":
             from medusa.integrations.vllm.materialize import materialize_vllm
 
-            _refuse_reference_options(
+            refuse_reference_options(
                 [*engine, "skip_phase", "command", "no_weights", "check_accesses"],
                 "medusa materialize --engine vllm MODEL -- --max-model-len 4096",
             )

@@ -147,3 +147,19 @@ def connection_limits(max_connections: int, header_timeout: float, body_timeout:
     ctx = click.get_current_context()
     given = ctx.get_parameter_source("max_connections") == click.core.ParameterSource.COMMANDLINE
     return ConnectionLimits(max_connections, header_timeout, body_timeout), given
+
+
+def refuse_reference_options(names: list[str], example: str) -> None:
+    """With --engine vllm, options of the reference engine given on the command line would be
+    silently dropped: name them and say where vLLM's own go."""
+    ctx = click.get_current_context()
+    given = [
+        "--" + name.replace("_", "-")
+        for name in names
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)}: the reference engine's option(s); with --engine vllm pass "
+            f"vLLM's own after --, e.g. {example}"
+        )

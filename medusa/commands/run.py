@@ -3,16 +3,9 @@ started the normal way, or wait in the gateway's warm pool."""
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
 import click
 
 from medusa import env as medusa_env
-from medusa import scratch
 from medusa.child import exit_on_sigterm
 from medusa.commands.options import (
     connection_limits,
@@ -20,13 +13,19 @@ from medusa.commands.options import (
     engine_choice,
     engine_options,
     max_request_bytes_option,
+    refuse_reference_options,
     trust_option,
 )
-
-if TYPE_CHECKING:
-    from medusa.engine.config import EngineConfig
-    from medusa.serve.connections import ConnectionLimits
-    from medusa.serve.listeners import Listener, Where
+from medusa.commands.run_inputs import (
+    check_partition,
+    check_pool_inputs,
+    check_run_inputs,
+    fit_limits,
+    setup_logging,
+    where_to_listen,
+)
+from medusa.commands.run_server import reexec_under_recorder, serve, serve_pool
+from medusa.commands.run_vllm import run_vllm
 
 
 @click.command(
@@ -158,278 +157,36 @@ def run(
     from medusa.engine.config import EngineConfig
 
     die_with_parent()
-    _setup_logging(verbose, quiet=demo is not None)
+    setup_logging(verbose, quiet=demo is not None)
     if engine_name == "vllm":
-        _refuse_reference_options(
+        refuse_reference_options(
             [*engine, "served_model_name", "demo", "validate", "uds", "fd", "max_connections",
              "header_timeout", "body_timeout"],
             "medusa run --engine vllm --artifact DIR -- --seed 3",
         )  # fmt: skip
-        _run_vllm(model, artifact, list(argv), host, port, require_artifact, trust)
+        run_vllm(model, artifact, list(argv), host, port, require_artifact, trust)
     if argv:
         raise click.UsageError(
             f"unexpected arguments {' '.join(argv)} (only --engine vllm takes them)"
         )
     if pool:
-        _check_pool_inputs(model, artifact, prepare)
+        check_pool_inputs(model, artifact, prepare)
     try:
         config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
         limits, given = connection_limits(max_connections, header_timeout, body_timeout)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    _check_run_inputs(model, artifact)
-    where = _where(host, port, uds, fd, demo)
-    if partition and (not artifact or pool or not Path(partition).is_file()):
-        raise click.UsageError(
-            f"--partition {partition}: " + ("no such file; make it with `medusa tessera place "
-            f"ARTIFACT --out {partition}`" if artifact and not pool else "needs --artifact "
-            "(the artifact PLAN was made for), and no --pool")
-        )  # fmt: skip
+    check_run_inputs(model, artifact)
+    where = where_to_listen(host, port, uds, fd, demo)
+    check_partition(partition, artifact, pool)
     if (artifact or pool) and not medusa_env.TRACE.get():
-        # Restore maps allocations through the recorder in restore mode: re-exec under it.
-        from medusa.child import medusa_cli
-        from medusa.trace import recorder_env
-
-        # NOTE: execve keeps the pid, and the directory's lock
-        trace_dir = scratch.ScratchDir(scratch.RESTORE_TRACE, across_exec=True).path
-        env = recorder_env(os.path.join(trace_dir, "restore-%p.mtr"), mode="restore")
-        cmd = medusa_cli(*sys.argv[1:])
-        os.execve(cmd[0], cmd, env)
+        reexec_under_recorder()
     exit_on_sigterm()  # NOTE: so that what this process made in /tmp goes with it
     if pool:
-        from medusa.serve.pool_worker import serve_pooled
-
-        try:
-            serve_pooled(
-                click.get_current_context().command, _open(where),
-                _fit(limits, given), medusa_env.WORKER_TOKEN.get(), list(prepare),
-                max_request_bytes, list(prepare_artifacts),
-            )  # fmt: skip
-        finally:
-            scratch.remove_restore_trace()
+        serve_pool(where, limits, given, prepare, max_request_bytes, prepare_artifacts)
         return
-    _serve(
+    serve(
         config, model, where, served_model_name, demo, artifact,
         require_artifact, validate, trust=trust, max_request_bytes=max_request_bytes,
-        partition=partition, partition_timeout=partition_timeout, limits=_fit(limits, given),
+        partition=partition, partition_timeout=partition_timeout, limits=fit_limits(limits, given),
     )  # fmt: skip
-
-
-def _check_pool_inputs(model: str | None, artifact: str | None, prepare: tuple[str, ...]) -> None:
-    """A pooled worker gets its model from the gateway, on a route guarded by the worker token."""
-    from medusa import env
-    from medusa.engine.loader import ModelError, locate_model
-
-    if model or artifact:
-        raise click.UsageError("--pool takes no MODEL or --artifact: the gateway assigns them")
-    if not env.WORKER_TOKEN.get():
-        raise click.UsageError(
-            f"--pool needs {env.WORKER_TOKEN.name}: only the gateway that set it may assign a model"
-        )
-    for m in prepare:
-        try:
-            locate_model(m)
-        except ModelError as e:
-            raise click.ClickException(f"--prepare {e}") from None
-
-
-def _setup_logging(verbose: bool, quiet: bool) -> None:
-    """INFO by default; WARNING for --demo (its output is the answer); DEBUG with --verbose;
-    MEDUSA_LOG_LEVEL over all of them."""
-    import logging
-
-    from medusa import env
-
-    level = env.LOG_LEVEL.get().upper() or ("DEBUG" if verbose else "WARNING" if quiet else "INFO")
-    if not isinstance(logging.getLevelName(level), int):
-        raise click.UsageError(
-            f"MEDUSA_LOG_LEVEL={level!r}: use DEBUG, INFO, WARNING, ERROR or CRITICAL"
-        )
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
-    if level != "DEBUG":
-        # NOTE: httpx logs a line per request at INFO (the demo polls /health).
-        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLevelName(level)))
-
-
-def _check_run_inputs(model: str | None, artifact: str | None) -> None:
-    """What would otherwise surface only after a slow start: refuse it now, with the fix."""
-    from medusa.cuda.backend import NoDeviceError, load_backend
-    from medusa.engine.loader import ModelError, locate_model
-
-    try:
-        locate_model(model)
-    except ModelError as e:
-        raise click.ClickException(str(e)) from None
-    if artifact and not Path(artifact).is_dir():
-        make = " ".join(["medusa materialize", *([model] if model else []), "--out", artifact])
-        raise click.ClickException(
-            f"--artifact {artifact}: no such directory; make it with `{make}`, or drop --artifact"
-        )
-    try:
-        load_backend()
-    except (NoDeviceError, FileNotFoundError) as e:
-        raise click.ClickException(str(e)) from None
-
-
-def _where(host: str, port: int, uds: str | None, fd: int | None, demo: str | None) -> Where:
-    """Where to listen, checked before a slow start: refused now, with the fix. The socket
-    itself is made once the engine starts."""
-    from medusa.serve.listeners import ListenError, Where
-
-    if (uds or fd is not None) and demo is not None:
-        raise click.UsageError("--demo listens on --host/--port: drop --uds/--fd")
-    where = Where(host, port, uds, fd)
-    try:
-        where.check()
-    except ListenError as e:
-        raise click.ClickException(str(e)) from None
-    return where
-
-
-def _open(where: Where) -> Listener:
-    from medusa.serve.listeners import ListenError
-
-    try:
-        return where.open()
-    except ListenError as e:
-        raise click.ClickException(str(e)) from None
-
-
-def _fit(limits: ConnectionLimits, given: bool) -> ConnectionLimits:
-    from medusa.serve.connections import fit_descriptors
-
-    try:
-        return fit_descriptors(limits, per_connection=1, reserve=256, explicit=given)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-
-
-def _serve(
-    config: EngineConfig,
-    model: str | None,
-    where: Where,
-    served_model_name: str | None,
-    demo: str | None,
-    artifact: str | None,
-    require_artifact: bool,
-    validate: bool,
-    *,
-    trust: str | None,
-    max_request_bytes: int,
-    limits: ConnectionLimits,
-    partition: str | None = None,
-    partition_timeout: float = 10.0,
-) -> None:
-    """Serves on `where` until stopped."""
-    import threading
-
-    from medusa.serve.async_engine import AsyncEngine
-    from medusa.serve.connections import make_server
-    from medusa.serve.listeners import describe
-    from medusa.serve.worker import create_app
-
-    listener = None if demo is not None else _open(where)
-
-    factory = None
-    if artifact:
-        from medusa import env
-        from medusa.engine.llm_engine import LLMEngine
-
-        def factory() -> LLMEngine:
-            engine = LLMEngine(
-                config,
-                artifact=artifact,
-                require_artifact=require_artifact,
-                validate=validate,
-                trust=trust,
-                store_checked=env.STORE_CHECKED.get(),
-            )
-            if partition:
-                from medusa.tessera.partition import Leader
-
-                # NOTE: it replaces the graph replay
-                Leader(engine, artifact, partition, partition_timeout)
-            return engine
-
-    async_engine = AsyncEngine(config, factory)
-    async_engine.start()
-    threading.Thread(target=_remove_trace_when_started, args=(async_engine,), daemon=True).start()
-    name = served_model_name or model or "smollm2"
-    app = create_app(async_engine, name, max_body_bytes=max_request_bytes)
-    try:
-        if require_artifact:
-            async_engine.ready.wait()
-            if async_engine.error:
-                click.echo(f"medusa run: {async_engine.error}", err=True)
-                raise SystemExit(3)
-        if demo is not None:
-            from medusa.serve.demo import run_demo
-
-            raise SystemExit(run_demo(app, async_engine, where.host, where.port, name, demo))
-        assert listener is not None
-        server = make_server(app, limits, log_level="info")
-        logging.getLogger("medusa.serve").info("listening on %s", describe(listener.socket))
-
-        def stop_if_failed() -> None:
-            async_engine.ready.wait()
-            if async_engine.error:
-                server.should_exit = True
-
-        threading.Thread(target=stop_if_failed, daemon=True).start()
-        server.run(sockets=[listener.socket])
-        if async_engine.error:
-            click.echo(f"medusa run: the engine failed to start: {async_engine.error}", err=True)
-            raise SystemExit(1)
-        if not server.started:
-            raise SystemExit(1)
-    finally:
-        async_engine.shutdown()
-        scratch.remove_restore_trace()
-        if listener is not None:
-            listener.close()
-
-
-def _remove_trace_when_started(engine: Any) -> None:
-    engine.ready.wait()
-    scratch.remove_restore_trace()
-
-
-def _refuse_reference_options(names: list[str], example: str) -> None:
-    """With --engine vllm, options of the reference engine given on the command line would be
-    silently dropped: name them and say where vLLM's own go."""
-    ctx = click.get_current_context()
-    given = [
-        "--" + name.replace("_", "-")
-        for name in names
-        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-    ]
-    if given:
-        raise click.UsageError(
-            f"{', '.join(given)}: the reference engine's option(s); with --engine vllm pass "
-            f"vLLM's own after --, e.g. {example}"
-        )
-
-
-def _run_vllm(
-    model: str | None,
-    artifact: str | None,
-    argv: list[str],
-    host: str,
-    port: int,
-    require: bool,
-    trust: str | None,
-) -> None:
-    from medusa.artifact import ArtifactError
-    from medusa.integrations.vllm.serve import serve_command
-
-    try:
-        cmd, env = serve_command(artifact, model, argv, host, port, require, trust)
-    except ArtifactError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo("medusa run: " + " ".join(cmd), err=True)
-    try:
-        os.execvpe(cmd[0], cmd, env)
-    except OSError as e:
-        raise click.ClickException(
-            f"cannot start vLLM ({e}): install it with pip install 'medusa-coldstart[vllm]'"
-        ) from None

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from medusa.c2c.link_simulator import Policy, Request
+    from medusa.c2c.model import SliceProfile
+    from medusa.c2c.scheduler import ModelShape
 
 
 @click.command(
@@ -71,8 +77,6 @@ def simulate(
     p50/p99 TTFT and TPOT, SLO attainment, C2C utilisation over time, for one policy choice.
     With --sharing: a long-tailed catalog on several devices under three sharing policies.
     With --weaving: a hot model offloading attention to a cold model's device (Weaver)."""
-    import json
-
     if weaving:
         from medusa.weaver.command import simulate_weaving
 
@@ -84,44 +88,43 @@ def simulate(
     if sharing:
         _simulate_sharing(n_models, n_devices, duration or 300.0, seed, as_json)
         return
-    duration = duration or 60.0
+    from medusa.c2c.link_simulator import Policy
 
-    from medusa.c2c.model import GH200_MIG
-    from medusa.c2c.scheduler import PlacementError
-    from medusa.c2c.simulator import (
-        DEFAULT_MODELS,
-        Policy,
-        azure_trace,
-        bursty_trace,
-        sparkline,
-    )
-    from medusa.c2c.simulator import (
-        simulate as run_sim,
-    )
+    _simulate_c2c(
+        trace_kind, duration or 60.0, rate, cv, slices, Policy(placement, chunk, alpha), seed,
+        as_json,
+    )  # fmt: skip
 
-    try:
-        profiles = [GH200_MIG[p.strip()] for p in slices.split(",") if p.strip()]
-    except KeyError as e:
-        raise click.UsageError(
-            f"--slices: unknown profile {e}; known: {sorted(GH200_MIG)}"
-        ) from None
+
+def _simulate_c2c(
+    trace_kind: str,
+    duration: float,
+    rate: float,
+    cv: float,
+    slices: str,
+    policy: Policy,
+    seed: int,
+    as_json: bool,
+) -> None:
+    import json
+
+    from medusa.c2c.link_simulator import DEFAULT_MODELS, sparkline
+    from medusa.c2c.link_simulator import simulate as run_sim
+    from medusa.errors import PlacementError
+
+    profiles = _slice_profiles(slices)
     models = list(DEFAULT_MODELS)
-    if Path(trace_kind).is_file():
-        reqs = azure_trace(trace_kind, models, duration)
-    elif trace_kind in ("gamma", "poisson"):
-        reqs = bursty_trace(models, duration, rate, cv if trace_kind == "gamma" else 1.0, seed)
-    else:
-        raise click.UsageError(f"--trace {trace_kind!r}: use gamma, poisson or a CSV file")
+    reqs = _requests(trace_kind, models, duration, rate, cv, seed)
     try:
-        r = run_sim(models, profiles, reqs, Policy(placement, chunk, alpha), seed=seed)
+        r = run_sim(models, profiles, reqs, policy, seed=seed)
     except PlacementError as e:
         raise click.ClickException(str(e)) from None
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
     click.echo(
-        f"{len(reqs)} requests, {len(profiles)} slices; policy placement={placement} "
-        f"chunk={chunk} alpha={alpha}"
+        f"{len(reqs)} requests, {len(profiles)} slices; policy placement={policy.placement} "
+        f"chunk={policy.chunk} alpha={policy.alpha}"
     )
     for k in ("p50_ttft", "p99_ttft", "p50_tpot", "p99_tpot", "slo_attainment"):
         click.echo(f"  {k:15} {r[k]:.3f}")
@@ -131,13 +134,37 @@ def simulate(
     click.echo(f"  C2C utilisation |{sparkline(r['c2c_utilisation'])}|")
 
 
+def _slice_profiles(slices: str) -> list[SliceProfile]:
+    from medusa.c2c.model import GH200_MIG
+
+    try:
+        return [GH200_MIG[p.strip()] for p in slices.split(",") if p.strip()]
+    except KeyError as e:
+        raise click.UsageError(
+            f"--slices: unknown profile {e}; known: {sorted(GH200_MIG)}"
+        ) from None
+
+
+def _requests(
+    trace_kind: str, models: list[ModelShape], duration: float, rate: float, cv: float, seed: int
+) -> list[Request]:
+    """The requests of --trace: a CSV file (Azure's), or gamma / poisson arrivals."""
+    from medusa.c2c.link_simulator import azure_trace, bursty_trace
+
+    if Path(trace_kind).is_file():
+        return azure_trace(trace_kind, models, duration)
+    if trace_kind in ("gamma", "poisson"):
+        return bursty_trace(models, duration, rate, cv if trace_kind == "gamma" else 1.0, seed)
+    raise click.UsageError(f"--trace {trace_kind!r}: use gamma, poisson or a CSV file")
+
+
 def _simulate_sharing(
     n_models: int, n_devices: int, duration: float, seed: int, as_json: bool
 ) -> None:
     import json
 
-    from medusa.prism.placement import PlacementError
-    from medusa.prism.simulate import compare
+    from medusa.errors import PlacementError
+    from medusa.prism.sharing_simulator import compare
 
     if n_models < 1 or n_devices < 1 or duration <= 0:
         raise click.UsageError("--models and --devices must be >= 1 and --duration > 0")

@@ -12,11 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from medusa.errors import RefusedError
-
-
-class PlacementError(RefusedError, ValueError):
-    """A model fits on no device (its weights plus its minimum KV)."""
+from medusa.errors import PlacementError
 
 
 @dataclass(frozen=True)

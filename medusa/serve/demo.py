@@ -21,18 +21,8 @@ def run_demo(
     thread.start()
     base = f"http://{host}:{port}"
     try:
-        while True:
-            try:
-                health = httpx.get(f"{base}/health", timeout=5)
-            except httpx.TransportError:
-                time.sleep(0.2)
-                continue
-            if health.status_code == 200:
-                break
-            if health.status_code == 500:
-                print(f"medusa run: the engine failed to start: {engine.error}", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+        if not _wait_ready(base, engine):
+            return 1
         body = {"model": model, "messages": [{"role": "user", "content": prompt}],
                 "temperature": 0, "max_tokens": 64}  # fmt: skip
         t1 = time.perf_counter()
@@ -58,3 +48,19 @@ def run_demo(
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def _wait_ready(base: str, engine: AsyncEngine) -> bool:
+    """Polls /health until the engine serves (True) or failed to start (False, said why)."""
+    while True:
+        try:
+            health = httpx.get(f"{base}/health", timeout=5)
+        except httpx.TransportError:
+            time.sleep(0.2)
+            continue
+        if health.status_code == 200:
+            return True
+        if health.status_code == 500:
+            print(f"medusa run: the engine failed to start: {engine.error}", file=sys.stderr)
+            return False
+        time.sleep(0.2)

@@ -1,44 +1,77 @@
-"""What the worker and the gateway share on the wire: OpenAI-shaped errors, the request-body
-reader (size cap, JSON that Python accepts but JSON does not), and the worker-token guard.
-
-The gateway never sends a worker its token: each request carries a fresh nonce and
-HMAC(token, "request:" nonce) (WORKER_AUTH_HEADER), and the worker's answer carries
-HMAC(token, "answer:" nonce) (WORKER_PROOF_HEADER), which the gateway checks before it relays a
-byte of it. Whatever answers in a worker's place (a port taken by someone else) learns nothing
-it can use, and its answers are refused."""
+"""The OpenAI API on the wire, as the worker and the gateway speak it: the request models (with
+the bounds that keep a request's cost in proportion to its tokens), OpenAI-shaped errors, and the
+request-body reader (size cap, JSON that Python accepts but JSON does not). How the gateway and
+its workers prove themselves to each other is medusa.serve.worker_auth."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from medusa.errors import MedusaError
 from medusa.serve import MAX_BODY_BYTES
-
-WORKER_TOKEN_HEADER = "x-medusa-worker-token"  # the token itself (an operator's own request)
-WORKER_AUTH_HEADER = "x-medusa-worker-auth"  # "NONCE.HMAC": the gateway's requests
-WORKER_PROOF_HEADER = "x-medusa-worker-proof"  # the worker's answer to NONCE
-MAX_NONCE = 64  # bytes
 
 # No /docs, /redoc or /openapi.json: they describe nothing a client needs, and answered anyone.
 NO_DOCS: dict[str, Any] = {"docs_url": None, "redoc_url": None, "openapi_url": None}
 
 
-def worker_mac(token: bytes, purpose: bytes, nonce: bytes) -> bytes:
-    """HMAC-SHA256 of `purpose:nonce` under a worker's token, hex: "request" (the gateway
-    proves it holds the token) or "answer" (the worker does)."""
-    return hmac.new(token, purpose + b":" + nonce, hashlib.sha256).hexdigest().encode()
-
-
 M = TypeVar("M", bound=BaseModel)
+
+# What one request may ask for: each bound keeps a request's cost to the worker in proportion to
+# the tokens it gets (a 340,000-entry stop list once made 100 tokens take 18 s of event loop).
+MAX_STOPS = 16  # OpenAI allows 4
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 4096
+MAX_TOKENS = 1 << 20
+MAX_NAME_CHARS = 256
+
+
+class SamplingRequest(BaseModel):
+    """Fields completions and chat completions share."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    model: str = Field(max_length=MAX_NAME_CHARS)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = 1
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences, not {len(stops)}")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"a stop sequence has at most {MAX_STOP_CHARS} characters")
+        return stop
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[int]
+    max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)
+
+
+class ChatMessage(BaseModel):
+    # NOTE: the chat template renders the role verbatim; a role it was not trained on is noise.
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
 
 def error_body(
@@ -74,6 +107,31 @@ async def server_error(_: Request, e: Exception) -> JSONResponse:
     """The answer to an error no handler expected: OpenAI-shaped, without the details (they go
     to the log, as the server logs every unhandled exception)."""
     return APIError(500, "internal error; see the server's log", kind="server_error").response()
+
+
+async def api_error(_: Request, e: APIError) -> JSONResponse:
+    return e.response()
+
+
+async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+    """Starlette's own refusals (404, 405), OpenAI-shaped."""
+    return APIError(e.status_code, str(e.detail), headers=dict(e.headers or {})).response()
+
+
+async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+    """A body FastAPI validated against a route's model: 400 naming the first field."""
+    first = e.errors()[0] if e.errors() else {}
+    where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+    msg = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
+    return APIError(400, msg, param=where or None).response()
+
+
+# An app's answers to errors: every one OpenAI-shaped (FastAPI(exception_handlers=...)).
+ERROR_HANDLERS: dict[Any, Any] = {
+    Exception: server_error,
+    APIError: api_error,
+    HTTPException: http_error,
+}
 
 
 def _no_constant(name: str) -> Any:
@@ -183,46 +241,3 @@ def _lone_surrogate(
         items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
         stack.extend((x, (*where, k)) for k, x in reversed(list(items)))
     return None
-
-
-class TokenGuard:
-    """ASGI middleware: with a token set, only callers that prove they hold it (the gateway) get
-    in; every answer to a request that sent a nonce proves this worker holds it too."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app, self.token = app, token.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        nonce, _, mac = headers.get(WORKER_AUTH_HEADER.encode(), b"").partition(b".")
-        nonce = nonce[:MAX_NONCE]
-        if nonce:
-            send = _proving(send, worker_mac(self.token, b"answer", nonce))
-        sent = headers.get(WORKER_TOKEN_HEADER.encode(), b"")
-        if not (
-            nonce and hmac.compare_digest(mac, worker_mac(self.token, b"request", nonce))
-        ) and not hmac.compare_digest(sent, self.token):
-            refused = APIError(
-                401,
-                "this worker answers only its gateway; send requests to the gateway",
-                kind="auth_error",
-                code="invalid_worker_token",
-            )
-            await refused.response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-def _proving(send: Send, proof: bytes) -> Send:
-    """`send` with the worker's proof added to the answer's headers."""
-
-    async def send_with_proof(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), (
-                WORKER_PROOF_HEADER.encode(), proof)]}  # fmt: skip
-        await send(message)
-
-    return send_with_proof

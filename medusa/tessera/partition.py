@@ -38,7 +38,7 @@ TIMEOUT = 10.0  # seconds the follower may take within a step (a decode step tak
 log = logging.getLogger("medusa.tessera")
 
 
-class PlacementError(RefusedError, ValueError):
+class PartitionError(RefusedError, ValueError):
     """The placement file cannot be used with this artifact; the message says why and what to do."""
 
 
@@ -71,12 +71,12 @@ def load_placement(path: str | Path, artifact: str | Path, nodes: list[int]) -> 
     try:
         body = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PlacementError(f"--partition {path}: not a readable placement file ({e}); "
+        raise PartitionError(f"--partition {path}: not a readable placement file ({e}); "
                              f"{_remake(path, artifact)}") from None  # fmt: skip
     if not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise PlacementError(f"--partition {path}: not a {FORMAT} file; {_remake(path, artifact)}")
+        raise PartitionError(f"--partition {path}: not a {FORMAT} file; {_remake(path, artifact)}")
     if body.get("artifact_sha256") != manifest_sha256(artifact):
-        raise PlacementError(f"--partition {path}: made for another artifact than {artifact} "
+        raise PartitionError(f"--partition {path}: made for another artifact than {artifact} "
                              f"(its manifest differs); {_remake(path, artifact)}")  # fmt: skip
     graphs = body.get("graphs")
     if (
@@ -84,12 +84,12 @@ def load_placement(path: str | Path, artifact: str | Path, nodes: list[int]) -> 
         or [len(g) if isinstance(g, list) else -1 for g in graphs] != nodes
         or any(d not in (0, 1) for g in graphs for d in g)
     ):
-        raise PlacementError(f"--partition {path}: needs device 0 or 1 for each node of "
+        raise PartitionError(f"--partition {path}: needs device 0 or 1 for each node of "
                              f"{len(nodes)} decode graphs of {nodes} nodes; "
                              f"{_remake(path, artifact)}")  # fmt: skip
     accesses = path.parent / str(body.get("accesses", ""))
     if not accesses.is_file():
-        raise PlacementError(f"--partition {path}: its access recording {accesses} is missing; "
+        raise PartitionError(f"--partition {path}: its access recording {accesses} is missing; "
                              f"{_remake(path, artifact)}")  # fmt: skip
     return Placement(path, body["artifact_sha256"], accesses, graphs, str(body.get("how", "")))
 
@@ -138,14 +138,14 @@ class Leader:
         from medusa.trace import read_trace
 
         if engine.restorer is None:
-            raise PlacementError(f"--partition {plan}: the engine was not restored from "
+            raise PartitionError(f"--partition {plan}: the engine was not restored from "
                                  f"{artifact} (see the log); nothing to split")  # fmt: skip
         sizes = engine.restorer.art.manifest["graphs"]["keys"]
         nodes = _graph_nodes(engine.restorer.plan)
         placement = load_placement(plan, artifact, nodes)
         accesses = Accesses.of(RunView.build(read_trace(placement.accesses)), engine.restorer)
         if [len(g) for g in accesses.graphs] != nodes:
-            raise PlacementError(f"--partition {plan}: its access recording is of other graphs "
+            raise PartitionError(f"--partition {plan}: its access recording is of other graphs "
                                  f"than {artifact}'s; {_remake(Path(plan), artifact)}")  # fmt: skip
         self.scratch = scratch.ScratchDir("medusa-partition-")  # (a killed leader's: swept)
         self.dir = self.scratch.path
@@ -154,7 +154,7 @@ class Leader:
         deadline = time.monotonic() + 120
         while not sock.exists():
             if self.follower.poll() is not None or time.monotonic() > deadline:
-                raise PlacementError(f"--partition {plan}: the follower (device 1) did not start "
+                raise PartitionError(f"--partition {plan}: the follower (device 1) did not start "
                                      f"(see its log {self.dir / 'follower.log'})")  # fmt: skip
             time.sleep(0.05)
         self.timeout = timeout

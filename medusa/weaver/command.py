@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from medusa.weaver.simulate import PAPER, PROFILES, balanced_hol, compare
+from medusa.weaver.weaving_simulator import PAPER, PROFILES, balanced_hol, compare
 
 
 def simulate_weaving(

@@ -21,7 +21,7 @@ from medusa.weights.format import Header, Tensor, header_size, parse_header
 
 # A file changed this close before a check may change again with the same times (they are coarse):
 # like git's racy-clean rule, a pooled worker reuses what it read of an artifact at warm-up only
-# if no file of it changed for this long before (medusa.serve.pool_worker). NOTE: file times are
+# if no file of it changed for this long before (medusa.serve.prepared). NOTE: file times are
 # no proof that bytes are unchanged (a write through a shared mapping changes neither time):
 # nothing that is used without being read and checked again may rely on them.
 RACY_SECONDS = 2.0

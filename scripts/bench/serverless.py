@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from medusa.c2c.simulator import azure_rows
+from medusa.c2c.link_simulator import azure_rows
 
 
 def clean_env() -> dict[str, str]:

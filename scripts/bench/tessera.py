@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from medusa.tessera.pipeline_simulator import simulate
 from medusa.tessera.planner import Device, Link, Problem, solve
 from medusa.tessera.profiles import H100, LLAMA3_8B, PCIE5, RTX_PRO_6000, decode_problem
-from medusa.tessera.simulator import simulate
 
 
 def milp_1000(runs: int = 5, seeds: int = 10) -> None:

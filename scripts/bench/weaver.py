@@ -3,7 +3,7 @@ simulator: one decoder layer of SmolLM2-135M's shape (hidden 576, 9 heads / 3 KV
 MLP 1536), each kernel launched through medusa.engine.device.Device and timed to completion,
 at several batch sizes (and KV lengths for attention); a least-squares line per operator,
 seconds = fixed + per_row x rows (rows: batch, or KV tokens read for attention), printed as the
-OPS / ATTENTION literals that medusa/weaver/simulate.py keeps as its `simcuda` profile.
+OPS / ATTENTION literals that medusa/weaver/weaving_simulator.py keeps as its `simcuda` profile.
 
 Run: MEDUSA_LIB_DIR=... python scripts/bench/weaver.py [--repeat N]
 """
@@ -138,7 +138,7 @@ def main() -> None:
             dev.free(v)
     att = fit(xs, ys)
     print(f"attention fit: {att[0] * 1e6:.1f} us + {att[1] * 1e9:.2f} ns per KV token read")
-    print("\n# paste into medusa/weaver/simulate.py (seconds: fixed, per row)")
+    print("\n# paste into medusa/weaver/weaving_simulator.py (seconds: fixed, per row)")
     print("SIMCUDA_OPS = {")
     for name, (a, b) in ops.items():
         print(f'    "{name}": OpCost({a:.3g}, {b:.3g}),')

@@ -7,13 +7,8 @@ import pytest
 
 from medusa.c2c.controller import AlphaController
 from medusa.c2c.model import GH200_MIG
-from medusa.c2c.scheduler import (
-    ModelShape,
-    PlacementError,
-    admit,
-    prefill_chunk,
-    profile_table,
-)
+from medusa.c2c.scheduler import ModelShape, admit, prefill_chunk, profile_table
+from medusa.errors import PlacementError
 
 LLAMA_8B = ModelShape("llama-8b", 4096, 14336, 32, 4096, 1024, tpot_target=0.1)
 LLAMA_3B = ModelShape("llama-3b", 3072, 8192, 28, 3072, 1024, tpot_target=0.1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from medusa.prism.placement import ModelLoad, PlacementError, evict, kvpr, place
+from medusa.errors import PlacementError
+from medusa.prism.placement import ModelLoad, evict, kvpr, place
 
 GiB = 2**30
 

@@ -23,9 +23,9 @@ import httpx
 import pytest
 
 from medusa.child import medusa_cli
+from medusa.serve.gateway.backends.child_process import ChildProcess, launch
 from medusa.serve.gateway.hop import Hop
 from medusa.serve.gateway.worker_link import NotOurWorker, connect
-from medusa.serve.gateway.worker_process import WorkerProcess, launch
 from medusa.serve.listeners import bind_tcp
 from tests.conftest import SUITE_SIM
 from tests.materialize.conftest import clean_env
@@ -159,7 +159,7 @@ def test_an_impostor_on_a_tcp_worker_address_gets_no_token_and_is_refused(tmp_pa
     assert _Impostor.seen and all(worker.token not in json.dumps(h) for h in _Impostor.seen)
 
 
-async def _ask_both(worker: WorkerProcess, impostor_port: int) -> tuple[int, str, int]:
+async def _ask_both(worker: ChildProcess, impostor_port: int) -> tuple[int, str, int]:
     """The worker's /health through the gateway's client (once it serves), the impostor's (it
     must raise), and the worker's answer to a forged proof; then the worker is stopped."""
     try:
@@ -168,7 +168,7 @@ async def _ask_both(worker: WorkerProcess, impostor_port: int) -> tuple[int, str
         await worker.reap()
 
 
-async def _ask(worker: WorkerProcess, impostor_port: int) -> tuple[int, str, int]:
+async def _ask(worker: ChildProcess, impostor_port: int) -> tuple[int, str, int]:
     for _ in range(900):
         try:
             r = await worker.client.get("/health", timeout=2)

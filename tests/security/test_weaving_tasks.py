@@ -14,8 +14,8 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from medusa.engine.config import EngineConfig
+from medusa.serve.api_server import create_app
 from medusa.serve.async_engine import AsyncEngine
-from medusa.serve.worker import create_app
 from medusa.weaver.region import APPEND, ATTEND, FETCH, RELEASE, ExchangeRegion, Geometry
 from medusa.weaver.sender import WeaverSender
 from tests.security._shm import post_task, private_dir, start_worker, tiny_model

@@ -177,14 +177,15 @@ def test_a_host_weight_model_is_mapped_once_by_the_gateway_for_all_its_workers(
 def test_an_artifact_prepared_at_warm_up_is_used_only_while_its_files_are_unchanged(
     engine_artifact,  # noqa: F811
 ):
-    from medusa.serve.pool_worker import RACY_SECONDS, _PreparedArtifact
+    from medusa.serve.prepared import PreparedArtifact
+    from medusa.weights.store import RACY_SECONDS
 
     old = time.time() - 10 * RACY_SECONDS
     files = [p for p in engine_artifact.rglob("*") if p.is_file()]
     for p in files:
         os.utime(p, (old, old))
     time.sleep(RACY_SECONDS + 0.1)  # their ctimes moved with the utime: let them age
-    prep = _PreparedArtifact(engine_artifact)
+    prep = PreparedArtifact(engine_artifact)
     assert prep.artifact.plan_checked and prep.store is not None
     assert prep.unchanged(engine_artifact)
     plan = engine_artifact / "plan.msgpack.zst"
@@ -194,6 +195,6 @@ def test_an_artifact_prepared_at_warm_up_is_used_only_while_its_files_are_unchan
     assert not prep.unchanged(engine_artifact)  # its ctime moved: another file, as far as we know
     prep.store.close()
     os.utime(plan, None)
-    racy = _PreparedArtifact(engine_artifact)  # written just before its check: not vouched for
+    racy = PreparedArtifact(engine_artifact)  # written just before its check: not vouched for
     assert not racy.unchanged(engine_artifact)
     racy.store.close()

@@ -23,7 +23,7 @@ from medusa.serve.gateway.config import ConfigError, GatewayConfig, ModelConfig,
 from medusa.serve.gateway.placement import check_placement
 from medusa.serve.gateway.sharing import PAGE_BYTES, Sharing
 from medusa.serve.gateway.slices import Slice, simulated_slices
-from medusa.serve.pool_worker import Assignment
+from medusa.serve.prepared import Assignment
 from tests.engine.tiny_models import write_gguf
 from tests.serve.test_gateway import _start_gateway
 from tests.serve.test_pool import _pool

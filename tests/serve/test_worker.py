@@ -222,8 +222,8 @@ def test_a_worker_token_keeps_out_callers_other_than_the_gateway():
     from fastapi.testclient import TestClient
 
     from medusa.engine.config import EngineConfig
+    from medusa.serve.api_server import create_app
     from medusa.serve.async_engine import AsyncEngine
-    from medusa.serve.worker import create_app
 
     engine = AsyncEngine(EngineConfig())  # never started: /health says "starting"
     with TestClient(create_app(engine, "smollm2", token="t0k")) as c:
@@ -243,8 +243,8 @@ def test_an_engine_that_fails_while_serving_tells_its_requests_and_health():
 
     from medusa.engine.config import EngineConfig
     from medusa.engine.llm_engine import LLMEngine
+    from medusa.serve.api_server import create_app
     from medusa.serve.async_engine import AsyncEngine
-    from medusa.serve.worker import create_app
 
     cfg = EngineConfig(max_model_len=256, max_num_batched_tokens=128, max_num_seqs=2)
 

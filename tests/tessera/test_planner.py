@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from medusa.tessera.pipeline_simulator import simulate
 from medusa.tessera.planner import Device, Link, Problem, evaluate, solve
 from medusa.tessera.profiles import H100, LLAMA3_8B, PCIE5, RTX_PRO_6000, decode_problem
-from medusa.tessera.simulator import simulate
 
 TWO = [Device("fast", 80e9), Device("slow", 96e9)]
 

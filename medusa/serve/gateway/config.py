@@ -119,94 +119,32 @@ def _slo(where: str, raw: dict[str, Any], key: str, default: float) -> float:
     return float(v)
 
 
+MODEL_KEYS = frozenset(
+    {
+        "tpot_target",
+        "ttft_target",
+        "artifact",
+        "model",
+        "min_instances",
+        "max_instances",
+        "target",
+        "keep_alive",
+        "host_keep_alive",
+        "max_queue",
+        "start_attempts",
+        "failure_cooldown",
+        "slo_ttft",
+        "slo_tpot",
+        "engine",
+        "weaving",
+    }
+)
+
+
 def load_config(path: str | Path) -> GatewayConfig:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("models"), dict) or not raw["models"]:
-        raise ConfigError(f"{path}: expected a 'models:' mapping of model name to settings")
-    unknown = set(raw) - {"models", "slices", "api_keys", "warm_pool", "sharing", "prism"}
-    if unknown:
-        raise ConfigError(f"{path}: unknown top-level field(s) {sorted(unknown)}")
-    models = {}
-    for name, m in raw["models"].items():
-        where = f"{path}: models.{name}"
-        m = m or {}
-        if not isinstance(m, dict):
-            raise ConfigError(f"{where}: expected a mapping of settings")
-        bad = set(m) - {
-            "tpot_target",
-            "ttft_target",
-            "artifact",
-            "model",
-            "min_instances",
-            "max_instances",
-            "target",
-            "keep_alive",
-            "host_keep_alive",
-            "max_queue",
-            "start_attempts",
-            "failure_cooldown",
-            "slo_ttft",
-            "slo_tpot",
-            "engine",
-            "weaving",
-        }
-        if bad:
-            raise ConfigError(f"{where}: unknown field(s) {sorted(bad)}")
-        artifact = m.get("artifact")
-        if (
-            artifact is not None
-            and not (path.parent / artifact).is_dir()
-            and not Path(artifact).is_dir()
-        ):
-            raise ConfigError(
-                f"{where}.artifact: {artifact} is not a directory (medusa materialize makes one)"
-            )
-        if artifact is not None and not Path(artifact).is_absolute():
-            artifact = (
-                str((path.parent / artifact).resolve())
-                if (path.parent / artifact).is_dir()
-                else artifact
-            )
-        engine = m.get("engine", {}) or {}
-        if not isinstance(engine, dict) or set(engine) - ENGINE_KEYS:
-            raise ConfigError(
-                f"{where}.engine: unknown setting(s) {sorted(set(engine) - ENGINE_KEYS)}"
-                f"; known: {sorted(ENGINE_KEYS)}"
-            )
-        lo = _int(where, m, "min_instances", 0, 0)
-        hi = _int(where, m, "max_instances", max(1, lo), 1)
-        if hi < lo:
-            raise ConfigError(f"{where}.max_instances: {hi} is below min_instances {lo}")
-        keep = _seconds(where, m, "keep_alive", 60.0)
-        try:
-            weaving = parse_weaving(m.get("weaving"), str(name))
-        except ValueError as e:
-            raise ConfigError(f"{path}: {e}") from None
-        models[str(name)] = ModelConfig(
-            name=str(name),
-            artifact=artifact,
-            model=m.get("model"),
-            min_instances=lo,
-            max_instances=hi,
-            target=_int(where, m, "target", 4, 1),
-            keep_alive=keep,
-            host_keep_alive=_seconds(where, m, "host_keep_alive", keep),
-            max_queue=_int(where, m, "max_queue", 64, 0),
-            start_attempts=_int(where, m, "start_attempts", 3, 1),
-            failure_cooldown=_seconds(where, m, "failure_cooldown", 60.0),
-            tpot_target=float(m.get("tpot_target", 0.1)),
-            ttft_target=float(m.get("ttft_target", 2.0)),
-            slo_ttft=_slo(where, m, "slo_ttft", 2.0),
-            slo_tpot=_slo(where, m, "slo_tpot", 0.1),
-            engine=engine,
-            weaving=weaving,
-        )
+    raw = _read(path)
+    models = {str(name): _model(path, str(name), m) for name, m in raw["models"].items()}
     keys = raw.get("api_keys") or []
     if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
         raise ConfigError(f"{path}: api_keys: expected a list of non-empty strings")
@@ -221,6 +159,84 @@ def load_config(path: str | Path) -> GatewayConfig:
         _sharing(path, raw.get("sharing", {})),
         _prism(path, raw.get("prism", {})),
     )
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The file's mapping, with a non-empty `models:` and no unknown top-level field."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("models"), dict) or not raw["models"]:
+        raise ConfigError(f"{path}: expected a 'models:' mapping of model name to settings")
+    unknown = set(raw) - {"models", "slices", "api_keys", "warm_pool", "sharing", "prism"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level field(s) {sorted(unknown)}")
+    return raw
+
+
+def _model(path: Path, name: str, m: Any) -> ModelConfig:
+    where = f"{path}: models.{name}"
+    m = m or {}
+    if not isinstance(m, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings")
+    bad = set(m) - MODEL_KEYS
+    if bad:
+        raise ConfigError(f"{where}: unknown field(s) {sorted(bad)}")
+    artifact, engine = _artifact(path, where, m.get("artifact")), _engine(where, m)
+    lo = _int(where, m, "min_instances", 0, 0)
+    hi = _int(where, m, "max_instances", max(1, lo), 1)
+    if hi < lo:
+        raise ConfigError(f"{where}.max_instances: {hi} is below min_instances {lo}")
+    keep = _seconds(where, m, "keep_alive", 60.0)
+    try:
+        weaving = parse_weaving(m.get("weaving"), name)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return ModelConfig(
+        name=name,
+        artifact=artifact,
+        model=m.get("model"),
+        min_instances=lo,
+        max_instances=hi,
+        target=_int(where, m, "target", 4, 1),
+        keep_alive=keep,
+        host_keep_alive=_seconds(where, m, "host_keep_alive", keep),
+        max_queue=_int(where, m, "max_queue", 64, 0),
+        start_attempts=_int(where, m, "start_attempts", 3, 1),
+        failure_cooldown=_seconds(where, m, "failure_cooldown", 60.0),
+        tpot_target=float(m.get("tpot_target", 0.1)),
+        ttft_target=float(m.get("ttft_target", 2.0)),
+        slo_ttft=_slo(where, m, "slo_ttft", 2.0),
+        slo_tpot=_slo(where, m, "slo_tpot", 0.1),
+        engine=engine,
+        weaving=weaving,
+    )
+
+
+def _artifact(path: Path, where: str, artifact: str | None) -> str | None:
+    """A directory, relative to the config file's (first) or to the working directory."""
+    if artifact is None:
+        return None
+    if not (path.parent / artifact).is_dir() and not Path(artifact).is_dir():
+        raise ConfigError(
+            f"{where}.artifact: {artifact} is not a directory (medusa materialize makes one)"
+        )
+    if not Path(artifact).is_absolute() and (path.parent / artifact).is_dir():
+        return str((path.parent / artifact).resolve())
+    return artifact
+
+
+def _engine(where: str, m: dict[str, Any]) -> dict[str, Any]:
+    engine = m.get("engine", {}) or {}
+    if not isinstance(engine, dict) or set(engine) - ENGINE_KEYS:
+        raise ConfigError(
+            f"{where}.engine: unknown setting(s) {sorted(set(engine) - ENGINE_KEYS)}"
+            f"; known: {sorted(ENGINE_KEYS)}"
+        )
+    return engine
 
 
 def _warm_pool(path: Path, raw: Any) -> dict[str, int]:

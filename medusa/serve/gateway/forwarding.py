@@ -9,9 +9,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from medusa.serve.gateway.hop import HopResponse
 from medusa.serve.gateway.instance import Lease
@@ -64,18 +64,15 @@ def sse_error(message: str) -> bytes:
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
-Forward = Callable[[Request, str], Awaitable[Response]]
-
-
 class Forwarding:
-    """ASGI: requests to the forwarded routes go straight to `forward`, past FastAPI's routing
-    and middleware (which cost the gateway more per request than forwarding it); the rest, and
-    the lifespan, to `app`."""
+    """ASGI: requests to the forwarded routes go straight to the app's proxy (`app.state.proxy`,
+    medusa.serve.gateway.proxy), past FastAPI's routing and middleware (which cost the gateway
+    more per request than forwarding it); the rest, and the lifespan, to `app`."""
 
     ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
 
-    def __init__(self, app: ASGIApp, forward: Forward) -> None:
-        self.app, self.forward = app, forward
+    def __init__(self, app: FastAPI) -> None:
+        self.app, self.forward = app, app.state.proxy.forward
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in self.ROUTES:

@@ -5,8 +5,8 @@ a POST with a body, an answer read whole or passed on as it comes.
 
 Requests carry the worker's auth (an HMAC of a fresh nonce, never the token) and an answer whose
 head does not prove the worker holds the token is refused (NotOurWorker) before a byte of it is
-read on (medusa.serve.protocol). Failures are httpx.TransportError, as the control plane's (httpx)
-are: callers treat both as a worker that is gone."""
+read on (medusa.serve.worker_auth). Failures are httpx.TransportError, as the control plane's
+(httpx) are: callers treat both as a worker that is gone."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import httpx
 
 from medusa.errors import EngineDeadError
 from medusa.serve.gateway.worker_link import NotOurWorker
-from medusa.serve.protocol import WORKER_AUTH_HEADER, WORKER_PROOF_HEADER, worker_mac
+from medusa.serve.worker_auth import WORKER_AUTH_HEADER, WORKER_PROOF_HEADER, worker_mac
 
 CONNECT_SECONDS = 5.0
 ANSWER_SECONDS = 600.0  # for the head, then between two pieces of the body (a long generation)

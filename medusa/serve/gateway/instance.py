@@ -8,9 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from medusa.serve.gateway.backends import WorkerHandle
 from medusa.serve.gateway.slices import Slice
-from medusa.serve.gateway.worker_process import WorkerAddress
+from medusa.serve.gateway.worker_handle import WorkerAddress, WorkerHandle
 
 
 class State(Enum):

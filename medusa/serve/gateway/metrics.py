@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import TYPE_CHECKING
+
+import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from medusa.serve.gateway.instance import Instance
 
 
 class GatewayMetrics:
@@ -92,3 +99,21 @@ class GatewayMetrics:
         self.requests = Counter(
             "medusa_gateway_requests", "requests by outcome", ["model", "status"], registry=r
         )
+
+    async def observe_cold_start(self, inst: Instance) -> None:
+        """A worker that became ready: its start's seconds and stages; the engine's stages from
+        the worker's own /metrics when its start did not send them."""
+        self.cold_starts.labels(inst.model).inc()
+        self.cold_seconds.labels(inst.model).observe(inst.ready_seconds)
+        for stage, secs in inst.stages.items():
+            self.pooled_stage_seconds.labels(inst.model, stage).observe(secs)
+        for stage, secs in inst.timings.items():
+            self.stage_seconds.labels(inst.model, stage).set(secs)
+        if inst.timings:
+            return
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            r = await inst.client.get("/metrics", timeout=5)
+            for line in r.text.splitlines():
+                if line.startswith('medusa_startup_seconds{stage="'):
+                    stage = line.split('"')[1]
+                    self.stage_seconds.labels(inst.model, stage).set(float(line.split()[-1]))

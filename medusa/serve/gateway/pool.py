@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from medusa.serve.gateway.backends import WorkerHandle
 from medusa.serve.gateway.slices import Slice
+from medusa.serve.gateway.worker_handle import WorkerAddress, WorkerHandle
 from medusa.serve.gateway.worker_link import NotOurWorker
-from medusa.serve.gateway.worker_process import WorkerAddress
 
 log = logging.getLogger("medusa.gateway")
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from medusa.prism.placement import ModelLoad, PlacementError, evict, kvpr, place
+from medusa.errors import PlacementError
+from medusa.prism.placement import ModelLoad, evict, kvpr, place
 from medusa.serve.gateway.admission import RateMeter, SliceQueue
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.metrics import GatewayMetrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -68,45 +69,54 @@ def nvml_slices() -> list[Slice]:
     import pynvml
 
     pynvml.nvmlInit()
-    out = []
     try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            gpu = pynvml.nvmlDeviceGetHandleByIndex(i)
-            try:
-                mig, _ = pynvml.nvmlDeviceGetMigMode(gpu)
-            except pynvml.NVMLError:
-                mig = 0
-            handles = []
-            if mig:
-                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
-                    try:
-                        handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j))
-                    except pynvml.NVMLError:
-                        continue
-            else:
-                handles = [gpu]
-            for h in handles:
-                uuid = pynvml.nvmlDeviceGetUUID(h)
-                uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-                mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
-                try:
-                    sms = pynvml.nvmlDeviceGetAttributes(h).multiprocessorCount
-                except pynvml.NVMLError:
-                    sms = 0
-                name = pynvml.nvmlDeviceGetName(h)
-                name = name.decode() if isinstance(name, bytes) else name
-                out.append(
-                    Slice(
-                        uuid,
-                        int(mem),
-                        int(sms),
-                        {"CUDA_VISIBLE_DEVICES": uuid, "MEDUSA_DEVICE": "cuda"},
-                        kind=name.rsplit(" MIG ", 1)[-1],  # "NVIDIA H100 ... MIG 1g.10gb"
-                    )
-                )
+        return [
+            _nvml_slice(h)
+            for i in range(pynvml.nvmlDeviceGetCount())
+            for h in _nvml_handles(pynvml.nvmlDeviceGetHandleByIndex(i))
+        ]
     finally:
         pynvml.nvmlShutdown()
-    return out
+
+
+def _nvml_handles(gpu: Any) -> list[Any]:
+    """The GPU's MIG instances if MIG is on, else the GPU itself."""
+    import pynvml
+
+    try:
+        mig, _ = pynvml.nvmlDeviceGetMigMode(gpu)
+    except pynvml.NVMLError:
+        mig = 0
+    if not mig:
+        return [gpu]
+    handles = []
+    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+        try:
+            handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j))
+        except pynvml.NVMLError:
+            continue
+    return handles
+
+
+def _nvml_slice(h: Any) -> Slice:
+    import pynvml
+
+    uuid = pynvml.nvmlDeviceGetUUID(h)
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+    try:
+        sms = pynvml.nvmlDeviceGetAttributes(h).multiprocessorCount
+    except pynvml.NVMLError:
+        sms = 0
+    name = pynvml.nvmlDeviceGetName(h)
+    name = name.decode() if isinstance(name, bytes) else name
+    return Slice(
+        uuid,
+        int(mem),
+        int(sms),
+        {"CUDA_VISIBLE_DEVICES": uuid, "MEDUSA_DEVICE": "cuda"},
+        kind=name.rsplit(" MIG ", 1)[-1],  # "NVIDIA H100 ... MIG 1g.10gb"
+    )
 
 
 def discover_slices(topology: str | None) -> list[Slice]:

@@ -1,7 +1,7 @@
 """How the gateway talks to one of its workers: over the worker's Unix socket (the local
 back-end's, in a directory only the gateway's user can enter) or TCP (a Ray node's), never
 sending the worker's token: each request proves the gateway holds it, and the answer must prove
-the worker does (medusa.serve.protocol), or it is refused before a byte of it is relayed."""
+the worker does (medusa.serve.worker_auth), or it is refused before a byte of it is relayed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Generator
 import httpx
 
 from medusa.errors import EngineDeadError
-from medusa.serve.protocol import WORKER_AUTH_HEADER, WORKER_PROOF_HEADER, worker_mac
+from medusa.serve.worker_auth import WORKER_AUTH_HEADER, WORKER_PROOF_HEADER, worker_mac
 
 # The gateway's requests wait up to this for an answer (a long generation); connecting is quick.
 TIMEOUT = httpx.Timeout(600.0, connect=5.0)

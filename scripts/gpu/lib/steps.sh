@@ -112,7 +112,7 @@ step_imports() {
   python - <<'PY'
 import sys
 import fastapi, gguf, pydantic, starlette, uvicorn, zstandard  # noqa: F401 (what the kit brings)
-import medusa.cli, medusa.engine.llm_engine, medusa.serve.worker, medusa.tessera.ptx  # noqa: F401
+import medusa.cli, medusa.engine.llm_engine, medusa.serve.api_server, medusa.tessera.ptx  # noqa: F401
 import tests.engine.tiny_models  # noqa: F401 (the tiny Llama of call 1)
 from medusa.cuda import paths
 for lib in ("simcuda", "medusa_interpose", "medusa_restore", "medusa_kernels", "medusa_blas"):

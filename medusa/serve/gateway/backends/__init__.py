@@ -7,97 +7,10 @@ and supervises. Callers never branch on which one runs."""
 
 from __future__ import annotations
 
-import abc
-from typing import TYPE_CHECKING, Protocol
+from medusa.serve.gateway.backends.base import WorkerBackend
+from medusa.serve.gateway.worker_handle import WorkerHandle
 
-from medusa.serve.gateway.config import GatewayConfig
-from medusa.serve.gateway.slice_ledger import SliceLedger
-from medusa.serve.gateway.slices import Slice
-
-if TYPE_CHECKING:
-    import httpx
-
-    from medusa.serve.gateway.hop import Hop
-
-
-class WorkerHandle(Protocol):
-    """One started worker. Where it listens (`uds`, a Unix socket, else `host`:`port`), its
-    `token` and its `client` are known once `placed()` returned True."""
-
-    host: str
-    port: int
-    uds: str
-    token: str
-    node: str  # where it runs ("local", or a Ray node id)
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """The gateway's client of it (medusa.serve.gateway.worker_link); closed by `reap`."""
-
-    @property
-    def hop(self) -> Hop:
-        """The forwarded requests' client of it (medusa.serve.gateway.hop); closed by `reap`."""
-
-    @property
-    def pid(self) -> int: ...  # on its node; 0 until placed
-
-    def poll(self) -> int | None:
-        """None while it runs; its exit status once it ended (or its node was lost)."""
-
-    def last_error(self) -> str:
-        """Why it ended (its last stderr line), or how."""
-
-    async def placed(self, timeout: float) -> bool:
-        """Waits until it runs somewhere and its address is known; False if it never will."""
-
-    async def exited(self, timeout: float) -> bool:
-        """Waits up to `timeout` seconds for it to end."""
-
-    def terminate(self) -> None: ...
-
-    async def reap(self, timeout: float = 10.0) -> None:
-        """Stops it (SIGTERM, SIGKILL after `timeout`) and returns once it is gone."""
-
-
-class WorkerBackend(abc.ABC):
-    name: str
-    weaving = False  # its workers can pair for Weaver (they share a machine and a directory)
-
-    @abc.abstractmethod
-    def discover(self, topology: str | None) -> list[Slice]:
-        """The slices workers can be placed on now (the list `refresh` keeps up to date)."""
-
-    @abc.abstractmethod
-    def launch(self, slc: Slice, args: list[str], local_env: dict[str, str]) -> WorkerHandle:
-        """Starts `medusa run ARGS` on `slc` (returns at once; see WorkerHandle.placed).
-        `local_env`: settings that hold only on the gateway's own machine (the descriptor of a
-        host-weight store's copy the gateway checked); a back-end whose workers run elsewhere
-        drops it."""
-
-    @abc.abstractmethod
-    def open_ledger(self, slc: Slice, pages: int, page_bytes: int) -> SliceLedger:
-        """Makes the page ledger of elastic slice `slc` where its workers run, and has the
-        workers started there find it (a file named in their env: MEDUSA_KV_LEDGER)."""
-
-    async def assignment(
-        self, worker: WorkerHandle, args: list[str], store_checked: str
-    ) -> tuple[list[str], str]:
-        """What a pooled worker `launch` started is told to start, for `medusa run ARGS` with
-        `store_checked` (HostWeights.vouched): as is where the worker runs here; a back-end
-        whose workers run elsewhere gives the artifact's copy on the worker's node, and no
-        store_checked (a descriptor of the gateway's). Raises ValueError if the artifact cannot
-        get there."""
-        return args, store_checked
-
-    def check(self, config: GatewayConfig) -> None:  # noqa: B027 - most honour all
-        """Raises ConfigError for settings this back-end cannot honour."""
-
-    def refresh(self, slices: list[Slice]) -> None:  # noqa: B027 - fixed slices
-        """Brings `slices` (in place) up to date with nodes that joined or were lost: free slices
-        of a lost node go, a new node's are added. Called from the event loop, often: cheap."""
-
-    async def close(self) -> None:  # noqa: B027 - nothing held
-        """Releases what the back-end holds (its cluster connection)."""
+__all__ = ["WorkerBackend", "WorkerHandle", "make_backend"]
 
 
 def make_backend(cluster: str) -> WorkerBackend:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import itertools
 
 from medusa import env
-from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
+from medusa.serve.gateway.backends.base import WorkerBackend
+from medusa.serve.gateway.backends.child_process import launch
 from medusa.serve.gateway.claims import claim_devices, release
 from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import SliceLedger, file_ledgers
 from medusa.serve.gateway.slices import Slice, discover_slices
-from medusa.serve.gateway.worker_process import launch
+from medusa.serve.gateway.worker_handle import WorkerHandle
 from medusa.serve.listeners import bind_unix
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from medusa.child import ROOT
 from medusa.prism.ledger import Holder
-from medusa.serve.gateway.backends import WorkerBackend, WorkerHandle
+from medusa.serve.gateway.backends.base import WorkerBackend
 from medusa.serve.gateway.backends.ray_auth import private_token
 from medusa.serve.gateway.backends.resources import (
     class_slice,
@@ -34,6 +34,7 @@ from medusa.serve.gateway.backends.resources import (
 from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice, discover_slices
+from medusa.serve.gateway.worker_handle import WorkerHandle
 
 log = logging.getLogger("medusa.gateway")
 
@@ -42,8 +43,8 @@ try:
     from ray.exceptions import RayError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from medusa.serve.gateway.backends.ray_node import SliceActor
-    from medusa.serve.gateway.backends.ray_worker import RayWorker, why
+    from medusa.serve.gateway.backends.ray_child import RayChild, why
+    from medusa.serve.gateway.backends.ray_slice_actor import SliceActor
 except ImportError:  # the [ray] extra is not installed
     ray = None  # type: ignore[assignment]
 
@@ -186,7 +187,7 @@ class RayBackend(WorkerBackend):
         # node checks its own copy of an artifact.
         held = next(h for h in self._held if h.slice is slc)
         started = self._pool.submit(self._start, held.actor, args)
-        return RayWorker(held.actor, held.node, started)
+        return RayChild(held.actor, held.node, started)
 
     async def assignment(
         self, worker: WorkerHandle, args: list[str], store_checked: str
@@ -195,7 +196,7 @@ class RayBackend(WorkerBackend):
         actor fetches (shipped once per node, as for a started worker)."""
         if "--artifact" not in args:
             return args, ""
-        assert isinstance(worker, RayWorker), worker
+        assert isinstance(worker, RayChild), worker
         at = args.index("--artifact") + 1
         shipment = await asyncio.wrap_future(self._pool.submit(self._shipment, Path(args[at])))
         try:

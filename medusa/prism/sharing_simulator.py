@@ -17,7 +17,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from medusa.prism.placement import ModelLoad, PlacementError, place
+from medusa.errors import PlacementError
+from medusa.prism.placement import ModelLoad, place
 from medusa.prism.schedule import Job, moore_hodgson
 
 GiB = 2**30

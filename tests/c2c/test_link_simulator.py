@@ -7,8 +7,7 @@ import copy
 import subprocess
 import sys
 
-from medusa.c2c.model import GH200_MIG
-from medusa.c2c.simulator import (
+from medusa.c2c.link_simulator import (
     DEFAULT_MODELS,
     DEFAULT_SLICES,
     Policy,
@@ -16,6 +15,7 @@ from medusa.c2c.simulator import (
     bursty_trace,
     simulate,
 )
+from medusa.c2c.model import GH200_MIG
 
 SLICES = [GH200_MIG[p] for p in DEFAULT_SLICES.split(",")]
 

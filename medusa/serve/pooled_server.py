@@ -1,32 +1,32 @@
 """`medusa run --pool`: a worker of the gateway's warm pool. It does what every start does before it
 knows its model (imports, the device's runtime and kernels, the HTTP server, opening the catalog's
-model files and tokenizers), then waits for the gateway to assign a model on a route only the
-gateway can call (the per-worker token), restores it and serves it. It serves one model and exits
-with it: a second restore in one process would diverge from the recorded start-up."""
+model files and tokenizers: medusa.serve.prepared), then waits for the gateway to assign a model on
+a route only the gateway can call (the per-worker token), restores it and serves it. It serves one
+model and exits with it: a second restore in one process would diverge from the recorded
+start-up."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from medusa import scratch
 from medusa.engine.config import EngineConfig
+from medusa.serve.api_server import create_app
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.connections import ConnectionLimits, make_server
-from medusa.serve.protocol import NO_DOCS, APIError, TokenGuard, read_json
-from medusa.serve.worker import create_app
-from medusa.weights.store import RACY_SECONDS, file_identity
+from medusa.serve.prepared import Assignment, PreparedArtifact, PreparedSource
+from medusa.serve.protocol import NO_DOCS, APIError, api_error, read_json
+from medusa.serve.worker_auth import TokenGuard
 
 if TYPE_CHECKING:
     import uvicorn
@@ -34,97 +34,37 @@ if TYPE_CHECKING:
     from medusa.artifact import Artifact
     from medusa.engine.device import Device
     from medusa.engine.llm_engine import LLMEngine
-    from medusa.engine.loader import ModelSource
-    from medusa.engine.tokenizer import Tokenizer
     from medusa.serve.listeners import Listener
     from medusa.weights import WeightStore
 
 log = logging.getLogger("medusa.pool")
 
-ENGINE_FIELDS = {f.name for f in fields(EngineConfig)} - {"model"}
+router = APIRouter()  # the pool's routes, over app.state.pooled
 
 
-class _Prepared:
-    """A model source opened ahead, its tokenizer built once (the engine asks for it on start)."""
-
-    def __init__(self, source: ModelSource) -> None:
-        self._source, self._tokenizer = source, source.tokenizer()
-        self._identity = source.identity()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._source, name)
-
-    def tokenizer(self) -> Tokenizer:
-        return self._tokenizer
-
-    def identity(self) -> str:
-        return self._identity
+@router.get("/health")
+async def health() -> JSONResponse:
+    return JSONResponse({"status": "pooled"}, status_code=503)
 
 
-class _PreparedArtifact:
-    """An artifact loaded and its plan checked at warm-up, its weight store opened against the
-    manifest's seal: an assignment of it restores without reading either again, while none of
-    its files has changed since (their identity: device, inode, size, times)."""
-
-    def __init__(self, path: Path) -> None:
-        from medusa.artifact import load_artifact
-        from medusa.restore.validate import validate_plan
-        from medusa.weights import open_store
-
-        self.files = _identity(path)
-        self.checked_at = time.time()
-        art = load_artifact(path)
-        validate_plan(art.plan, str(art.path))
-        self.artifact = dataclasses.replace(art, plan_checked=True)
-        w = art.manifest.get("weights")  # NOTE: its file is one of the directory's, above
-        self.store = open_store(path / w["file"], digest=w["header_sha256"]) if w else None
-
-    def unchanged(self, path: Path) -> bool:
-        """Every file as it was at the check, and none changed (written, or moved in: ctime) in
-        the RACY_SECONDS before it; a file gone or unreadable: not unchanged."""
-        newest = max((max(f[3], f[4]) for f in self.files), default=0) / 1e9
-        try:
-            now = _identity(path)
-        except OSError:
-            return False
-        return newest < self.checked_at - RACY_SECONDS and now == self.files
-
-    def close(self) -> None:
-        if self.store is not None:
-            self.store.close()
+@router.get("/pool")
+async def pool(request: Request) -> JSONResponse:
+    pooled = request.app.state.pooled
+    if pooled.error:
+        return JSONResponse({"state": "failed", "error": pooled.error}, status_code=500)
+    state = "idle" if pooled.prepared.is_set() else "warming"
+    return JSONResponse({"state": state}, status_code=200 if state == "idle" else 503)
 
 
-def _identity(path: Path) -> list[tuple[int, int, int, int, int]]:
-    """Each file of `path` (a directory's, recursively; or the file): what changes with it."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return [file_identity(p.stat()) for p in files]
+@router.post("/pool/assign")
+async def assign(request: Request) -> JSONResponse:
+    pooled = request.app.state.pooled
+    return await pooled.assign(await read_json(request, pooled.max_body_bytes))
 
 
-class Assignment:
-    """What `medusa run` would have been started with, parsed by its own command."""
-
-    def __init__(self, command: click.Command, argv: list[str]) -> None:
-        try:
-            ctx = command.make_context("medusa run", list(argv))
-        except click.ClickException as e:
-            raise ValueError(e.format_message()) from None
-        except click.exceptions.Exit:  # --help or --version: not an assignment
-            raise ValueError("send the options of `medusa run`, not --help/--version") from None
-        p = ctx.params
-        if p.get("engine_name") != "medusa" or p.get("argv") or p.get("pool"):
-            raise ValueError("a pooled worker serves the reference engine: drop --engine/--pool")
-        self.model: str | None = p["model"]
-        self.artifact: str | None = p["artifact"]
-        self.served_name = p["served_model_name"] or self.model or "smollm2"
-        self.require, self.validate, self.trust = p["require_artifact"], p["validate"], p["trust"]
-        self.config = EngineConfig(
-            model=self.model, **{k: v for k, v in p.items() if k in ENGINE_FIELDS}
-        )
-
-
-class PooledWorker:
+class PooledServer:
     """The ASGI app of a pooled worker: the pool's routes until a model is assigned, then the
-    worker API over that model's engine."""
+    API server (medusa.serve.api_server) over that model's engine."""
 
     def __init__(
         self,
@@ -135,15 +75,19 @@ class PooledWorker:
     ) -> None:
         self.command, self.prepare, self.max_body_bytes = command, prepare, max_body_bytes
         self.prepare_artifacts = prepare_artifacts or []
-        self.artifacts: dict[str, _PreparedArtifact] = {}
+        self.artifacts: dict[str, PreparedArtifact] = {}
         self.device: Device | None = None
-        self.sources: dict[str, _Prepared] = {}
+        self.sources: dict[str, PreparedSource] = {}
         self.error: str | None = None
         self.prepared = threading.Event()
         self.engine: AsyncEngine | None = None
         self.server: uvicorn.Server | None = None
         self._assigned = False
-        self.inner: Any = self._pool_app()
+        handlers: dict[Any, Any] = {APIError: api_error}
+        app = FastAPI(title="medusa pooled worker", exception_handlers=handlers, **NO_DOCS)
+        app.state.pooled = self
+        app.include_router(router)
+        self.inner: Any = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.inner(scope, receive, send)
@@ -167,56 +111,35 @@ class PooledWorker:
         )
         for model in self.prepare if self.error is None else []:
             try:
-                self.sources[str(locate_model(model))] = _Prepared(open_model(model))
+                self.sources[str(locate_model(model))] = PreparedSource(open_model(model))
             except (ModelError, OSError, ValueError) as e:
                 # NOTE: not fatal: a start of that model opens it itself and reports the error.
                 log.warning("pooled worker: cannot open %s ahead: %s", model, e)
         for d in self.prepare_artifacts if self.error is None else []:
             try:
                 where = Path(d).resolve()
-                self.artifacts[str(where)] = _PreparedArtifact(where)
+                self.artifacts[str(where)] = PreparedArtifact(where)
             except Exception as e:  # noqa: BLE001 - its start loads it itself and says why
                 log.warning("pooled worker: cannot prepare the artifact %s: %s", d, e)
         log.info("pooled worker: warm in %.2f s", time.perf_counter() - t0)
         self.prepared.set()
 
-    def _pool_app(self) -> FastAPI:
-        app = FastAPI(title="medusa pooled worker", **NO_DOCS)
-
-        @app.exception_handler(APIError)
-        async def api_error(_: Request, e: APIError) -> JSONResponse:
-            return e.response()
-
-        @app.get("/health")
-        async def health() -> JSONResponse:
-            return JSONResponse({"status": "pooled"}, status_code=503)
-
-        @app.get("/pool")
-        async def pool() -> JSONResponse:
-            if self.error:
-                return JSONResponse({"state": "failed", "error": self.error}, status_code=500)
-            state = "idle" if self.prepared.is_set() else "warming"
-            return JSONResponse({"state": state}, status_code=200 if state == "idle" else 503)
-
-        @app.post("/pool/assign")
-        async def assign(request: Request) -> JSONResponse:
-            body = await read_json(request, self.max_body_bytes)
-            if self._assigned:
-                raise APIError(409, "this pooled worker has a model already", code="assigned")
-            self._assigned = True
-            argv = body.get("argv") if isinstance(body, dict) else None
-            if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-                raise APIError(400, "send {'argv': [medusa run arguments]}", param="argv")
-            checked = body.get("store_checked", "")
-            if not isinstance(checked, str):
-                raise APIError(
-                    400,
-                    "store_checked is the gateway's descriptor of a checked store (a string)",
-                    param="store_checked",
-                )
-            return await self._assign(argv, checked)
-
-        return app
+    async def assign(self, body: Any) -> JSONResponse:
+        """POST /pool/assign {argv: [medusa run arguments], store_checked}: once."""
+        if self._assigned:
+            raise APIError(409, "this pooled worker has a model already", code="assigned")
+        self._assigned = True
+        argv = body.get("argv") if isinstance(body, dict) else None
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise APIError(400, "send {'argv': [medusa run arguments]}", param="argv")
+        checked = body.get("store_checked", "")
+        if not isinstance(checked, str):
+            raise APIError(
+                400,
+                "store_checked is the gateway's descriptor of a checked store (a string)",
+                param="store_checked",
+            )
+        return await self._assign(argv, checked)
 
     async def _assign(self, argv: list[str], store_checked: str) -> JSONResponse:
         t0 = time.perf_counter()
@@ -302,7 +225,7 @@ def serve_pooled(
 ) -> None:
     """Runs a pooled worker on `listener` until it is stopped (SIGTERM) or its assignment
     fails."""
-    worker = PooledWorker(command, prepare, max_body_bytes, prepare_artifacts)
+    worker = PooledServer(command, prepare, max_body_bytes, prepare_artifacts)
     app = TokenGuard(worker, token)
     server = worker.server = make_server(app, limits, log_level="warning", access_log=False)
     threading.Thread(target=worker.warm_up, name="medusa-pool-warm-up", daemon=True).start()

@@ -22,12 +22,12 @@ import ray
 
 from medusa import env
 from medusa.serve.gateway.artifact_cache import ArtifactCache, Shipment, cache_root
+from medusa.serve.gateway.backends.child_process import ChildProcess, launch
 from medusa.serve.gateway.backends.resources import class_slice, resource_name
 from medusa.serve.gateway.claims import claim, device_of
 from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import FileLedger
 from medusa.serve.gateway.slices import Slice, nvml_slices
-from medusa.serve.gateway.worker_process import WorkerProcess, launch
 from medusa.serve.listeners import bind_tcp
 
 
@@ -54,7 +54,7 @@ class SliceActor:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.cache = ArtifactCache(cache_root(self.node_id))
         self.slice = self._take_slice(kind)
-        self.procs: dict[int, WorkerProcess] = {}  # by pid, until stopped
+        self.procs: dict[int, ChildProcess] = {}  # by pid, until stopped
         self._ledger: FileLedger | None = None
         self._dir: PrivateDir | None = None  # the ledger's (made with it)
         self._turn = asyncio.Lock()  # one start at a time (an artifact is fetched once)

@@ -1,5 +1,6 @@
-"""One `medusa run` child of the gateway: it dies with the gateway, and the last lines it wrote to
-stderr are kept (bounded) to say why it failed."""
+"""A worker as a child process: `medusa run` started here (by the local back-end, or by a Ray slice
+actor on its node), tied to this process (it dies with it), the last lines it wrote to stderr kept
+(bounded) to say why it failed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 import time
 from functools import cached_property
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 import httpx
 
@@ -23,44 +24,10 @@ from medusa.child import medusa_cli, tied_to_this_process
 from medusa.serve.gateway.hop import Hop
 from medusa.serve.gateway.worker_link import connect
 
-if TYPE_CHECKING:
-    from medusa.serve.gateway.backends import WorkerHandle
-
 log = logging.getLogger("medusa.gateway")
 
 
-class WorkerAddress:
-    """Where a worker listens and how the gateway talks to it (a mixin for the records of
-    started and pooled workers: their `proc` says, once placed)."""
-
-    proc: WorkerHandle
-
-    @property
-    def host(self) -> str:
-        return self.proc.host
-
-    @property
-    def port(self) -> int:
-        return self.proc.port
-
-    @property
-    def name(self) -> str:
-        """Unique on its machine, fit for a file name: its socket's, else host-port."""
-        if self.proc.uds:
-            return Path(self.proc.uds).parent.name + "-" + Path(self.proc.uds).stem
-        return f"{self.proc.host}-{self.proc.port}"
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """The worker's client: requests go to paths, proven both ways (worker_link)."""
-        return self.proc.client
-
-    def connect(self, timeout: float) -> httpx.AsyncClient:
-        """A client of its own (the caller closes it)."""
-        return connect(self.proc.uds, self.host, self.port, self.proc.token, timeout=timeout)
-
-
-class WorkerProcess:
+class ChildProcess:
     """A worker started with `argv`, serving on `listener` (which it is handed: nobody else can
     accept on it); its stderr is drained into the last `keep` lines (the local back-end's
     WorkerHandle: placed as soon as started)."""
@@ -163,7 +130,7 @@ class WorkerProcess:
             Path(self.uds).unlink(missing_ok=True)
 
 
-def launch(slice_env: dict[str, str], args: list[str], listener: socket.socket) -> WorkerProcess:
+def launch(slice_env: dict[str, str], args: list[str], listener: socket.socket) -> ChildProcess:
     """`medusa run ARGS` bound to a slice (its env), serving on `listener` (a socket the caller
     bound: a Unix socket in a private directory, or a TCP port the kernel picked), with a token
     of its own."""
@@ -178,4 +145,4 @@ def launch(slice_env: dict[str, str], args: list[str], listener: socket.socket) 
     }
     env.update(slice_env)
     env[medusa_env.WORKER_TOKEN.name] = token
-    return WorkerProcess(medusa_cli("run", *args), env, listener, token)
+    return ChildProcess(medusa_cli("run", *args), env, listener, token)

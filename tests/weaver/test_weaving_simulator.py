@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from medusa.weaver.command import simulate_weaving
-from medusa.weaver.simulate import PROFILES, balanced_hol, dedicated, weaving
+from medusa.weaver.weaving_simulator import PROFILES, balanced_hol, dedicated, weaving
 
 
 @pytest.mark.parametrize("name", ["a100", "l40s"])

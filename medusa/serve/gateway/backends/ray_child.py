@@ -1,4 +1,5 @@
-"""One worker started by a SliceActor: the ray back-end's WorkerHandle."""
+"""A worker a SliceActor started as its child on a Ray node (`medusa run`): the ray back-end's
+WorkerHandle."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def why(e: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
-class RayWorker:
+class RayChild:
     def __init__(self, actor: Any, node: str, started: concurrent.futures.Future[Any]) -> None:
         """`started`: the ref of the actor's start() (submitted off the event loop)."""
         self.host, self.port, self.token, self.node = "", 0, "", node
@@ -120,4 +121,4 @@ class RayWorker:
             self.hop.close()
 
 
-__all__ = ["RayWorker", "START_ERRORS", "why", "ray"]
+__all__ = ["RayChild", "START_ERRORS", "why", "ray"]

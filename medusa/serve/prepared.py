@@ -1,0 +1,101 @@
+"""What a pooled worker (medusa.serve.pooled_server) opens before it knows its model: the
+catalog's model sources with their tokenizers, and its artifacts with their plans checked and
+weight stores opened; and the assignment that names the model at last, parsed as `medusa run`
+parses its options."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from medusa.engine.config import EngineConfig
+from medusa.weights.store import RACY_SECONDS, file_identity
+
+if TYPE_CHECKING:
+    from medusa.engine.loader import ModelSource
+    from medusa.engine.tokenizer import Tokenizer
+
+ENGINE_FIELDS = {f.name for f in fields(EngineConfig)} - {"model"}
+
+
+class PreparedSource:
+    """A model source opened ahead, its tokenizer built once (the engine asks for it on start)."""
+
+    def __init__(self, source: ModelSource) -> None:
+        self._source, self._tokenizer = source, source.tokenizer()
+        self._identity = source.identity()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    def identity(self) -> str:
+        return self._identity
+
+
+class PreparedArtifact:
+    """An artifact loaded and its plan checked at warm-up, its weight store opened against the
+    manifest's seal: an assignment of it restores without reading either again, while none of
+    its files has changed since (their identity: device, inode, size, times)."""
+
+    def __init__(self, path: Path) -> None:
+        from medusa.artifact import load_artifact
+        from medusa.restore.validate import validate_plan
+        from medusa.weights import open_store
+
+        self.files = _identity(path)
+        self.checked_at = time.time()
+        art = load_artifact(path)
+        validate_plan(art.plan, str(art.path))
+        self.artifact = dataclasses.replace(art, plan_checked=True)
+        w = art.manifest.get("weights")  # NOTE: its file is one of the directory's, above
+        self.store = open_store(path / w["file"], digest=w["header_sha256"]) if w else None
+
+    def unchanged(self, path: Path) -> bool:
+        """Every file as it was at the check, and none changed (written, or moved in: ctime) in
+        the RACY_SECONDS before it; a file gone or unreadable: not unchanged."""
+        newest = max((max(f[3], f[4]) for f in self.files), default=0) / 1e9
+        try:
+            now = _identity(path)
+        except OSError:
+            return False
+        return newest < self.checked_at - RACY_SECONDS and now == self.files
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def _identity(path: Path) -> list[tuple[int, int, int, int, int]]:
+    """Each file of `path` (a directory's, recursively; or the file): what changes with it."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return [file_identity(p.stat()) for p in files]
+
+
+class Assignment:
+    """What `medusa run` would have been started with, parsed by its own command."""
+
+    def __init__(self, command: click.Command, argv: list[str]) -> None:
+        try:
+            ctx = command.make_context("medusa run", list(argv))
+        except click.ClickException as e:
+            raise ValueError(e.format_message()) from None
+        except click.exceptions.Exit:  # --help or --version: not an assignment
+            raise ValueError("send the options of `medusa run`, not --help/--version") from None
+        p = ctx.params
+        if p.get("engine_name") != "medusa" or p.get("argv") or p.get("pool"):
+            raise ValueError("a pooled worker serves the reference engine: drop --engine/--pool")
+        self.model: str | None = p["model"]
+        self.artifact: str | None = p["artifact"]
+        self.served_name = p["served_model_name"] or self.model or "smollm2"
+        self.require, self.validate, self.trust = p["require_artifact"], p["validate"], p["trust"]
+        self.config = EngineConfig(
+            model=self.model, **{k: v for k, v in p.items() if k in ENGINE_FIELDS}
+        )
