@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from medusa.c2c.model import C2C_BW, SliceProfile, Tiles, gemm_time, gemm_traffic
+from medusa.c2c.model import C2C_BW, SliceProfile, gemm_time, gemm_traffic
+from medusa.engine.hybrid_gemm import Tiles
 
 CHUNKS = (128, 256, 512, 1024, 2048, 4096)
 # Tiles for full-size GPU GEMMs (the simcuda tests use small ones).

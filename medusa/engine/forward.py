@@ -6,15 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from medusa.c2c.model import Tiles
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
+from medusa.engine.hybrid_gemm import HOST_TILES
 from medusa.engine.layer_gate import LayerGate
 from medusa.engine.runner_weights import F32
 from medusa.engine.spec import ModelSpec
-
-# HybridGEMM tiles for the engine's projections (decode: M is the batch).
-HOST_TILES = Tiles(bm=16, bn=64, bk=64, wbm=64, wbn=64, wbk=128)  # 33,024 B shared memory
 
 
 class Forward:
