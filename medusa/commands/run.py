@@ -195,6 +195,9 @@ def run(
         cmd = medusa_cli(*sys.argv[1:])
         os.execve(cmd[0], cmd, env)
     exit_on_sigterm()  # NOTE: so that what this process made in /tmp goes with it
+    from medusa import plugins
+
+    plugins.register()  # the research systems an engine's config may name, for every engine here
     if pool:
         from medusa import env as medusa_env
         from medusa.serve.pool_worker import serve_pooled

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from medusa.engine.alpha_tuner import AlphaTuner
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
+from medusa.engine.kv_cache import kv_cache_class
 from medusa.engine.loader import ModelSource
 from medusa.engine.model_runner import ModelRunner
 from medusa.engine.sampling import SamplingParams
@@ -70,6 +71,7 @@ class LLMEngine(StartUp):
         (medusa.engine.weaving). restore_since: this process's trace sequence number this
         engine's start-up began after (another engine lives on in the process:
         medusa.restore.Restorer's `since`)."""
+        kv_cache_class(config.kv_memory)  # NOTE: a plug-in not registered fails before any work
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}

@@ -16,6 +16,7 @@ import numpy as np
 
 from medusa.artifact import Artifact, ArtifactError, load_artifact
 from medusa.cuda import CudaError
+from medusa.engine.kv_cache import kv_cache_class
 from medusa.engine.startup_weights import WeightStartUp
 from medusa.restore import RestoreError, Restorer
 from medusa.restore.compat import check_compatible, device_fingerprint
@@ -108,13 +109,13 @@ class StartUp(WeightStartUp):
                         )
 
     def _check_kv_memory(self, kv: dict[str, int]) -> None:
-        """A static cache needs all of its memory free now; an elastic one only reserves its
-        range, and maps what the ledger (or the device) gives as requests come."""
+        """A static cache needs all of its memory free now; an elastic one (maps_on_demand) only
+        reserves its range, and maps what the ledger (or the device) gives as requests come."""
         need = kv["num_blocks"] * self.runner.block_bytes
         free, _ = self.device.mem_info()
         if need <= free:
             return
-        if self.config.kv_memory == "elastic":
+        if kv_cache_class(self.config.kv_memory).maps_on_demand:
             log.warning(
                 "the artifact's KV cache was %.0f MiB and %.0f MiB are free: starting elastic, "
                 "requests queue while pages are short",

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from medusa.engine.device import Device
-from medusa.engine.kv_cache import ElasticKV
 from medusa.engine.llm_engine import LLMEngine
+from medusa.prism.kv_cache import ElasticKV
 from medusa.weaver.kv import ElasticOffloadedKV, OffloadedKV, StaticOffloadedKV
 from medusa.weaver.receiver import WeaverReceiver
 from medusa.weaver.region import ExchangeRegion

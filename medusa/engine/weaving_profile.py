@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from medusa.engine.device import Device
-from medusa.engine.kv_cache import ElasticKV
 from medusa.engine.model_runner import ModelRunner
+from medusa.prism.kv_cache import ElasticKV
 from medusa.weaver.choice import WeavingProfile
 
 ATTENTION = "paged_attention_kernel"

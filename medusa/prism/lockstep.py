@@ -55,10 +55,12 @@ def _worker(conn: Connection, config: dict[str, Any], ledger: str | None) -> Non
     """A worker process: one engine, answering the parent's commands until "stop"."""
     if ledger:
         os.environ["MEDUSA_KV_LEDGER"] = ledger
+    from medusa import plugins
     from medusa.engine.config import EngineConfig
     from medusa.engine.llm_engine import LLMEngine
     from medusa.engine.sampling import SamplingParams
 
+    plugins.register()  # kv_memory="elastic"
     engine = LLMEngine(EngineConfig(**config))
     conn.send("ready")
     while True:

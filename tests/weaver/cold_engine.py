@@ -12,6 +12,7 @@ import json
 import sys
 import time
 
+from medusa import plugins
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--elastic", action="store_true")
     ap.add_argument("--hold", action="store_true")
     args = ap.parse_args()
+    plugins.register()  # --elastic
     engine = LLMEngine(cold_config(args.model, "elastic" if args.elastic else "static"))
     weaving = ColdWeaving(engine, args.region, args.blocks, block_size=4)
     deadline = time.monotonic() + 60
