@@ -8,11 +8,9 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from medusa.engine.alpha_tuner import AlphaTuner
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
 from medusa.engine.kv_cache import kv_cache_class
@@ -20,8 +18,9 @@ from medusa.engine.loader import ModelSource
 from medusa.engine.model_runner import ModelRunner
 from medusa.engine.sampling import SamplingParams
 from medusa.engine.scheduler import Scheduler
-from medusa.engine.sequence import Sequence
+from medusa.engine.sequence import Sequence, StepOutput
 from medusa.engine.startup import StartUp, _reason, without_gc
+from medusa.engine.step_hooks import Step, StepHook, step_hook_factory
 from medusa.engine.tokenizer import IncrementalDecoder, Tokenizer
 from medusa.restore import Restorer
 from medusa.trace import control as trace
@@ -29,18 +28,9 @@ from medusa.weights import WeightStore
 
 if TYPE_CHECKING:
     from medusa.artifact import Artifact
-    from medusa.engine.weaving import HotWeaving, WeavingLink
     from medusa.engine.weight_load import WeightLoad
 
 log = logging.getLogger("medusa.engine.startup")
-
-
-@dataclass
-class StepOutput:
-    seq: Sequence
-    token: int
-    text: str  # the text this token completed (may be "" mid-character)
-    finished: bool
 
 
 class LLMEngine(StartUp):
@@ -57,7 +47,6 @@ class LLMEngine(StartUp):
         device: Device | None = None,
         store: str | Path | WeightStore | None = None,
         store_checked: str = "",
-        weaving: WeavingLink | None = None,
         restore_since: int = 0,
     ) -> None:
         """artifact: a directory, or an Artifact loaded and checked ahead (a pooled worker's).
@@ -66,12 +55,12 @@ class LLMEngine(StartUp):
         (by default the artifact's, if it has one), or one opened ahead. store_checked: the
         descriptor number, in this process's parent (the gateway), of a sealed copy of the store
         it checked in full (MEDUSA_STORE_CHECKED, medusa.weights.sealed): if it holds this
-        store's header, the weights come from it and nothing is hashed again. weaving: offload
-        part of the decode batch's attention to a receiver through the region it names
-        (medusa.engine.weaving). restore_since: this process's trace sequence number this
-        engine's start-up began after (another engine lives on in the process:
-        medusa.restore.Restorer's `since`)."""
+        store's header, the weights come from it and nothing is hashed again. restore_since:
+        this process's trace sequence number this engine's start-up began after (another engine
+        lives on in the process: medusa.restore.Restorer's `since`). The plug-ins the config
+        names (kv_memory, step_hooks) must be registered (medusa.plugins)."""
         kv_cache_class(config.kv_memory)  # NOTE: a plug-in not registered fails before any work
+        hook_factories = [step_hook_factory(name) for name in config.step_hooks]
         self.config = config
         self.timings: dict[str, float] = {}
         self.kv_profile: dict[str, int] = {}
@@ -135,17 +124,16 @@ class LLMEngine(StartUp):
             raise RuntimeError("the KV cache was not allocated")
         self.blocks = self.runner.kv_cache.blocks
         self.scheduler = Scheduler(config, self.blocks, self.tokenizer.eos_ids)
-        self.weaving: HotWeaving | None = None
-        if weaving is not None:
-            self.pair(weaving)
         self._rng = random.Random(config.seed)
         self._decoders: dict[int, IncrementalDecoder] = {}
-        self.tuner = AlphaTuner(config, self.spec) if config.tune_alpha else None
+        self.hooks: list[StepHook] = []
+        for make in hook_factories:
+            self.add_hook(make(self))
 
     def shutdown(self) -> None:
         """Frees the engine's device memory (another engine can then start in this process)."""
-        if getattr(self, "weaving", None) is not None:
-            self.unpair()
+        for hook in reversed(getattr(self, "hooks", [])):
+            self.remove_hook(hook)
         if self._loading is not None:  # NOTE: served while loading, and never settled
             self._loading.wait_quietly()
             self._loading = None
@@ -167,27 +155,29 @@ class LLMEngine(StartUp):
     def num_kv_blocks(self) -> int:
         return self.blocks.num_blocks
 
-    # ---- Weaver ----
-    def pair(self, link: WeavingLink) -> None:
-        """Between steps: offloads `link.ratio` of the sequences prefilled from now on to the
-        receiver that opens `link.region` (created here)."""
-        if self.weaving is not None:
-            raise RuntimeError(f"already paired through {self.weaving.region.path}")
-        from medusa.engine.weaving import HotWeaving  # NOTE: here, not at every start (14 ms)
+    # ---- step hooks (medusa.engine.step_hooks) ----
+    def add_hook(self, hook: StepHook) -> None:
+        """Between steps: `hook` takes part in the steps from the next one on."""
+        if hook.decodes and any(h.decodes for h in self.hooks):
+            raise RuntimeError(f"{type(hook).__name__}: another step hook runs the decode steps")
+        hook.attach(self)
+        self.hooks.append(hook)
 
-        self.weaving = HotWeaving(link, self.runner, self.blocks)
-        self.weaving.attach(self.scheduler.requeue)
-        self.scheduler.blocks = self.weaving.blocks
+    def remove_hook(self, hook: StepHook) -> None:
+        """Between steps: detaches `hook` (nothing if it is not attached)."""
+        if hook in self.hooks:
+            self.hooks.remove(hook)
+            hook.detach()
 
-    def unpair(self) -> None:
-        """Between steps: the offloaded sequences' KV comes back (medusa.engine.weaving) and the
-        region is removed."""
-        if self.weaving is None:
-            return
-        self.weaving.unpair()
-        self.weaving.close()
-        self.scheduler.blocks = self.blocks
-        self.weaving = None
+    @property
+    def polls_when_idle(self) -> bool:
+        """Whether a hook has work while the engine has no request: call poll_idle meanwhile."""
+        return any(h.polls_when_idle for h in self.hooks)
+
+    def poll_idle(self) -> None:
+        for hook in list(self.hooks):
+            if hook.polls_when_idle:
+                hook.poll_idle()
 
     # ---- requests ----
     @property
@@ -240,16 +230,16 @@ class LLMEngine(StartUp):
                 self.blocks.trim()  # NOTE: an idle model's pages go back to the device at once
             return []
         t0 = time.perf_counter()
-        if self.weaving is not None and not is_prefill:
-            woven = self.weaving.decode(seqs)
-            if woven is None:  # the receiver is lost: its sequences are requeued, step again
+        decoder = next((h for h in self.hooks if h.decodes), None)
+        if decoder is not None and not is_prefill:
+            decoded = decoder.decode(seqs)
+            if decoded is None:  # the hook requeued the step's sequences: schedule again
                 return []
-            tokens = woven
+            tokens = decoded
         else:
             tokens = self.runner.execute(seqs, is_prefill)
-        if self.tuner is not None:
-            n = sum(len(s) for s in seqs) if is_prefill else len(seqs)
-            self.tuner.observe(n, time.perf_counter() - t0, self.runner.alphas)
+        seconds = time.perf_counter() - t0
+        num_tokens = sum(len(s) for s in seqs) if is_prefill else len(seqs)
         got, finished_seqs = self.scheduler.postprocess(seqs, tokens, is_prefill)
         finished = {s.seq_id for s in finished_seqs}
         sampled = {s.seq_id for s in got}
@@ -267,8 +257,9 @@ class LLMEngine(StartUp):
             if done:
                 self._decoders.pop(seq.seq_id, None)
             outs.append(StepOutput(seq, tok, text, done))
-        if self.weaving is not None:
-            self.weaving.after_step([o.seq for o in outs if is_prefill and not o.finished])
+        step = Step(seqs, is_prefill, outs, num_tokens, seconds)
+        for hook in list(self.hooks):
+            hook.after_step(step)
         if self.has_unfinished():
             self.blocks.refill()
         else:

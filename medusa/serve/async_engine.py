@@ -20,7 +20,7 @@ from medusa.engine.sequence import Sequence
 
 log = logging.getLogger("medusa.serve")
 T = TypeVar("T")
-IDLE_POLL = 0.5e-3  # seconds between polls of a receiving engine with nothing of its own to run
+IDLE_POLL = 0.5e-3  # seconds between idle polls of an engine's step hooks (a Weaver receiver)
 
 
 @dataclass
@@ -56,7 +56,7 @@ class AsyncEngine:
         self.error: str | None = None
         self.ready = threading.Event()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.receiver: Any = None  # medusa.engine.weaving_cold.ColdWeaving, while serving one
+        self.receiver: Any = None  # medusa.weaver.cold.ColdWeaving, while serving one
         self._by_seq: dict[int, _Request] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="medusa-engine", daemon=True)
@@ -83,7 +83,7 @@ class AsyncEngine:
         eng = self.engine
         while not self._stop.is_set():
             failed = self.error is not None
-            self._drain(block=failed or (not eng.has_unfinished() and self.receiver is None))
+            self._drain(block=failed or not (eng.has_unfinished() or eng.polls_when_idle))
             if failed:
                 continue
             if eng.has_unfinished():
@@ -94,10 +94,11 @@ class AsyncEngine:
                     continue
                 for out in outs:
                     self._dispatch(out)
-            elif self.receiver is not None:  # NOTE: a hot engine waits on these polls
+            elif eng.polls_when_idle:  # NOTE: a hot engine waits on these polls (Weaver's)
                 try:
-                    self.receiver.device.poll()
+                    eng.poll_idle()
                 except Exception as e:  # noqa: BLE001 - as a failed step: told, and /health
+                    # NOTE: a Weaver receiver is the one step hook that polls while idle
                     self._fail(e, "serving a Weaver region failed")
                     continue
                 time.sleep(IDLE_POLL)
@@ -110,7 +111,7 @@ class AsyncEngine:
         """On the engine thread: serve a hot engine's region (Weaver) between this engine's
         kernels, with `num_blocks` KV blocks of this device for its offloaded sequences.
         dir_fd: the region's directory, opened (region is a name there)."""
-        from medusa.engine.weaving_cold import ColdWeaving
+        from medusa.weaver.cold import ColdWeaving
 
         if self.receiver is not None:
             raise RuntimeError(f"already serving {self.receiver.region.path}")

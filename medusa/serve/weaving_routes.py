@@ -29,9 +29,10 @@ from pydantic import BaseModel, Field
 
 from medusa import env
 from medusa.engine.llm_engine import LLMEngine
-from medusa.engine.weaving import WeavingLink
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.protocol import APIError
+from medusa.weaver import hot as hot_side
+from medusa.weaver.offload import WeavingLink
 from medusa.weaver.region import RegionError
 from medusa.weaver.region_dir import NAME, RegionDir
 
@@ -95,7 +96,7 @@ def add_weaving_routes(
     @app.post("/weaving/offload")
     async def offload(req: Offload) -> dict[str, Any]:
         link = WeavingLink(regions.where(req.region), req.ratio, dir_fd=regions.fd)
-        await run(lambda e: e.pair(link))
+        await run(lambda e: hot_side.pair(e, link))
         return await _state()
 
     @app.post("/weaving/receive")
@@ -107,7 +108,7 @@ def add_weaving_routes(
     @app.post("/weaving/unpair")
     async def unpair() -> dict[str, Any]:
         def both(e: LLMEngine) -> None:
-            e.unpair()
+            hot_side.unpair(e)
             engine.stop_receiving()
 
         await run(both)
@@ -116,7 +117,7 @@ def add_weaving_routes(
     profile: list[dict[str, Any]] = []  # measured at the first GET, then kept
 
     def choice(e: LLMEngine) -> dict[str, Any]:
-        from medusa.engine.weaving_profile import free_bytes, measure
+        from medusa.weaver.profile import free_bytes, measure
 
         if not profile:
             profile.append(measure(e.runner).to_json())
@@ -129,7 +130,7 @@ def add_weaving_routes(
 
     async def _state() -> dict[str, Any]:
         e, r = engine.engine, engine.receiver
-        w = e.weaving if e is not None else None
+        w = hot_side.hot_weaving(e) if e is not None else None
         hot = None
         if w is not None:
             hot = {"region": str(w.region.path), "ratio": w.ratio, "receiving": w.receiving,

@@ -56,8 +56,8 @@ def test_bad_weight_placement_is_refused():
 def test_the_alpha_tuner_follows_the_utilisations_it_sees():
     from dataclasses import replace
 
+    from medusa.c2c.alpha_tuner import AlphaTuner
     from medusa.c2c.telemetry import ModelTelemetry
-    from medusa.engine.alpha_tuner import AlphaTuner
     from medusa.engine.loader import open_model
 
     spec = open_model().spec

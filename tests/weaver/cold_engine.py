@@ -16,7 +16,7 @@ from medusa import plugins
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
-from medusa.engine.weaving_cold import ColdWeaving
+from medusa.weaver.cold import ColdWeaving
 from medusa.weaver.region import TASK
 
 COLD_PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100, 3, 100, 3, 7, 7, 1]]

@@ -6,7 +6,7 @@ The scenario Prism is for: model A serves a short burst and goes idle at round T
 surges. Under a static split B never has more than half the slice's KV; with elastic KV and one
 page ledger, A's pages go back the moment it idles and B maps them. `run_pair` reports, per round
 and worker, what the ledger says next to what the live blocks need, so a caller can check that
-they agree at every step."""
+they agree at every step. (scripts/bench/prism_kv.py and tests/prism/test_two_workers.py run it.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 on its own device once, between two steps:
 
 - `ops`: the seconds of each kernel of an eager decode step of one sequence. A paired cold engine
-  decodes eagerly and polls after each kernel (medusa.engine.weaving_cold), so these are the
+  decodes eagerly and polls after each kernel (medusa.weaver.cold), so these are the
   operators T_i a hot worker's task can land in;
 - `attention`: the seconds of one layer's attention over `max_num_seqs` sequences of one block
   each, the hot side's K + N at its batch (a share `ratio` of it goes to the receiver).
