@@ -2,14 +2,26 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
+from medusa import env
 from medusa.cuda.toolchain import compile_program
 
 PROGRAMS = Path(__file__).parent / "cuda" / "programs"
+
+# The suite runs with simcuda's race checker on, in this process (libsimcuda reads it when it
+# loads) and in every process a test starts: a missing wait between streams fails the test.
+os.environ.setdefault(env.SIM_RACECHECK.name, "1")
+# Kept when a program runs with a clean MEDUSA_SIM_* environment (run below).
+SUITE_SIM = (env.SIM_RACECHECK.name, env.SIM_SCHEDULE_SEED.name)
+
+
+def without_medusa(environ: Mapping[str, str], prefix: str = "MEDUSA_") -> dict[str, str]:
+    """environ without its MEDUSA_* (or `prefix`) settings, except the suite's race checking."""
+    return {k: v for k, v in environ.items() if not k.startswith(prefix) or k in SUITE_SIM}
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +48,7 @@ def run() -> Callable[..., subprocess.CompletedProcess[str]]:
     def go(
         prog: Path, *args: str, env: dict[str, str] | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_SIM_")}
+        full_env = without_medusa(os.environ, "MEDUSA_SIM_")
         full_env.update(env or {})
         res = subprocess.run(
             [str(prog), *args], env=full_env, capture_output=True, text=True, timeout=120

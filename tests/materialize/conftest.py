@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from medusa.trace import recorder_env
+from tests.conftest import SUITE_SIM
 
 ENGINE_OPTS = [
     "--max-num-batched-tokens",
@@ -61,7 +62,7 @@ def reseal(art: Path, edit_plan, images: dict[str, bytes] | None = None) -> Path
 def clean_env() -> dict[str, str]:
     """The environment without MEDUSA_* settings, except where the C libraries come from and
     which driver version simcuda plays (so the suite can run as on an older driver)."""
-    keep = ("MEDUSA_LIB_DIR", "MEDUSA_SIM_DRIVER_VERSION")
+    keep = ("MEDUSA_LIB_DIR", "MEDUSA_SIM_DRIVER_VERSION", *SUITE_SIM)
     return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
 
 
