@@ -178,6 +178,11 @@ class LLMEngine(StartUp):
         for hook in list(self.hooks):
             if hook.polls_when_idle:
                 hook.poll_idle()
+        self._remove_finished_hooks()
+
+    def _remove_finished_hooks(self) -> None:
+        for hook in [h for h in self.hooks if h.finished]:
+            self.remove_hook(hook)
 
     # ---- requests ----
     @property
@@ -260,6 +265,7 @@ class LLMEngine(StartUp):
         step = Step(seqs, is_prefill, outs, num_tokens, seconds)
         for hook in list(self.hooks):
             hook.after_step(step)
+        self._remove_finished_hooks()
         if self.has_unfinished():
             self.blocks.refill()
         else:

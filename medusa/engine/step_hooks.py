@@ -8,7 +8,8 @@ configures it, or made by the engine from a factory registered under a name its 
 - `after_step(step)` after every step that ran, once its outputs are known;
 - `poll_idle()` when it has nothing to run and the hook `polls_when_idle` (its caller polls it:
   LLMEngine.poll_idle);
-- `attach(engine)` when added and `detach()` when removed or at shutdown."""
+- `attach(engine)` when added and `detach()` when removed, at shutdown, or once the hook says it
+  is `finished` (after the step or idle poll that finished it)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ class StepHook:
 
     def poll_idle(self) -> None:
         """One unit of that work; the caller sleeps a little between two."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether it has nothing more to do (a receiver whose sender ended the pairing): the
+        engine then removes it."""
+        return False
 
 
 StepHookFactory = Callable[["LLMEngine"], StepHook]

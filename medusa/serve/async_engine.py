@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from medusa.engine.config import EngineConfig
@@ -56,7 +55,6 @@ class AsyncEngine:
         self.error: str | None = None
         self.ready = threading.Event()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.receiver: Any = None  # medusa.weaver.cold.ColdWeaving, while serving one
         self._by_seq: dict[int, _Request] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="medusa-engine", daemon=True)
@@ -94,35 +92,14 @@ class AsyncEngine:
                     continue
                 for out in outs:
                     self._dispatch(out)
-            elif eng.polls_when_idle:  # NOTE: a hot engine waits on these polls (Weaver's)
+            elif eng.polls_when_idle:  # NOTE: another engine may wait on these (a Weaver receiver)
                 try:
                     eng.poll_idle()
                 except Exception as e:  # noqa: BLE001 - as a failed step: told, and /health
-                    # NOTE: a Weaver receiver is the one step hook that polls while idle
                     self._fail(e, "serving a Weaver region failed")
                     continue
                 time.sleep(IDLE_POLL)
-            if self.receiver is not None and self.receiver.stopped:
-                self.stop_receiving()
-        self.stop_receiving()
-        eng.shutdown()
-
-    def receive(self, region: str | Path, num_blocks: int, dir_fd: int | None = None) -> None:
-        """On the engine thread: serve a hot engine's region (Weaver) between this engine's
-        kernels, with `num_blocks` KV blocks of this device for its offloaded sequences.
-        dir_fd: the region's directory, opened (region is a name there)."""
-        from medusa.weaver.cold import ColdWeaving
-
-        if self.receiver is not None:
-            raise RuntimeError(f"already serving {self.receiver.region.path}")
-        if self.engine is None:
-            raise RuntimeError("the engine has not started")
-        self.receiver = ColdWeaving(self.engine, region, num_blocks, dir_fd=dir_fd)
-
-    def stop_receiving(self) -> None:
-        if self.receiver is not None:
-            self.receiver.close()
-            self.receiver = None
+        eng.shutdown()  # NOTE: its step hooks first (a Weaver receiver stops serving)
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """fn(engine) on the engine thread, between steps; its result, or its exception."""

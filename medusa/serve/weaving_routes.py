@@ -31,6 +31,7 @@ from medusa import env
 from medusa.engine.llm_engine import LLMEngine
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.protocol import APIError
+from medusa.weaver import cold as cold_side
 from medusa.weaver import hot as hot_side
 from medusa.weaver.offload import WeavingLink
 from medusa.weaver.region import RegionError
@@ -102,14 +103,14 @@ def add_weaving_routes(
     @app.post("/weaving/receive")
     async def receive(req: Receive) -> dict[str, Any]:
         where = regions.where(req.region)
-        await run(lambda e: engine.receive(where, req.blocks, regions.fd))
+        await run(lambda e: cold_side.receive(e, where, req.blocks, regions.fd))
         return await _state()
 
     @app.post("/weaving/unpair")
     async def unpair() -> dict[str, Any]:
         def both(e: LLMEngine) -> None:
             hot_side.unpair(e)
-            engine.stop_receiving()
+            cold_side.stop_receiving(e)
 
         await run(both)
         return await _state()
@@ -129,8 +130,9 @@ def add_weaving_routes(
         return {**out, **(await run(choice))}
 
     async def _state() -> dict[str, Any]:
-        e, r = engine.engine, engine.receiver
+        e = engine.engine
         w = hot_side.hot_weaving(e) if e is not None else None
+        r = cold_side.cold_weaving(e) if e is not None else None
         hot = None
         if w is not None:
             hot = {"region": str(w.region.path), "ratio": w.ratio, "receiving": w.receiving,

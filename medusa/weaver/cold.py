@@ -28,6 +28,30 @@ from medusa.weaver.receiver import WeaverReceiver
 from medusa.weaver.region import ExchangeRegion
 
 
+def receive(
+    engine: LLMEngine, region: str | Path, num_blocks: int, dir_fd: int | None = None
+) -> ColdWeaving:
+    """Between steps: `engine` serves a hot engine's region between its own kernels, with
+    `num_blocks` KV blocks of its device for the offloaded sequences, until the hot one ends the
+    pairing or stop_receiving. dir_fd: the region's directory, opened (region is a name there)."""
+    serving = cold_weaving(engine)
+    if serving is not None:
+        raise RuntimeError(f"already serving {serving.region.path}")
+    return ColdWeaving(engine, region, num_blocks, dir_fd=dir_fd)
+
+
+def stop_receiving(engine: LLMEngine) -> None:
+    """Between steps: stops serving the region (what the receiver held is lost)."""
+    serving = cold_weaving(engine)
+    if serving is not None:
+        serving.close()
+
+
+def cold_weaving(engine: LLMEngine) -> ColdWeaving | None:
+    """The region `engine` serves as the cold side, if it serves one."""
+    return next((h for h in engine.hooks if isinstance(h, ColdWeaving)), None)
+
+
 class PollingDevice:
     """A Device that polls a receiver after each unit of work it issues (never while capturing:
     the receiver's own kernels must not land in a graph)."""
@@ -122,6 +146,10 @@ class ColdWeaving(StepHook):
 
     def poll_idle(self) -> None:
         self.device.poll()
+
+    @property
+    def finished(self) -> bool:
+        return self.stopped
 
     def _offloaded_kv(self, num_blocks: int, bs: int) -> OffloadedKV:
         """The receiver's blocks: drawn from the engine's elastic KV pages and ledger if it has
