@@ -82,7 +82,7 @@ class LLMEngine(StartUp):
         art = self._check_artifact(loaded)
         self.runner = ModelRunner(config, self.spec, self.device)
         with self._stage("weights_alloc"):
-            self.runner.allocate_weights(self.store)
+            self.runner.weights.allocate(self.store)
         self._loading: WeightLoad | None = None  # a store's copy, running beside what follows
         with self._stage("weights_load"):
             self._load_weights()
@@ -104,7 +104,7 @@ class LLMEngine(StartUp):
                     self._fall_back(f"restore failed: {_reason(e)}", require_artifact)
                     self.runner.free_kv()
             if not self.restored:
-                self.runner.settle_weights()
+                self.runner.weights.settle()
                 self._start_normally()
         except BaseException:
             if self._loading is not None:  # NOTE: no copy may outlive a failed start
