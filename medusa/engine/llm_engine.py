@@ -1,5 +1,6 @@
-"""The engine: start-up in the stages real engines have (each timed and logged), then continuous
-batching over the scheduler and the model runner."""
+"""The engine: start-up in the stages real engines have (each timed and logged: its StartUp,
+medusa.engine.startup), then continuous batching over the scheduler and the model runner, with the
+step hooks other systems take part through (medusa.engine.step_hooks)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,12 @@ from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
 from medusa.engine.kv_cache import kv_cache_class
 from medusa.engine.loader import ModelSource
-from medusa.engine.model_runner import ModelRunner
 from medusa.engine.sampling import SamplingParams
 from medusa.engine.scheduler import Scheduler
 from medusa.engine.sequence import Sequence, StepOutput
-from medusa.engine.startup import StartUp, _reason, without_gc
+from medusa.engine.startup import StartUp, without_gc
 from medusa.engine.step_hooks import Step, StepHook, step_hook_factory
 from medusa.engine.tokenizer import IncrementalDecoder, Tokenizer
-from medusa.restore import Restorer
-from medusa.trace import control as trace
 from medusa.weights import WeightStore
 
 if TYPE_CHECKING:
@@ -33,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("medusa.engine.startup")
 
 
-class LLMEngine(StartUp):
+class LLMEngine:
     @without_gc
     def __init__(
         self,
@@ -62,64 +60,16 @@ class LLMEngine(StartUp):
         kv_cache_class(config.kv_memory)  # NOTE: a plug-in not registered fails before any work
         hook_factories = [step_hook_factory(name) for name in config.step_hooks]
         self.config = config
-        self.timings: dict[str, float] = {}
-        self.kv_profile: dict[str, int] = {}
-        self.restored = False
-        self.restore_error: str | None = None
-        self.store: WeightStore | None = None
-        self.store_error: str | None = None  # why a weight store was not used
-        self.restorer: Restorer | None = None
-        self._require = require_artifact
-        self._store_checked = store_checked
-        self._restore_since = restore_since
-        t0 = time.perf_counter()
-        loaded = self._load_artifact(artifact, trust)
-        with self._stage("runtime_init"):
-            self.device = device or Device()
-            self.store = self._open_store(store, loaded)
-            self.source = self._model_source(source)
-            self.spec = self.source.spec
-        art = self._check_artifact(loaded)
-        self.runner = ModelRunner(config, self.spec, self.device)
-        with self._stage("weights_alloc"):
-            self.runner.weights.allocate(self.store)
-        self._loading: WeightLoad | None = None  # a store's copy, running beside what follows
-        with self._stage("weights_load"):
-            self._load_weights()
-        try:
-            with self._stage("tokenizer"):
-                self.tokenizer: Tokenizer = self._tokenizer()
-            with self._stage("workspace"):
-                self.runner.allocate_workspace()
-            # NOTE: waited for here, outside the restore's fallback (a failed copy fails the start;
-            # it must never pass for a failed restore), and before any kernel runs: the restore's
-            # trigger runs a layer to load hidden kernels, and it reads weights.
-            if art is None or not self._gate_weights():
-                self._weights_ready()
-            if art is not None:
-                try:
-                    self._restore(art, validate)
-                    self.restored = True
-                except Exception as e:  # NOTE: any failure, of any type: undo it, fall back
-                    self._fall_back(f"restore failed: {_reason(e)}", require_artifact)
-                    self.runner.free_kv()
-            if not self.restored:
-                self.runner.weights.settle()
-                self._start_normally()
-        except BaseException:
-            if self._loading is not None:  # NOTE: no copy may outlive a failed start
-                self._loading.wait_quietly()
-            raise
-        trace.mark("ready")
-        self.timings["total"] = time.perf_counter() - t0
-        num_blocks = self.runner.num_blocks
-        log.info(
-            "engine.startup total: %.2f s (%d KV blocks, %d graphs%s)",
-            self.timings["total"],
-            num_blocks,
-            len(self.runner.graphs),
-            ", restored" if self.restored else "",
-        )
+        self.startup = StartUp(config, require=require_artifact, store_checked=store_checked,
+                               restore_since=restore_since)  # fmt: skip
+        self.startup.run(source, artifact, trust, device, store, validate)
+        s = self.startup
+        self.device, self.source, self.spec, self.runner = s.device, s.source, s.spec, s.runner
+        self.tokenizer = s.tokenizer
+        self.timings = s.timings  # NOTE: the same dict: a store's load may settle while serving
+        self.kv_profile, self.restorer = s.kv_profile, s.restorer
+        self.restored, self.restore_error, self.restore_methods = (
+            s.restored, s.restore_error, s.restore_methods)  # fmt: skip
         if self.runner.kv_cache is None:
             raise RuntimeError("the KV cache was not allocated")
         self.blocks = self.runner.kv_cache.blocks
@@ -130,19 +80,28 @@ class LLMEngine(StartUp):
         for make in hook_factories:
             self.add_hook(make(self))
 
+    # ---- what the start-up may still change while serving (a store's load settling) ----
+    @property
+    def store(self) -> WeightStore | None:
+        return self.startup.store
+
+    @property
+    def store_error(self) -> str | None:
+        """Why a weight store was not used."""
+        return self.startup.store_error
+
+    @property
+    def _loading(self) -> WeightLoad | None:
+        """A store's copy still running (served while loading, not settled yet)."""
+        return self.startup._loading
+
     def shutdown(self) -> None:
         """Frees the engine's device memory (another engine can then start in this process)."""
         for hook in reversed(getattr(self, "hooks", [])):
             self.remove_hook(hook)
-        if self._loading is not None:  # NOTE: served while loading, and never settled
-            self._loading.wait_quietly()
-            self._loading = None
+        self.startup.wait_for_load()  # NOTE: served while loading, and never settled
         self.runner.release()
-        if self.restorer is not None:
-            self.restorer.release(graphs=False)
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        self.startup.close()
         gc.unfreeze()  # NOTE: what the start-up froze (without_gc) can be collected again
 
     def __enter__(self) -> LLMEngine:

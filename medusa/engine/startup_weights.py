@@ -30,18 +30,21 @@ log = logging.getLogger("medusa.engine.startup")
 
 
 class WeightStartUp:
-    """What LLMEngine.__init__ sets before it calls these."""
+    """The weight stages of a start-up (StartUp builds on them). `run` sets device, source and
+    runner before they are called."""
 
-    config: EngineConfig
-    timings: dict[str, float]
-    store: WeightStore | None
-    store_error: str | None
     device: Device
     source: ModelSource
     runner: ModelRunner
-    _require: bool
-    _store_checked: str
-    _loading: WeightLoad | None
+
+    def __init__(self, config: EngineConfig, *, require: bool, store_checked: str) -> None:
+        self.config = config
+        self.timings: dict[str, float] = {}
+        self.store: WeightStore | None = None
+        self.store_error: str | None = None  # why a weight store was not used
+        self._require = require
+        self._store_checked = store_checked
+        self._loading: WeightLoad | None = None  # a store's copy, running beside what follows
 
     def _open_store(
         self, path: str | Path | WeightStore | None, art: Artifact | None
