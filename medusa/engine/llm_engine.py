@@ -204,6 +204,22 @@ class LLMEngine:
             tokens = self.runner.execute(seqs, is_prefill)
         seconds = time.perf_counter() - t0
         num_tokens = sum(len(s) for s in seqs) if is_prefill else len(seqs)
+        outs = self._outputs(seqs, tokens, is_prefill)
+        step = Step(seqs, is_prefill, outs, num_tokens, seconds)
+        for hook in list(self.hooks):
+            hook.after_step(step)
+        self._remove_finished_hooks()
+        if self.has_unfinished():
+            self.blocks.refill()
+        else:
+            self.blocks.trim()
+        return outs
+
+    def _outputs(
+        self, seqs: list[Sequence], tokens: list[int], is_prefill: bool
+    ) -> list[StepOutput]:
+        """The step's tokens given to their sequences: their text, and which finished (a stop
+        string included)."""
         got, finished_seqs = self.scheduler.postprocess(seqs, tokens, is_prefill)
         finished = {s.seq_id for s in finished_seqs}
         sampled = {s.seq_id for s in got}
@@ -221,14 +237,6 @@ class LLMEngine:
             if done:
                 self._decoders.pop(seq.seq_id, None)
             outs.append(StepOutput(seq, tok, text, done))
-        step = Step(seqs, is_prefill, outs, num_tokens, seconds)
-        for hook in list(self.hooks):
-            hook.after_step(step)
-        self._remove_finished_hooks()
-        if self.has_unfinished():
-            self.blocks.refill()
-        else:
-            self.blocks.trim()
         return outs
 
     def generate(

@@ -87,14 +87,12 @@ def start_cold(
 
 
 def paired(config: EngineConfig, link: WeavingLink) -> LLMEngine:
-    hot = LLMEngine(config)
-    pair(hot, link)
+    pair(hot := LLMEngine(config), link)
     return hot
 
 
 def woven(hot: LLMEngine) -> HotWeaving:
-    w = hot_weaving(hot)
-    assert w is not None
+    assert (w := hot_weaving(hot)) is not None, "the hot engine is not paired"
     return w
 
 
@@ -116,8 +114,8 @@ def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models,
         wait_for_receiver(hot, proc)
         logits: list[bytes] = []
         got = run(hot, logits=logits)
-        w = hot_weaving(hot)
-        assert w is not None and w.error is None
+        w = woven(hot)
+        assert w.error is None
         assert w.num_offloaded == int(len(PROMPTS) * ratio)
         assert bool(hot.runner.segments) == (ratio > 0)  # woven steps replayed graph segments
         hot.shutdown()  # releases what the receiver holds and stops the pairing
@@ -150,8 +148,8 @@ def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, mod
     try:
         wait_for_receiver(hot, proc)
         got = run(hot, kill_after_decoding)
-        w = hot_weaving(hot)
-        assert w is not None and w.error is not None
+        w = woven(hot)
+        assert w.error is not None
         assert "exited" in w.error and "must be recomputed" in w.error
         assert w.num_recomputed == w.num_offloaded == 3
         assert (
@@ -168,8 +166,8 @@ def test_until_a_receiver_opens_the_region_nothing_is_offloaded(tmp_path, models
     with LLMEngine(hot_config(models[0])) as hot:
         pair(hot, WeavingLink(tmp_path / "weaver", 1.0, timeout=0.5))
         assert run(hot) == expected[0]
-        w = hot_weaving(hot)
-        assert w is not None and w.num_prefilled == len(PROMPTS)
+        w = woven(hot)
+        assert w.num_prefilled == len(PROMPTS)
         assert w.num_offloaded == 0 and w.error is None
         t0 = time.monotonic()
         unpair(hot)  # no receiver to stop: no wait for one
@@ -202,9 +200,8 @@ def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, m
         proc.kill()
         proc.wait()
         hot.shutdown()
-    want_hot, want_cold, want_logits = expected
-    assert got == want_hot and logits == want_logits
-    assert json.loads(out)["tokens"] == want_cold
+    assert got == expected[0] and logits == expected[2]
+    assert json.loads(out)["tokens"] == expected[1]
 
 
 def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, expected):
@@ -237,8 +234,8 @@ def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, e
     try:
         wait_for_receiver(hot, None)
         got = run(hot, abort_one)
-        w = hot_weaving(hot)
-        assert w is not None and w.error is not None and "has not polled" in w.error
+        w = woven(hot)
+        assert w.error is not None and "has not polled" in w.error
         assert w.num_recomputed == len(PROMPTS) - 1
     finally:
         hot.shutdown()
@@ -281,9 +278,8 @@ def test_a_receiver_on_elastic_kv_draws_ledger_pages_and_gives_them_back(
         proc.kill()
         proc.wait()
         hot.shutdown()
-    want_hot, want_cold, want_logits = expected
-    assert got == want_hot and logits == want_logits
-    assert cold["tokens"] == want_cold
+    assert got == expected[0] and logits == expected[2]
+    assert cold["tokens"] == expected[1]
 
 
 def test_an_elastic_receiver_with_no_pages_free_refuses(tmp_path, models, monkeypatch):
