@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from medusa import __version__
@@ -10,14 +12,25 @@ from medusa.commands.gateway import gateway
 from medusa.commands.materialize import materialize
 from medusa.commands.run import run
 from medusa.commands.simulate import simulate
+from medusa.errors import MedusaError
 from medusa.tessera.command import tessera  # cheap: it imports its work where used
 
 
 class _InOrder(click.Group):
-    """Lists commands in the order they are defined (the order a user needs them), not A-Z."""
+    """Lists commands in the order they are defined (the order a user needs them), not A-Z.
+
+    An error of ours that a command did not turn into a message itself is printed as one
+    ("Error: ..." and exit status 1): its text already says what to do, a traceback would bury it.
+    """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MedusaError as e:
+            raise click.ClickException(str(e)) from None
 
 
 @click.group(cls=_InOrder, context_settings={"help_option_names": ["-h", "--help"]})

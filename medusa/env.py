@@ -72,8 +72,26 @@ SIM_SCHEDULE_SEED = EnvVar(
     "simcuda: seed of the order in which queued work of different streams (and graph nodes with "
     "no path between them) runs; a race report names it",
 )
+SIM_SLOWDOWN = EnvVar(
+    "MEDUSA_SIM_SLOWDOWN",
+    "",
+    "simcuda: a device this many times slower than the CPU (1 to 1000): each kernel's thread "
+    "waits the rest of the time; for benchmarks of overlap",
+)
+BLAS_LIB = EnvVar(
+    "MEDUSA_BLAS_LIB",
+    "",
+    "simcuda's CPU kernels: the BLAS library to dlopen for matrix products (default: one already "
+    "loaded, else the system's libopenblas/libcblas/libblas, else a plain loop)",
+)
 TRACE = EnvVar(
     "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
+)
+TRACE_SHIFT = EnvVar(
+    "MEDUSA_TRACE_SHIFT",
+    0,
+    "recorder: bytes of device memory to allocate before the program's first allocation, so "
+    "that a second recording sees every address shifted (materialize sets it)",
 )
 KV_LEDGER = EnvVar(
     "MEDUSA_KV_LEDGER",
@@ -112,6 +130,11 @@ WEAVING_DIR = EnvVar(
     "and open Weaver exchange regions, by name; the weaving routes are off without it and "
     "MEDUSA_WORKER_TOKEN (the gateway sets both)",
 )
+GATEWAY_SIM_SLICES = EnvVar(
+    "MEDUSA_GATEWAY_SIM_SLICES",
+    2,
+    "gateway without NVML (a CPU machine): how many simcuda slices of 8 GiB it schedules onto",
+)
 ARTIFACT_CACHE = EnvVar(
     "MEDUSA_ARTIFACT_CACHE",
     "",
@@ -149,7 +172,10 @@ ALL: tuple[EnvVar, ...] = (
     SIM_ACCESSES,
     SIM_RACECHECK,
     SIM_SCHEDULE_SEED,
+    SIM_SLOWDOWN,
+    BLAS_LIB,
     TRACE,
+    TRACE_SHIFT,
     KV_LEDGER,
     MODE,
     LOG_LEVEL,
@@ -163,4 +189,5 @@ ALL: tuple[EnvVar, ...] = (
     VLLM_SIDECAR,
     TRUST,
     ARTIFACT_CACHE,
+    GATEWAY_SIM_SLICES,
 )

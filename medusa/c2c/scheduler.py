@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from medusa.c2c.model import C2C_BW, SliceProfile, gemm_time, gemm_traffic
 from medusa.engine.hybrid_gemm import Tiles
+from medusa.errors import RefusedError
+
+if TYPE_CHECKING:
+    from medusa.engine.spec import ModelSpec
 
 CHUNKS = (128, 256, 512, 1024, 2048, 4096)
 # Tiles for full-size GPU GEMMs (the simcuda tests use small ones).
@@ -27,8 +32,8 @@ class ModelShape:
 
     @classmethod
     def from_spec(
-        cls, spec, tpot_target: float = 0.1, ttft_target: float = 2.0, elem: int = 4
-    ) -> ModelShape:  # type: ignore[no-untyped-def]
+        cls, spec: ModelSpec, tpot_target: float = 0.1, ttft_target: float = 2.0, elem: int = 4
+    ) -> ModelShape:
         """The shape of an engine model (medusa.engine.spec.ModelSpec); elem 4: fp32 weights."""
         return cls(
             spec.name,
@@ -59,7 +64,7 @@ class ModelShape:
         return tokens * (self.hidden * 4 + self.intermediate * 2 * 4)
 
 
-class PlacementError(ValueError):
+class PlacementError(RefusedError, ValueError):
     """A set of models the superchip cannot serve; the message names the demand."""
 
 

@@ -18,7 +18,7 @@ from medusa.engine.hybrid_gemm import DEFAULT_TILES, Tiles, split_columns
 
 
 @triton.jit
-def _output_stationary(
+def _output_stationary(  # type: ignore[no-untyped-def]  # NOTE: Triton types the arguments
     X,
     W,
     Out,
@@ -57,7 +57,7 @@ def _output_stationary(
 
 
 @triton.jit
-def _weight_stationary(
+def _weight_stationary(  # type: ignore[no-untyped-def]  # NOTE: Triton types the arguments
     X,
     W,
     Out,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from medusa import env as medusa_env
 from medusa import scratch
 from medusa.child import exit_on_sigterm
 from medusa.commands.options import (
@@ -184,7 +185,7 @@ def run(
             f"ARTIFACT --out {partition}`" if artifact and not pool else "needs --artifact "
             "(the artifact PLAN was made for), and no --pool")
         )  # fmt: skip
-    if (artifact or pool) and not os.environ.get("MEDUSA_TRACE"):
+    if (artifact or pool) and not medusa_env.TRACE.get():
         # Restore maps allocations through the recorder in restore mode: re-exec under it.
         from medusa.child import medusa_cli
         from medusa.trace import recorder_env
@@ -199,7 +200,6 @@ def run(
 
     plugins.register()  # the research systems an engine's config may name, for every engine here
     if pool:
-        from medusa import env as medusa_env
         from medusa.serve.pool_worker import serve_pooled
 
         try:

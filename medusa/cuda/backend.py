@@ -17,6 +17,7 @@ from typing import Any
 from medusa import env
 from medusa.cuda import paths
 from medusa.cuda.errors import CudaError
+from medusa.errors import RefusedError
 
 c_void_p, c_size_t, c_int, c_uint = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint
 
@@ -215,7 +216,7 @@ class Backend:
         self.call("cudaGraphLaunch", c_void_p(exec_), c_void_p(stream))
 
 
-class NoDeviceError(RuntimeError):
+class NoDeviceError(RefusedError, RuntimeError):
     """MEDUSA_DEVICE=cuda on a machine without a usable CUDA driver and device."""
 
 

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+from medusa.errors import MedusaError
 
-class CudaError(RuntimeError):
+
+class CudaError(MedusaError, RuntimeError):
     """A CUDA call failed; carries the call, the numeric code and the CUDA error name."""
 
     def __init__(self, call: str, code: int, name: str, message: str = "") -> None:

@@ -15,8 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from medusa.artifact import Artifact, ArtifactError, load_artifact
-from medusa.cuda import CudaError
+from medusa.artifact import Artifact, load_artifact
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
 from medusa.engine.kv_cache import kv_cache_class
@@ -24,6 +23,7 @@ from medusa.engine.loader import ModelSource
 from medusa.engine.model_runner import ModelRunner
 from medusa.engine.startup_weights import WeightStartUp
 from medusa.engine.tokenizer import Tokenizer
+from medusa.errors import MedusaError
 from medusa.restore import RestoreError, Restorer
 from medusa.restore.compat import check_compatible, device_fingerprint
 from medusa.trace import control as trace
@@ -218,7 +218,7 @@ class StartUp(WeightStartUp):
 
 def _reason(e: Exception) -> str:
     """Our errors say what to do; anything else is named by its type too."""
-    return str(e) if isinstance(e, (ArtifactError, RestoreError, CudaError)) else f"{e!r}"
+    return str(e) if isinstance(e, MedusaError) else f"{e!r}"
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from medusa.errors import RefusedError
 from medusa.materialize.captures import captures
 from medusa.trace import Ev, Trace
 from medusa.trace import records as R
@@ -22,7 +23,7 @@ KIND_NAMES = ("device", "host-mapped", "module global", "vmm")
 NEVER = np.iinfo(np.int64).max
 
 
-class MaterializeError(ValueError):
+class MaterializeError(RefusedError, ValueError):
     """The two recordings disagree, or a graph uses something that cannot be restored."""
 
 

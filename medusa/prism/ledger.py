@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from medusa.errors import RefusedError
+
 MAGIC = b"MDSLEDG1"
 HEADER = struct.Struct("<8sqqq")  # magic, capacity pages, page bytes, rows
 ROW = struct.Struct("<qq32s")  # pid (0: free row), pages held, worker name
@@ -46,7 +48,7 @@ FLOCK = struct.Struct("@hh4xqqi4x")  # struct flock: type, whence, start, len, p
 log = logging.getLogger("medusa.prism")
 
 
-class LedgerError(RuntimeError):
+class LedgerError(RefusedError, RuntimeError):
     """The ledger file is missing, not a ledger, not this user's, or full of workers."""
 
 

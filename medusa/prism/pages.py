@@ -7,11 +7,12 @@ the critical path and `drain` gives them all back when the model goes idle."""
 
 from __future__ import annotations
 
+from medusa.errors import BusyError
 from medusa.prism.ledger import PageLedger
 from medusa.prism.vmm import Vmm
 
 
-class OutOfPages(RuntimeError):
+class OutOfPages(BusyError, RuntimeError):
     """The device's budget (the ledger) or its memory has no page left for this worker."""
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from medusa.errors import RefusedError
 
-class PlacementError(ValueError):
+
+class PlacementError(RefusedError, ValueError):
     """A model fits on no device (its weights plus its minimum KV)."""
 
 

@@ -16,7 +16,7 @@ ABANDON = 30.0
 WINDOW = 128  # the oldest waiting requests a dispatch looks at (keeps overload runs fast)
 
 
-class Hopeless(Exception):
+class _Hopeless(Exception):  # NOTE: package-private (medusa.prism.simulate catches it)
     """More requests missed than the attainment asked for allows: no need to go on."""
 
 
@@ -27,7 +27,7 @@ class Misses:
     def add(self, n: int = 1) -> None:
         self.count += n
         if self.count > self.allowed:
-            raise Hopeless
+            raise _Hopeless
 
 
 class PrefillQueue:

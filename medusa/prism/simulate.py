@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from medusa.prism.catalog import DEVICE_MEMORY, Req, SimModel, catalog, trace
 from medusa.prism.placement import ModelLoad, PlacementError, place
-from medusa.prism.prefill_queue import Hopeless, Misses, PrefillQueue
+from medusa.prism.prefill_queue import Misses, PrefillQueue, _Hopeless
 
 POLICIES = ("prism", "muxserve", "static")
 
@@ -46,7 +46,7 @@ def attainment(
     misses = Misses((1 - at_least) * len(reqs)) if at_least else Misses(math.inf)
     try:
         return _attainment(policy, models, n, reqs, misses)
-    except Hopeless:
+    except _Hopeless:
         return 0.0
 
 

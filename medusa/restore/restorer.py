@@ -18,6 +18,7 @@ import numpy as np
 from medusa import env
 from medusa.artifact import Artifact
 from medusa.cuda.backend import Backend
+from medusa.errors import FallbackError
 from medusa.materialize.analysis import DEVICE, GLOBAL, HOST, VMM, RunView
 from medusa.restore.builder import KINDS, GraphBuilder
 from medusa.restore.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
@@ -29,7 +30,7 @@ from medusa.trace import records as R
 log = logging.getLogger("medusa.restore")
 
 
-class RestoreError(RuntimeError):
+class RestoreError(FallbackError, RuntimeError):
     """The artifact cannot be used in this process; the message says exactly why."""
 
 

@@ -16,6 +16,7 @@ from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine, StepOutput
 from medusa.engine.sampling import SamplingParams
 from medusa.engine.sequence import Sequence
+from medusa.errors import EngineDeadError
 
 log = logging.getLogger("medusa.serve")
 T = TypeVar("T")
@@ -33,7 +34,7 @@ class Output:
     error: str | None = None  # the engine failed: generate() raises EngineFailed with it
 
 
-class EngineFailed(RuntimeError):
+class EngineFailed(EngineDeadError, RuntimeError):
     """The engine failed while serving (a step raised): this request, and every later one, gets
     the reason; /health reports it, so the gateway replaces the worker."""
 

@@ -12,12 +12,14 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from medusa.errors import RefusedError
+
 BACKLOG = 1024
 # NOTE: sun_path holds 108 bytes; a longer path cannot be bound.
 MAX_UDS_PATH = 100
 
 
-class ListenError(ValueError):
+class ListenError(RefusedError, ValueError):
     """A socket that cannot be made where asked; the message says what to change."""
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from medusa.errors import MedusaError
 from medusa.serve import MAX_BODY_BYTES
 
 WORKER_TOKEN_HEADER = "x-medusa-worker-token"  # the token itself (an operator's own request)
@@ -47,7 +48,7 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-class APIError(Exception):
+class APIError(MedusaError):
     """Raised anywhere in a request; answered as an OpenAI error body with `status`."""
 
     def __init__(

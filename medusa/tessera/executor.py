@@ -27,6 +27,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from medusa.errors import EngineDeadError
 from medusa.materialize.analysis import RunView
 from medusa.restore.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.restore.restorer import Restorer
@@ -36,7 +37,7 @@ from medusa.tessera.depgraph import LastWriter, build
 Range = tuple[Key, int, int]  # (allocation key, lo, hi) offsets within the allocation
 
 
-class LinkError(ConnectionError):
+class LinkError(EngineDeadError, ConnectionError):
     """The other side sent what the plan does not expect (another plan, or a corrupt stream):
     nothing of it was written."""
 

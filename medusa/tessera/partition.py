@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from medusa import scratch
+from medusa.errors import RefusedError
 
 FORMAT = "medusa-tessera-placement/1"
 TIMEOUT = 10.0  # seconds the follower may take within a step (a decode step takes milliseconds)
 log = logging.getLogger("medusa.tessera")
 
 
-class PlacementError(ValueError):
+class PlacementError(RefusedError, ValueError):
     """The placement file cannot be used with this artifact; the message says why and what to do."""
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from medusa.errors import RefusedError
 from medusa.trace.format import (
     BLOB_MAGIC,
     HEADER_DTYPE,
@@ -25,7 +26,7 @@ from medusa.trace.format import (
 )
 
 
-class TraceError(ValueError):
+class TraceError(RefusedError, ValueError):
     """A trace that cannot be read as it is; the message names the file, the offset and the fix."""
 
 

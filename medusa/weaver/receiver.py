@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from medusa.engine.device import Device
+from medusa.errors import RefusedError
 from medusa.weaver.kv import OffloadedKV, StaticOffloadedKV
 from medusa.weaver.region import (
     APPEND,
@@ -36,7 +37,7 @@ from medusa.weaver.region import (
 F32 = 4
 
 
-class ReceiverError(RuntimeError):
+class ReceiverError(RefusedError, RuntimeError):
     """A task the receiver cannot run (out of KV blocks, a sequence it does not hold, counts
     outside the region or its KV): refused, with nothing written."""
 

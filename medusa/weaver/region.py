@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from medusa.errors import RefusedError
+
 MAGIC = b"MDSWEAV1"
 HEADER_BYTES = 4096
 GEOMETRY = struct.Struct("<8s8i")  # magic, layers, heads, kv heads, head dim, seqs, tokens, 2 spare
@@ -44,7 +46,7 @@ OK, FAILED = 0, 1  # STATUS values
 MAX_LAYERS, MAX_WIDTH = 1024, 1 << 16  # bounds of a geometry (Llama 405B: 126 layers, 16384)
 
 
-class RegionError(RuntimeError):
+class RegionError(RefusedError, RuntimeError):
     """The region file is missing, not an exchange region, or of another geometry."""
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from medusa.errors import FallbackError
 from medusa.weaver.region import (
     APPEND,
     ATTEND,
@@ -31,11 +32,11 @@ from medusa.weaver.region import (
 TIMEOUT = 2.0  # seconds without a heartbeat before the receiver counts as lost
 
 
-class WeaverError(RuntimeError):
+class WeaverError(FallbackError, RuntimeError):
     """The receiver refused a task; its message says why."""
 
 
-class ReceiverLost(RuntimeError):
+class ReceiverLost(FallbackError, RuntimeError):
     """The receiver died or stopped polling. `seq_ids` are the sequences whose KV it held: the
     hot worker must recompute them (prefill again from their tokens) or fail them."""
 

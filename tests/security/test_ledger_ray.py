@@ -66,7 +66,23 @@ def _join(address: str, **env: str) -> str:
     return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
 
 
-def test_the_ray_cluster_the_gateway_starts_lets_no_one_in_without_its_token(tmp_path):
+@pytest.fixture
+def a_cluster_already_here():
+    """A Ray cluster running on this machine before the gateway starts (another user's, or a
+    test's): Ray's own default joins the last one started instead of starting a new one."""
+    from ray.cluster_utils import Cluster
+
+    head = {"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20}
+    other = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        yield other
+    finally:
+        other.shutdown()
+
+
+def test_the_ray_cluster_the_gateway_starts_lets_no_one_in_without_its_token(
+    tmp_path, a_cluster_already_here
+):
     model = tiny_model(tmp_path / "tiny.gguf")
     (tmp_path / "slices.yaml").write_text("slices:\n  - {name: s0, memory_gb: 1}\n")
     engine = "{max_model_len: 128, max_num_seqs: 4, max_num_batched_tokens: 128}"

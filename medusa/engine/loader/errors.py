@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from medusa.errors import RefusedError
 
-class ModelError(ValueError):
+
+class ModelError(RefusedError, ValueError):
     """A model that cannot be loaded; the message names the file and what to change."""

@@ -23,12 +23,13 @@ from __future__ import annotations
 import logging
 
 from medusa import env
+from medusa.errors import RefusedError
 
 log = logging.getLogger("medusa.vllm")
 _registered = False
 
 
-class UnsupportedVllm(RuntimeError):
+class UnsupportedVllm(RefusedError, RuntimeError):
     """The installed vLLM's patch points are not those the plugin was written against."""
 
 

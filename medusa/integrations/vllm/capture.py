@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from medusa import env
+from medusa.errors import RefusedError
 from medusa.integrations.vllm.descriptors import descriptor_key
 
 INDEX_ATTR = "_medusa_capture_index"
 _captures = 0
 
 
-class CaptureOrderError(RuntimeError):
-    pass
+class CaptureOrderError(RefusedError, RuntimeError):
+    """vLLM captured a graph this plugin cannot describe: the materialization stops."""
 
 
 def count_captures(graph_cls: Any) -> None:

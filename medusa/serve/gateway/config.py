@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from medusa.errors import RefusedError
 from medusa.weaver.config import WeavingConfig, parse_weaving
 
 ENGINE_KEYS = {
@@ -26,7 +27,7 @@ ENGINE_KEYS = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(RefusedError, ValueError):
     """models.yaml is not valid; the message names the file and the field."""
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from medusa.errors import BusyError
 from medusa.serve.gateway.start_policy import Failure
 
 
-class Unavailable(Exception):
+class Unavailable(BusyError):
     """No instance can take the request now; `retry_after` seconds is when to ask again."""
 
     def __init__(self, message: str, retry_after: int, code: str) -> None:
@@ -28,5 +29,5 @@ class ShuttingDown(Unavailable):
         super().__init__("the gateway is shutting down; retry on another", 5, "shutting_down")
 
 
-class QueueFull(Exception):
-    pass
+class QueueFull(BusyError):
+    """The model's queue is full (the gateway answers 429 with Retry-After)."""

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 import httptools
 import httpx
 
+from medusa.errors import EngineDeadError
 from medusa.serve.gateway.worker_link import NotOurWorker
 from medusa.serve.protocol import WORKER_AUTH_HEADER, WORKER_PROOF_HEADER, worker_mac
 
@@ -30,7 +31,7 @@ MAX_IDLE = 32  # connections kept per worker
 HIGH_WATER = 1 << 20  # bytes of an answer buffered before the worker is asked to wait
 
 
-class HopError(httpx.TransportError):
+class HopError(EngineDeadError, httpx.TransportError):
     """The worker's connection failed, or it did not answer in time."""
 
 

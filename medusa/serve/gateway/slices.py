@@ -3,11 +3,12 @@ machine, simulated slices from a topology file, passed to simcuda as memory and 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from medusa import env
 
 # GH200 MIG profiles (96 GB HBM3): memory and SMs of each, as examples for topology files.
 GH200_PROFILES = {
@@ -117,5 +118,5 @@ def discover_slices(topology: str | None) -> list[Slice]:
         found = []
     if found:
         return found
-    n = int(os.environ.get("MEDUSA_GATEWAY_SIM_SLICES", "2"))
+    n = env.GATEWAY_SIM_SLICES.get()
     return [Slice(f"sim{i}", 8 << 30, 132, {"MEDUSA_DEVICE": "sim"}) for i in range(n)]

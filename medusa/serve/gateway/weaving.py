@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from medusa.errors import FallbackError
 from medusa.serve.gateway.config import ModelConfig
 from medusa.weaver.choice import Candidate, WeavingProfile, rank_receivers
 from medusa.weaver.config import WeavingConfig
@@ -64,7 +65,7 @@ class Pair:
     region: str
 
 
-class PairingFailed(RuntimeError):
+class PairingFailed(FallbackError, RuntimeError):
     """A worker refused or did not answer a /weaving request."""
 
 

@@ -11,13 +11,14 @@ from collections.abc import Generator
 
 import httpx
 
+from medusa.errors import EngineDeadError
 from medusa.serve.protocol import WORKER_AUTH_HEADER, WORKER_PROOF_HEADER, worker_mac
 
 # The gateway's requests wait up to this for an answer (a long generation); connecting is quick.
 TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 
 
-class NotOurWorker(httpx.TransportError):
+class NotOurWorker(EngineDeadError, httpx.TransportError):
     """Something answered in the worker's place without proving it is the worker the gateway
     started (it does not hold the worker's token): a port taken by someone else."""
 

@@ -155,7 +155,10 @@ class RayBackend(WorkerBackend):
         else:  # a one-node cluster on this machine, with this machine's slices
             self._dir = private_token()
             resources = node_resources(discover_slices(topology))
+            # NOTE: "local": a new cluster even where one runs already on this machine
+            # (Ray joins the one it last started otherwise: someone else's, or a test's).
             ray.init(
+                address="local",
                 resources=resources,
                 runtime_env=runtime_env,
                 include_dashboard=False,
