@@ -26,7 +26,8 @@ class EngineConfig:
     max_prefill_chunk: int | None = None  # prefill in chunks of at most this many tokens
     weights: str = "device"  # "host": projection weights stay in host-mapped memory (superchip)
     alpha: float = 0.0  # HybridGEMM's output-stationary share, every layer's start value
-    tune_alpha: bool = False  # with weights="host": the alpha controller adjusts it per interval
+    # with weights="host": the alpha controller adjusts alpha per interval (C2C's step hook)
+    tune_alpha: bool = False
     slice_profile: str = "7g.96gb"  # the GH200 MIG profile the model's utilisations refer to
     # "elastic": the KV cache is a reserved range whose pages are mapped under live blocks and
     # drawn from the device's page ledger (MEDUSA_KV_LEDGER); "static": one allocation.
@@ -70,6 +71,12 @@ class EngineConfig:
         if self.enforce_eager:
             return ()
         return tuple(sorted(set(self.capture_sizes or default_capture_sizes(self.max_num_seqs))))
+
+    @property
+    def step_hooks(self) -> tuple[str, ...]:
+        """The step hooks (medusa.engine.step_hooks) an engine of this config makes, by the name
+        their factories are registered under."""
+        return ("alpha_tuner",) if self.tune_alpha else ()
 
     @property
     def max_blocks_per_seq(self) -> int:
