@@ -13,7 +13,7 @@ from safetensors.numpy import save_file
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.loader import open_model
-from medusa.engine.loader.errors import ModelError
+from medusa.engine.model_error import ModelError
 from medusa.engine.sampling import SamplingParams
 from tests.engine.reference import Reference
 
