@@ -10,3 +10,8 @@ class CudaError(RuntimeError):
         self.call = call
         self.code = code
         self.name = name
+
+
+class LibraryVersionError(RuntimeError):
+    """One of Medusa's C libraries was built from other sources than this package (its layouts
+    differ from the ones the Python side packs)."""

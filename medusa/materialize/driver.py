@@ -17,11 +17,12 @@ from typing import Any
 from medusa.artifact import save_artifact
 from medusa.child import python_code
 from medusa.engine.config import EngineConfig
-from medusa.materialize.analysis import MaterializeError, RunView
+from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.plan import build_plan
 from medusa.materialize.weights import STORE, write_weights
 from medusa.scratch import ScratchDir
 from medusa.trace import read_trace, recorder_env
+from medusa.trace.run_view import RunView
 
 # Engine phases a restore skips (their work comes from the artifact instead).
 ENGINE_SKIPPED = ("kv_profile", "graph_capture")

@@ -8,22 +8,16 @@ from typing import Any
 
 import numpy as np
 
+from medusa.artifact.layout import RELOC, pack_attrs, pack_edges, pack_nodes
 from medusa.materialize.analysis import (
-    DEVICE,
-    GLOBAL,
-    HOST,
-    KIND_NAMES,
-    NEVER,
-    VMM,
     AddressIndex,
     MaterializeError,
-    RunView,
     Unmoved,
     relocate_contents,
     relocate_words,
 )
-from medusa.restore.layout import RELOC, pack_attrs, pack_edges, pack_nodes
 from medusa.trace import NodeType
+from medusa.trace.run_view import DEVICE, GLOBAL, HOST, KIND_NAMES, NEVER, VMM, RunView
 
 Node = dict[str, Any]
 

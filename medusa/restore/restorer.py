@@ -17,20 +17,17 @@ import numpy as np
 
 from medusa import env
 from medusa.artifact import Artifact
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.cuda.backend import Backend
-from medusa.materialize.analysis import DEVICE, GLOBAL, HOST, VMM, RunView
 from medusa.restore.builder import KINDS, GraphBuilder
-from medusa.restore.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
+from medusa.restore.errors import RestoreError
 from medusa.restore.validate import validate_plan
 from medusa.trace import Ev, read_trace
 from medusa.trace import control as trace
 from medusa.trace import records as R
+from medusa.trace.run_view import DEVICE, GLOBAL, HOST, VMM, RunView
 
 log = logging.getLogger("medusa.restore")
-
-
-class RestoreError(RuntimeError):
-    """The artifact cannot be used in this process; the message says exactly why."""
 
 
 @dataclass

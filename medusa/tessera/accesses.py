@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from medusa.materialize.analysis import AddressIndex, RunView
+from medusa.materialize.analysis import AddressIndex
+from medusa.tessera.library import api_extents
+from medusa.tessera.modes import READ, WRITE
 from medusa.trace import Ev, NodeType
 from medusa.trace import records as R
+from medusa.trace.run_view import RunView
 
-READ, WRITE = 1, 2
 Key = tuple[int, int]  # (allocation kind, index), as in a relocation
 
 
@@ -135,8 +137,6 @@ def analyze(run: RunView, *, api: bool = True) -> list[list[NodeAccesses | None]
     """Per graph, per node: the node's accesses (None for a node that is not a kernel, or a
     kernel no instrumented run of which was recorded). api: library kernels (mblas GEMMs) by
     their arguments (medusa.tessera.library), byte-exact, whether or not they were recorded."""
-    from medusa.tessera.library import api_extents
-
     index = AddressIndex(run)
     eager = _eager_accesses(run.trace)
     replayed = {a.node: a for a in run.trace.of(R.Access, Ev.ACCESS) if a.node}

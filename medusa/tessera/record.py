@@ -14,9 +14,9 @@ from pathlib import Path
 
 from medusa.child import python_code
 from medusa.engine.config import EngineConfig
-from medusa.materialize.analysis import RunView
 from medusa.materialize.driver import Echo, record_run
 from medusa.trace import read_trace
+from medusa.trace.run_view import RunView
 
 DEFAULT_KV_BYTES = 64 << 20  # enough for the probe's decode step; no profiling pass
 

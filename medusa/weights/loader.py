@@ -21,6 +21,7 @@ import numpy as np
 
 from medusa.cuda import CudaError
 from medusa.cuda.backend import Backend
+from medusa.cuda.native import restore_library
 from medusa.weights.errors import WeightStoreError
 from medusa.weights.format import MAX_CHUNK, Header
 from medusa.weights.store import WeightStore
@@ -66,9 +67,7 @@ class _Load(ctypes.Structure):  # mr_load in csrc/restore/restore.h
 
 @functools.cache
 def _chunk_loader() -> Any:
-    from medusa.restore.builder import load_library
-
-    fn = load_library().mr_load_chunks
+    fn = restore_library().mr_load_chunks
     fn.restype = c_int
     fn.argtypes = [ctypes.POINTER(_Load), ctypes.POINTER(ctypes.c_uint32), ctypes.c_char_p,
                    c_size_t]  # fmt: skip
@@ -114,9 +113,7 @@ class LoadProgress:
 
 @functools.cache
 def _progress_lib() -> Any:
-    from medusa.restore.builder import load_library
-
-    lib = load_library()
+    lib = restore_library()
     lib.mr_progress_new.restype = c_void_p
     lib.mr_progress_new.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
     lib.mr_progress_wait.restype = c_int

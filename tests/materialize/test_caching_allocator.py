@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from medusa.artifact import load_artifact
-from medusa.restore.layout import NODE, RELOC
+from medusa.artifact.layout import NODE, RELOC
 from medusa.trace import NodeType
 from tests.materialize.conftest import clean_env
 

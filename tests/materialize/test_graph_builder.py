@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from medusa.artifact.layout import ATTR, FUNC, NODE, PARAM, RELOC, pack_edges
 from medusa.cuda import load_backend
 from medusa.restore.builder import GraphBuilder
-from medusa.restore.layout import ATTR, FUNC, NODE, PARAM, RELOC, pack_edges
 from medusa.trace import NodeType
 from tests.materialize.conftest import medusa
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medusa.artifact import ArtifactError, load_artifact
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC
 from medusa.child import python_code
-from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
 from medusa.restore.validate import validate_plan
 from tests.materialize.conftest import clean_env, materialize_general
 

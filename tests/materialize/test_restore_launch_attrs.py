@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from medusa.artifact import ArtifactError, load_artifact
-from medusa.restore.layout import ATTR, NODE, RELOC
+from medusa.artifact.layout import ATTR, NODE, RELOC
 from medusa.restore.validate import validate_plan
 from medusa.trace import NodeType, recorder_env
 from tests.materialize.conftest import clean_env, copy_artifact, materialize_general, reseal

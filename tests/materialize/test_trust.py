@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from medusa.artifact import load_artifact
+from medusa.artifact.layout import NODE
 from medusa.cuda.toolchain import compile_program
-from medusa.restore.layout import NODE
 from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
 
 FALLBACK = """

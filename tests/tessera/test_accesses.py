@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from medusa.materialize.analysis import DEVICE, RunView
 from medusa.tessera import depgraph
 from medusa.tessera.accesses import READ, WRITE, analyze
 from medusa.tessera.crosscheck import crosscheck
 from medusa.trace import read_trace, recorder_env
+from medusa.trace.run_view import DEVICE, RunView
 from tests.conftest import lines
 
 PROGRAMS = Path(__file__).parent / "programs"

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import struct
 
-from medusa.materialize.analysis import RunView
 from medusa.tessera.accesses import READ, WRITE, analyze
 from medusa.tessera.library import api_extents
 from medusa.trace import read_trace
+from medusa.trace.run_view import RunView
 
 SGEMM = "_ZN5mblas12sgemm_rm_f32EiiiiifPKfiS1_ifPfi"
 LAYOUT = [(0, 4), (4, 4), (8, 4), (12, 4), (16, 4), (20, 4), (24, 8), (32, 4), (40, 8),

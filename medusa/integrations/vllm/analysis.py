@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from medusa.artifact.layout import RELOC
 from medusa.integrations.vllm.capture import spec_tensors
-from medusa.materialize.analysis import DEVICE, NEVER, AddressIndex, MaterializeError, RunView
-from medusa.restore.layout import RELOC
+from medusa.materialize.analysis import AddressIndex, MaterializeError
+from medusa.trace.run_view import DEVICE, NEVER, RunView
 
 AT_END = int(NEVER) - 1  # "live when the start-up finished"
 

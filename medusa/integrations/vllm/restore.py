@@ -40,7 +40,8 @@ from medusa.integrations.vllm.schema import (
     compile_cache_ref,
     config_fingerprint,
 )
-from medusa.restore.restorer import RestoreError, Restorer
+from medusa.restore.errors import RestoreError
+from medusa.restore.restorer import Restorer
 
 log = logging.getLogger("medusa.vllm")
 
