@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from medusa.engine.config import EngineConfig
+from medusa.engine.materialize import materialize_engine
 from medusa.materialize.analysis import MaterializeError
-from medusa.materialize.driver import SHIFT_BYTES, analyze_runs, materialize_engine
+from medusa.materialize.driver import SHIFT_BYTES, analyze_runs
 from medusa.trace import recorder_env
 from tests.materialize.conftest import CONFIG, clean_env
 
