@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from medusa.cuda.toolchain import compile_program
+from tests.processes import ENGINE_OPTS, clean_env
 
 PROGRAMS = Path(__file__).parent / "cuda" / "programs"
 
@@ -51,3 +53,19 @@ def run() -> Callable[..., subprocess.CompletedProcess[str]]:
 def lines(out: str) -> dict[str, str]:
     """'label: value' lines of a program's output, as a dict."""
     return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+
+
+@pytest.fixture(scope="session")
+def engine_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 materialized with ENGINE_OPTS, once per session."""
+    out = tmp_path_factory.mktemp("art") / "smollm2"
+    res = subprocess.run(
+        [sys.executable, "-m", "medusa.cli", "materialize", *ENGINE_OPTS, "--out", str(out)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "graphs    3 (keys [4, 2, 1])" in res.stdout
+    return out

@@ -7,7 +7,7 @@ import json
 
 from medusa.artifact.seal import Seal
 from tests.artifact.conftest import manifest_of, medusa
-from tests.materialize.conftest import ENGINE_OPTS, run_restored
+from tests.processes import ENGINE_OPTS, run_restored
 
 ENGINE = """
 import json, sys

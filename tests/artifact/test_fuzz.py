@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from medusa.artifact import ArtifactError, load_artifact
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import copy_artifact
+from tests.processes import copy_artifact
 
 PEAK_LIMIT = 64 << 20
 SETTINGS = settings(

@@ -12,7 +12,7 @@ from medusa.artifact import save_artifact
 from medusa.integrations.vllm.materialize import with_kv_size
 from medusa.integrations.vllm.schema import vllm_section
 from medusa.integrations.vllm.serve import serve_command
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 
 
 def medusa(*args: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ from medusa.integrations.vllm.traces import engine_core_trace, process_traces, t
 from medusa.materialize.analysis import MaterializeError
 from medusa.trace import read_trace, recorder_env
 from medusa.trace.format import Ev
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 
 PROGRAM = Path(__file__).parent / "programs" / "vllm_like.py"
 ROOT = Path(__file__).parents[2]

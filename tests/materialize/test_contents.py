@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.materialize.conftest import medusa
+from tests.processes import medusa
 
 BIG = """
 import ctypes

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 
 PROGRAM = Path(__file__).parent / "programs" / "general.py"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from medusa.artifact import load_artifact
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env, materialize_general
+from tests.processes import GENERAL, clean_env, materialize_general
 
-PROGRAM = Path(__file__).parent / "programs" / "general.py"
+PROGRAM = GENERAL
 
 
 def test_a_general_program_is_materialized_and_restored(tmp_path):

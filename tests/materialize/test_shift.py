@@ -15,7 +15,7 @@ from medusa.engine.materialize import materialize_engine
 from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.driver import SHIFT_BYTES, analyze_runs
 from medusa.trace import recorder_env
-from tests.materialize.conftest import CONFIG, clean_env
+from tests.processes import CONFIG, clean_env
 
 GENERAL = Path(__file__).parent / "programs" / "general.py"
 REUSE = """

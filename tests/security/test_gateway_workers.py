@@ -27,7 +27,7 @@ from medusa.serve.gateway.hop import Hop
 from medusa.serve.gateway.worker_link import NotOurWorker, connect
 from medusa.serve.gateway.worker_process import WorkerProcess, launch
 from medusa.serve.listeners import bind_tcp
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 from tests.security._net import (
     ATTACKER_PYTHON,
     KEY,

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from medusa.child import medusa_cli
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 from tests.security._shm import free_port, stop_gateway, tiny_model, wait_gateway
 
 pytest.importorskip("ray")

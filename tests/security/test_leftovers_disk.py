@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import lines
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 from tests.security._store import tiny_model  # noqa: F401 - fixtures
 from tests.weights.conftest import OPTS
 

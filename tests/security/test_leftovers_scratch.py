@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 from tests.security._store import (  # noqa: F401 - fixtures
     Hold,
     Worker,

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from medusa.child import medusa_cli
-from tests.materialize.conftest import clean_env, medusa
+from tests.processes import clean_env, medusa
 from tests.security._shm import Worker, free_port, wait_healthy
 from tests.tessera.conftest import CONFIG, tiny  # noqa: F401 - the session's artifact
 

@@ -18,7 +18,7 @@ from medusa.child import medusa_cli
 from medusa.serve.gateway.config import ConfigError, load_config
 from medusa.serve.gateway.placement import check_placement
 from medusa.serve.gateway.slices import simulated_slices
-from tests.materialize.conftest import clean_env, engine_artifact  # noqa: F401
+from tests.processes import clean_env
 
 ENGINE = (
     "{max_num_seqs: 4, max_model_len: 256, max_num_batched_tokens: 128, "

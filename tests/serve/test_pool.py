@@ -17,7 +17,7 @@ from medusa.child import medusa_cli
 from medusa.serve.gateway.config import ConfigError, load_config
 from medusa.serve.gateway.placement import check_placement
 from medusa.serve.gateway.slices import simulated_slices
-from tests.materialize.conftest import clean_env, engine_artifact  # noqa: F401
+from tests.processes import clean_env
 from tests.serve.test_gateway import CHAT, ENGINE, _alive, _port, _start_gateway, _wait_gone
 
 
@@ -129,7 +129,7 @@ def test_warm_pool_config_errors_name_the_field(tmp_path):
 
 @pytest.fixture(scope="module")
 def host_artifact(tmp_path_factory):
-    from tests.materialize.conftest import ENGINE_OPTS, medusa
+    from tests.processes import ENGINE_OPTS, medusa
 
     out = tmp_path_factory.mktemp("host") / "smollm2-host"
     res = medusa("materialize", *ENGINE_OPTS, "--weights", "host", "--out", str(out), timeout=600)

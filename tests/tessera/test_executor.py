@@ -11,7 +11,7 @@ from pathlib import Path
 
 from medusa.child import python_module
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 
 
 def pair(tmp: Path, art: Path, trace: Path, *args: str) -> list[dict]:  # type: ignore[type-arg]

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as T
 from medusa.materialize.analysis import MaterializeError
 from medusa.tessera.record import pointer_check
 from tests.engine.tiny_models import write_gguf
-from tests.materialize.conftest import medusa
+from tests.processes import medusa
 
 OPTS = ["--max-num-seqs", "2", "--max-model-len", "128", "--max-num-batched-tokens", "64",
         "--kv-cache-memory", str(4 << 20), "--no-weights"]  # fmt: skip

@@ -8,7 +8,7 @@ import json
 import re
 import socket
 
-from tests.materialize.conftest import medusa
+from tests.processes import medusa
 from tests.tessera.conftest import CONFIG
 
 OPTS = [f"--{k.replace('_', '-')}={v}" for k, v in CONFIG.items()]

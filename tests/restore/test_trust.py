@@ -13,7 +13,7 @@ import numpy as np
 from medusa.artifact import load_artifact
 from medusa.artifact.layout import NODE
 from medusa.cuda.toolchain import compile_program
-from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
+from tests.processes import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
 
 FALLBACK = """
 import json, sys

@@ -17,7 +17,7 @@ import pytest
 from medusa.artifact import load_artifact
 from medusa.artifact.layout import NODE, RELOC
 from medusa.trace import NodeType
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 
 PROGRAMS = Path(__file__).parent / "programs"
 TORCH_RESTORE = Path(__file__).parents[2] / "scripts" / "gpu" / "torch_restore"

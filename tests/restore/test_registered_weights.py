@@ -11,7 +11,7 @@ from pathlib import Path
 
 from medusa.artifact import load_artifact
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env, medusa
+from tests.processes import clean_env, medusa
 
 PROGRAM = Path(__file__).parent / "programs" / "registered_weights.py"
 N, SKIP = 1024, 16

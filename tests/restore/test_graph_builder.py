@@ -17,7 +17,7 @@ from medusa.artifact.layout import ATTR, FUNC, NODE, PARAM, RELOC, pack_edges
 from medusa.cuda import load_backend
 from medusa.restore.builder import GraphBuilder
 from medusa.trace import NodeType
-from tests.materialize.conftest import medusa
+from tests.processes import medusa
 
 PROGRAMS = Path(__file__).parent / "programs"
 WIDTH = 64

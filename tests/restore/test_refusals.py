@@ -9,7 +9,7 @@ import pytest
 
 from medusa.artifact import SCHEMA_VERSION
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
+from tests.processes import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
 
 FALLBACK = """
 import json, sys

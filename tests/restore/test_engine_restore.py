@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from medusa.artifact import SCHEMA_VERSION, load_artifact
-from tests.materialize.conftest import clean_env, run_restored
+from tests.processes import clean_env, run_restored
 
 COMPARE = """
 import json, sys

@@ -17,11 +17,10 @@ from medusa.artifact import ArtifactError, load_artifact
 from medusa.artifact.layout import ATTR, NODE, RELOC
 from medusa.restore.validate import validate_plan
 from medusa.trace import NodeType, recorder_env
-from tests.materialize.conftest import clean_env, copy_artifact, materialize_general, reseal
+from tests.processes import GENERAL, clean_env, copy_artifact, materialize_general, reseal
 
 PROGRAMS = Path(__file__).parent / "programs"
 ATTRS = PROGRAMS / "launch_attrs.py"
-GENERAL = PROGRAMS / "general.py"
 
 
 def _run(program: Path, tmp: Path, *args: str, restore: bool) -> subprocess.CompletedProcess[str]:

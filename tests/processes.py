@@ -1,3 +1,7 @@
+"""Medusa run as a user runs it, in child processes: `medusa ARGS` in an environment without
+MEDUSA_* settings, a restored start under the recorder, and the artifacts the tests make and
+spoil. Shared by every test directory (the tests that use them start processes: mark them e2e)."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +10,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from medusa.trace import recorder_env
 
@@ -76,26 +78,14 @@ def medusa(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
     )
 
 
+GENERAL = Path(__file__).parent / "materialize" / "programs" / "general.py"
+
+
 def materialize_general(program: Path, out: Path) -> None:
-    """Materializes tests/materialize/programs/general.py (or a program like it) into OUT."""
+    """Materializes GENERAL (or a program like it) into OUT."""
     cmd = ["materialize", "--command", "--skip-phase", "graph_capture", "--out", str(out)]
     res = medusa(*cmd, "--", sys.executable, str(program), "record")
     assert res.returncode == 0, res.stderr
-
-
-@pytest.fixture(scope="session")
-def engine_artifact(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("art") / "smollm2"
-    res = subprocess.run(
-        [sys.executable, "-m", "medusa.cli", "materialize", *ENGINE_OPTS, "--out", str(out)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr
-    assert "graphs    3 (keys [4, 2, 1])" in res.stdout
-    return out
 
 
 def run_restored(
