@@ -60,6 +60,18 @@ SIM_ACCESSES = EnvVar(
     "simcuda: record the pages each kernel reads and writes (1: every kernel, graphs: graph "
     "launches only); for Tessera's access analysis",
 )
+SIM_RACECHECK = EnvVar(
+    "MEDUSA_SIM_RACECHECK",
+    False,
+    "simcuda: fail an access that races with another stream's (or graph node's) unordered one, "
+    "naming both; on in the test suite",
+)
+SIM_SCHEDULE_SEED = EnvVar(
+    "MEDUSA_SIM_SCHEDULE_SEED",
+    1,
+    "simcuda: seed of the order in which queued work of different streams (and graph nodes with "
+    "no path between them) runs; a race report names it",
+)
 TRACE = EnvVar(
     "MEDUSA_TRACE", "", "recorder: trace file to create (%p: the pid); unset: no recording"
 )
@@ -135,6 +147,8 @@ ALL: tuple[EnvVar, ...] = (
     SIM_POISON,
     SIM_DRIVER_VERSION,
     SIM_ACCESSES,
+    SIM_RACECHECK,
+    SIM_SCHEDULE_SEED,
     TRACE,
     KV_LEDGER,
     MODE,

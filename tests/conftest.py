@@ -8,10 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from medusa import env
 from medusa.cuda.toolchain import compile_program
-from tests.processes import ENGINE_OPTS, clean_env
+from tests.processes import ENGINE_OPTS, clean_env, without_medusa
 
 PROGRAMS = Path(__file__).parent / "cuda" / "programs"
+
+# The suite runs with simcuda's race checker on, in this process (libsimcuda reads it when it
+# loads) and in every process a test starts: a missing wait between streams fails the test.
+# The children keep it (and the schedule seed): tests.processes.SUITE_SIM.
+os.environ.setdefault(env.SIM_RACECHECK.name, "1")
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +44,7 @@ def run() -> Callable[..., subprocess.CompletedProcess[str]]:
     def go(
         prog: Path, *args: str, env: dict[str, str] | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_SIM_")}
+        full_env = without_medusa(os.environ, "MEDUSA_SIM_")
         full_env.update(env or {})
         res = subprocess.run(
             [str(prog), *args], env=full_env, capture_output=True, text=True, timeout=120

@@ -9,8 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+from medusa.env import SIM_RACECHECK, SIM_SCHEDULE_SEED
 from medusa.trace import recorder_env
 
 ENGINE_OPTS = [
@@ -60,10 +62,20 @@ def reseal(art: Path, edit_plan, images: dict[str, bytes] | None = None) -> Path
     return art
 
 
+# simcuda's race checking, which the suite turns on (tests/conftest.py): kept in every process a
+# test starts, whatever else of MEDUSA_* it clears.
+SUITE_SIM = (SIM_RACECHECK.name, SIM_SCHEDULE_SEED.name)
+
+
+def without_medusa(environ: Mapping[str, str], prefix: str = "MEDUSA_") -> dict[str, str]:
+    """environ without its MEDUSA_* (or `prefix`) settings, except the suite's race checking."""
+    return {k: v for k, v in environ.items() if not k.startswith(prefix) or k in SUITE_SIM}
+
+
 def clean_env() -> dict[str, str]:
     """The environment without MEDUSA_* settings, except where the C libraries come from and
     which driver version simcuda plays (so the suite can run as on an older driver)."""
-    keep = ("MEDUSA_LIB_DIR", "MEDUSA_SIM_DRIVER_VERSION")
+    keep = ("MEDUSA_LIB_DIR", "MEDUSA_SIM_DRIVER_VERSION", *SUITE_SIM)
     return {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_") or k in keep}
 
 

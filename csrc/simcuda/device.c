@@ -152,13 +152,14 @@ SIM_API CUresult cuCtxSynchronize(void) {
     CUresult e = sim_ensure_init();
     if (e)
         return e;
-    /* Work runs at submission, so there is nothing to wait for; but the capture rules apply. */
     sim_lock();
     CUresult r = CUDA_SUCCESS;
     if (g_sim.num_captures > 0) {
         sim_capture_invalidate_all();
         r = sim_fail(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
                      "device synchronization while a stream is capturing");
+    } else {
+        r = sim_wait_all();
     }
     sim_unlock();
     return r;

@@ -1,26 +1,14 @@
-/* Executable graphs: instantiate (topological order), launch, upload, update, per-node params. */
+/* Executable graphs: instantiate (topological order), update, per-node params. An exec's nodes
+ * live in an image that queued launches share; changing an image a launch still holds changes a
+ * copy (an update affects later launches only, as in CUDA). Launching: graph_run.c. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "exec.h"
 
 CUresult sim_kernel_op_replace(sim_kernel_op *dst, const CUDA_KERNEL_NODE_PARAMS *p); /* node.c */
 
-typedef struct sim_exec_node {
-    CUgraphNodeType type;
-    const sim_node *origin; /* the node handle of the instantiated graph, kept across updates */
-    size_t num_deps;
-    sim_kernel_op k;
-    sim_memcpy_op c;
-    sim_memset_op s;
-} sim_exec_node;
-
-typedef struct sim_exec {
-    size_t n;
-    sim_exec_node *v;
-} sim_exec;
-
-static sim_exec *as_exec(CUgraphExec h) { return sim_handle_is(h, H_EXEC) ? (sim_exec *)h : NULL; }
+sim_exec *sim_as_exec(CUgraphExec h) { return sim_handle_is(h, H_EXEC) ? (sim_exec *)h : NULL; }
 
 /* Kahn's algorithm in O(V+E); order[i] is the i-th node to run. Returns false on a cycle. */
 static bool topo_order(const sim_graph *g, sim_node **order) {
@@ -58,11 +46,25 @@ static bool topo_order(const sim_graph *g, sim_node **order) {
     return tail == n;
 }
 
-static void exec_free(sim_exec *x) {
-    for (size_t i = 0; i < x->n; i++)
-        sim_kernel_op_free(&x->v[i].k);
-    free(x->v);
-    free(x);
+static void image_free(sim_exec_image *img) {
+    for (size_t i = 0; i < img->n; i++)
+        sim_kernel_op_free(&img->v[i].k);
+    free(img->v);
+    free(img->dep_start);
+    free(img->dep);
+    free(img->reach);
+    free(img);
+}
+
+void sim_exec_image_unref(sim_exec_image *img) {
+    if (img && --img->refs == 0)
+        image_free(img);
+}
+
+static void copy_kernel(sim_kernel_op *dst, const sim_kernel_op *src) {
+    *dst = *src;
+    dst->params = malloc(src->func->param_bytes ? src->func->param_bytes : 1);
+    memcpy(dst->params, src->params, src->func->param_bytes);
 }
 
 static void copy_node(sim_exec_node *en, const sim_node *n) {
@@ -70,12 +72,57 @@ static void copy_node(sim_exec_node *en, const sim_node *n) {
     en->num_deps = n->deps.n;
     en->c = n->c;
     en->s = n->s;
+    en->h = n->h;
     sim_kernel_op_free(&en->k);
-    if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
-        en->k = n->k;
-        en->k.params = malloc(n->k.func->param_bytes ? n->k.func->param_bytes : 1);
-        memcpy(en->k.params, n->k.params, n->k.func->param_bytes);
+    if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
+        copy_kernel(&en->k, &n->k);
+}
+
+/* Node i's dependencies as indices into order (topological: each is below i). */
+static void set_deps(sim_exec_image *img, sim_node *const *order) {
+    size_t edges = 0;
+    for (size_t i = 0; i < img->n; i++) {
+        order[i]->mark = i;
+        edges += order[i]->deps.n;
     }
+    free(img->dep_start);
+    free(img->dep);
+    free(img->reach);
+    img->reach = NULL;
+    img->dep_start = malloc((img->n + 1) * sizeof *img->dep_start);
+    img->dep = malloc((edges + 1) * sizeof *img->dep);
+    size_t k = 0;
+    for (size_t i = 0; i < img->n; i++) {
+        img->dep_start[i] = k;
+        for (size_t j = 0; j < order[i]->deps.n; j++)
+            img->dep[k++] = (uint32_t)order[i]->deps.v[j].node->mark;
+    }
+    img->dep_start[img->n] = k;
+}
+
+/* The image to change: the exec's own, or a copy when a queued launch still holds it. */
+static sim_exec_image *writable(sim_exec *x) {
+    sim_exec_image *old = x->img;
+    if (old->refs == 1)
+        return old;
+    sim_exec_image *img = calloc(1, sizeof *img);
+    img->refs = 1;
+    img->n = old->n;
+    img->v = calloc(old->n + 1, sizeof *img->v);
+    for (size_t i = 0; i < old->n; i++) {
+        img->v[i] = old->v[i];
+        if (old->v[i].type == CU_GRAPH_NODE_TYPE_KERNEL)
+            copy_kernel(&img->v[i].k, &old->v[i].k);
+    }
+    size_t bytes = (old->n + 1) * sizeof *img->dep_start;
+    img->dep_start = malloc(bytes);
+    memcpy(img->dep_start, old->dep_start, bytes);
+    bytes = (old->dep_start[old->n] + 1) * sizeof *img->dep;
+    img->dep = malloc(bytes);
+    memcpy(img->dep, old->dep, bytes);
+    x->img = img;
+    sim_exec_image_unref(old);
+    return img;
 }
 
 /* memcheck: an access-policy window must start inside a live allocation, like a pointer argument
@@ -110,12 +157,15 @@ static CUresult instantiate(CUgraphExec *out, CUgraph h) {
         return sim_fail(CUDA_ERROR_INVALID_VALUE, "graph has a cycle");
     }
     sim_exec *x = calloc(1, sizeof *x);
-    x->n = g->n;
-    x->v = calloc(g->n + 1, sizeof *x->v);
+    sim_exec_image *img = x->img = calloc(1, sizeof *img);
+    img->refs = 1;
+    img->n = g->n;
+    img->v = calloc(g->n + 1, sizeof *img->v);
     for (size_t i = 0; i < g->n; i++) {
-        copy_node(&x->v[i], order[i]);
-        x->v[i].origin = order[i];
+        copy_node(&img->v[i], order[i]);
+        img->v[i].origin = order[i];
     }
+    set_deps(img, order);
     free(order);
     sim_handle_add(x, H_EXEC);
     *out = (CUgraphExec)x;
@@ -146,77 +196,37 @@ SIM_API CUresult cuGraphInstantiateWithParams(CUgraphExec *out, CUgraph g, CUDA_
 
 SIM_API CUresult cuGraphExecDestroy(CUgraphExec h) {
     sim_lock();
-    sim_exec *x = as_exec(h);
-    if (x) {
+    sim_exec *x = sim_as_exec(h);
+    if (x) { /* as the driver: a launch in flight completes, then its image goes */
         sim_handle_del(x);
-        exec_free(x);
+        sim_exec_image_unref(x->img);
+        sim_op_unref(x->last);
+        free(x);
     }
     sim_unlock();
     return x ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* Checks the exec and the stream; launching into a capture or next to one is refused. */
-static CUresult prepare_launch(CUgraphExec h, CUstream s, bool ptsz, sim_exec **out) {
-    CUresult e = sim_ensure_init();
-    if (e)
-        return e;
-    sim_lock();
-    *out = as_exec(h);
-    sim_stream *st = sim_stream_resolve(s, ptsz, &e);
-    if (!*out)
-        e = CUDA_ERROR_INVALID_VALUE;
-    else if (st && st->cap) {
-        st->cap->invalidated = true;
-        e = sim_fail(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "simcuda cannot capture a graph launch");
-    } else if (st == &g_sim.legacy)
-        e = sim_legacy_implicit();
-    sim_unlock();
-    return e;
-}
-
-static CUresult graph_launch(CUgraphExec h, CUstream s, bool ptsz) {
-    sim_exec *x;
-    CUresult e = prepare_launch(h, s, ptsz, &x);
-    for (size_t i = 0; !e && i < x->n; i++) {
-        const sim_exec_node *n = &x->v[i];
-        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
-            sim_acc_set_node(n->origin);
-            e = sim_run_kernel(&n->k);
-            sim_acc_set_node(NULL);
-        }
-        else if (n->type == CU_GRAPH_NODE_TYPE_MEMCPY)
-            e = sim_run_memcpy(&n->c);
-        else if (n->type == CU_GRAPH_NODE_TYPE_MEMSET)
-            e = sim_run_memset(&n->s);
-    }
-    return e;
-}
-
-SIM_API CUresult cuGraphLaunch(CUgraphExec h, CUstream s) { return graph_launch(h, s, false); }
-SIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec h, CUstream s) { return graph_launch(h, s, true); }
-
-SIM_API CUresult cuGraphUpload(CUgraphExec h, CUstream s) {
-    sim_exec *x;
-    return prepare_launch(h, s, false, &x);
-}
-SIM_API CUresult cuGraphUpload_ptsz(CUgraphExec h, CUstream s) {
-    sim_exec *x;
-    return prepare_launch(h, s, true, &x);
-}
-
-static sim_exec_node *find_exec_node(sim_exec *x, const void *node) {
-    for (size_t i = 0; i < x->n; i++)
-        if (x->v[i].origin == node)
-            return &x->v[i];
-    return NULL;
+static ptrdiff_t find_exec_node(const sim_exec_image *img, const void *node) {
+    for (size_t i = 0; i < img->n; i++)
+        if (img->v[i].origin == node)
+            return (ptrdiff_t)i;
+    return -1;
 }
 
 static CUresult exec_kernel_set(CUgraphExec h, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *p) {
-    sim_exec *x = as_exec(h);
-    sim_exec_node *en = x && p ? find_exec_node(x, node) : NULL;
-    if (!en || en->type != CU_GRAPH_NODE_TYPE_KERNEL)
+    sim_exec *x = sim_as_exec(h);
+    ptrdiff_t i = x && p ? find_exec_node(x->img, node) : -1;
+    if (i < 0 || x->img->v[i].type != CU_GRAPH_NODE_TYPE_KERNEL)
         return CUDA_ERROR_INVALID_VALUE;
-    return sim_kernel_op_replace(&en->k, p);
+    sim_kernel_op op = {0};
+    CUresult e = sim_kernel_op_replace(&op, p); /* checked before the image is copied */
+    if (!e) {
+        sim_kernel_op *k = &writable(x)->v[i].k;
+        sim_kernel_op_free(k);
+        *k = op;
+    }
+    return e;
 }
 
 SIM_API CUresult cuGraphExecKernelNodeSetParams(CUgraphExec h, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p) {
@@ -228,20 +238,23 @@ static CUresult update(sim_exec *x, sim_graph *g, CUgraphExecUpdateResultInfo *i
     sim_node **order = calloc(g->n + 1, sizeof *order);
     CUgraphExecUpdateResult res = CU_GRAPH_EXEC_UPDATE_SUCCESS;
     const sim_node *bad = NULL;
-    if (!topo_order(g, order) || g->n != x->n)
+    if (!topo_order(g, order) || g->n != x->img->n)
         res = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
     for (size_t i = 0; !res && i < g->n; i++) {
         const sim_node *a = order[i];
-        if (a->type != x->v[i].type) {
+        if (a->type != x->img->v[i].type) {
             res = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
             bad = a;
-        } else if (a->deps.n != x->v[i].num_deps) {
+        } else if (a->deps.n != x->img->v[i].num_deps) {
             res = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
             bad = a;
         }
     }
-    for (size_t i = 0; !res && i < g->n; i++)
-        copy_node(&x->v[i], order[i]);
+    sim_exec_image *img = res ? NULL : writable(x);
+    for (size_t i = 0; img && i < g->n; i++)
+        copy_node(&img->v[i], order[i]);
+    if (img)
+        set_deps(img, order);
     free(order);
     if (info) {
         info->result = res;
@@ -253,7 +266,7 @@ static CUresult update(sim_exec *x, sim_graph *g, CUgraphExecUpdateResultInfo *i
 
 SIM_API CUresult cuGraphExecUpdate_v2(CUgraphExec h, CUgraph g, CUgraphExecUpdateResultInfo *info) {
     sim_lock();
-    sim_exec *x = as_exec(h);
+    sim_exec *x = sim_as_exec(h);
     sim_graph *gr = sim_handle_is(g, H_GRAPH) ? (sim_graph *)g : NULL;
     CUresult e = x && gr ? update(x, gr, info) : CUDA_ERROR_INVALID_VALUE;
     sim_unlock();

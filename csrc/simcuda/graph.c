@@ -171,6 +171,19 @@ SIM_API CUresult cuGraphAddMemsetNode(CUgraphNode *out, CUgraph g, const CUgraph
     return e;
 }
 
+SIM_API CUresult cuGraphAddHostNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n,
+                                    const CUDA_HOST_NODE_PARAMS *p) {
+    if (!p || !p->fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_lock();
+    sim_node *node = NULL;
+    CUresult e = add_node(out, g, deps, NULL, n, CU_GRAPH_NODE_TYPE_HOST, &node);
+    if (!e)
+        node->h = *p;
+    sim_unlock();
+    return e;
+}
+
 SIM_API CUresult cuGraphAddEmptyNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n) {
     sim_node *node;
     SIM_LOCKED(add_node(out, g, deps, NULL, n, CU_GRAPH_NODE_TYPE_EMPTY, &node));

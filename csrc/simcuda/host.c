@@ -49,9 +49,15 @@ SIM_API CUresult cuMemFreeHost(void *p) {
     sim_lock();
     sim_range *r = rs_exact(&g_sim.hosts, (uintptr_t)p);
     size_t size = r ? r->size : 0;
-    if (r && (r->aux & SIM_HOST_OWNED))
-        rs_remove(&g_sim.hosts, r);
-    else
+    if (r && (r->aux & SIM_HOST_OWNED) && (e = sim_wait_all()) == CUDA_SUCCESS) {
+        r = rs_exact(&g_sim.hosts, (uintptr_t)p); /* the lock was let go while work ran */
+        if (r)
+            rs_remove(&g_sim.hosts, r);
+        else
+            e = CUDA_ERROR_INVALID_VALUE; /* another thread freed it meanwhile */
+        if (r && g_sim.cfg.racecheck)
+            sim_race_forget((uintptr_t)p, size);
+    } else if (!e)
         e = sim_fail(CUDA_ERROR_INVALID_VALUE, "cuMemFreeHost(%p): not the start of memory from "
                      "cuMemHostAlloc%s", p, r ? " (it is registered: cuMemHostUnregister it)" : "");
     sim_unlock();
@@ -147,9 +153,14 @@ SIM_API CUresult cuMemHostUnregister(void *p) {
     sim_lock();
     e = sim_capture_check_unsafe();
     sim_range *r = e ? NULL : rs_find(&g_sim.hosts, (uintptr_t)p);
-    if (r && r->base == (uintptr_t)p && !(r->aux & SIM_HOST_OWNED))
-        rs_remove(&g_sim.hosts, r);
-    else if (!e)
+    if (r && r->base == (uintptr_t)p && !(r->aux & SIM_HOST_OWNED) &&
+        (e = sim_wait_all()) == CUDA_SUCCESS) {
+        r = rs_exact(&g_sim.hosts, (uintptr_t)p); /* the lock was let go while work ran */
+        if (r && g_sim.cfg.racecheck)
+            sim_race_forget(r->base, r->size);
+        if (r)
+            rs_remove(&g_sim.hosts, r);
+    } else if (!e)
         e = sim_fail(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "cuMemHostUnregister(%p): %s", p,
                      !r                           ? "no registration holds it"
                      : r->aux & SIM_HOST_OWNED    ? "it is from cuMemHostAlloc (cuMemFreeHost it)"

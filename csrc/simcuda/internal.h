@@ -51,6 +51,8 @@ enum sim_akind { A_DEVICE = 1, A_GLOBAL, A_RESERVE, A_MAPPING, A_HOST };
 /* A host range's aux: its CU_MEMHOSTALLOC_* / CU_MEMHOSTREGISTER_* flags, and these. */
 #define SIM_HOST_OWNED (1ull << 32)        /* from cuMemHostAlloc: simcuda unmaps it on free */
 #define SIM_HOST_CPU_WRITABLE (1ull << 33) /* registered memory the CPU maps writable */
+/* A device block's aux: the size asked, and this while a cudaFreeAsync of it is queued. */
+#define SIM_FREE_PENDING (1ull << 62)
 
 /* ---- configuration (environment, read once) ---- */
 typedef struct sim_config {
@@ -65,6 +67,9 @@ typedef struct sim_config {
     bool poison;         /* fresh device memory holds stale bytes (MEDUSA_SIM_POISON, default on) */
     uint64_t poison_key; /* per process, never from the seed: two runs' stale bytes differ */
     double slowdown;     /* a device this many times slower than the CPU (MEDUSA_SIM_SLOWDOWN) */
+    bool racecheck;      /* MEDUSA_SIM_RACECHECK: unordered conflicting accesses fail (race.c) */
+    uint64_t schedule_seed; /* MEDUSA_SIM_SCHEDULE_SEED: picks among the orders CUDA allows */
+    bool launch_blocking;   /* CUDA_LAUNCH_BLOCKING=1 or access recording: work runs at submission */
     unsigned char uuid[16];
 } sim_config;
 
@@ -150,18 +155,30 @@ typedef struct sim_capture {
     int num_streams;
 } sim_capture;
 
+typedef struct sim_op sim_op;
+typedef struct sim_vc sim_vc;
+
 typedef struct sim_stream {
     unsigned flags;
     int priority;
     sim_capture *cap;
     sim_deps deps; /* the capture's current dependencies on this stream */
     uint64_t id;
+    /* deferred execution (queue.c) */
+    sim_op *head, *tail;          /* submitted, not yet complete, oldest first */
+    uint64_t submitted;           /* tickets handed out: an operation's place in the stream */
+    bool destroyed;               /* its handle is gone; freed once its work is done */
+    bool per_thread;              /* a per-thread default stream */
+    uint32_t pins;                /* waiters that look at its queue: it stays while they do */
+    uint32_t race;                /* its index in vector clocks */
+    sim_vc *vc;                   /* racecheck: the clock after its last submitted operation */
+    sim_vc *snap;                 /* an immutable copy of vc shared by its operations, or NULL */
+    struct sim_stream *next_live; /* the list of live streams, g_sim.streams */
 } sim_stream;
 
 typedef struct sim_event {
     unsigned flags;
-    double time_ms;
-    bool recorded;
+    sim_op *rec;      /* the record operation of its last record outside capture, or NULL */
     sim_capture *cap; /* set when last recorded in a capturing stream */
     sim_deps deps;
 } sim_event;
@@ -202,6 +219,7 @@ struct sim_node {
     void *param_ptrs[SIM_MAX_PARAMS]; /* kernelParams as returned by GetParams */
     sim_memcpy_op c;
     sim_memset_op s;
+    CUDA_HOST_NODE_PARAMS h;
     int num_attrs;
     CUlaunchAttributeID attr_ids[SIM_MAX_ATTRS];
     CUlaunchAttributeValue attr_vals[SIM_MAX_ATTRS];
@@ -234,6 +252,7 @@ bool sim_acc_enabled(void); /* MEDUSA_SIM_ACCESSES is on: page mappings must sta
  * range. NOTE: an elastic KV cache's per-layer pointers lie in a page that may not be mapped; as on
  * a GPU, only an access to an unmapped page is an error, and the fault guard reports that one. */
 CUresult sim_check_pointer(uintptr_t p);
+CUresult sim_memcheck_locked(const sim_kernel_op *op); /* launch.c: a launch's pointer arguments */
 CUresult sim_fail(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- memory ---- */
@@ -273,6 +292,16 @@ typedef struct sim_state {
     sim_capture *caps[SIM_MAX_CAPTURES];
     int num_captures;
     CUresult sticky; /* an illegal address poisons the context, as on a GPU */
+    char sticky_message[1024];
+    /* deferred execution (queue.c) */
+    sim_stream *streams;     /* live streams: the legacy one, per-thread ones, created ones */
+    pthread_cond_t progress; /* an operation completed */
+    pthread_cond_t work;     /* work was queued (the device thread waits for it) */
+    uint64_t pending;        /* operations queued and not complete */
+    uint64_t rng;            /* the schedule's RNG state */
+    bool device_thread;      /* started */
+    uint32_t next_race;      /* race indices handed out */
+    struct sim_race_history *history; /* racecheck */
 } sim_state;
 
 extern sim_state g_sim;
@@ -280,13 +309,24 @@ void sim_lock(void);
 void sim_unlock(void);
 CUresult sim_ensure_init(void); /* CUDA_ERROR_NOT_INITIALIZED until cuInit */
 double sim_now_ms(void);
+double sim_coarse_ms(void); /* cheaper, a few ms coarse: for the device thread's idle check */
 
 /* Expand the header's name macros (cuMemcpyHtoD -> cuMemcpyHtoD_v2) before adding a suffix. */
 #define SIM_CAT_(a, b) a##b
 #define SIM_CAT(a, b) SIM_CAT_(a, b)
 
-CUresult sim_submit(CUstream s, bool ptsz, CUgraphNodeType type, void *op,
-                    const CUlaunchAttribute *attrs, unsigned num_attrs);
+/* Records o into the stream's capture or queues it (wait: returns once it ran); takes o. */
+CUresult sim_submit(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *attrs,
+                    unsigned num_attrs, bool wait);
+CUresult sim_submit_locked(CUstream s, bool ptsz, sim_op *o, const CUlaunchAttribute *attrs,
+                           unsigned num_attrs, bool wait); /* lock held */
+/* Submission checks of an operation about to be queued (copies: their ranges, and whether the
+ * call must wait, as cudaMemcpy's rules say; kernels: memcheck). Lock held. */
+CUresult sim_check_op(sim_op *o, bool *wait);
+CUresult sim_check_memcpy(const sim_memcpy_op *op); /* its ranges; lock held */
+CUresult sim_check_memset(const sim_memset_op *op);
+CUresult sim_run_memcpy_op(sim_op *op, int32_t node, const sim_memcpy_op *c);
+CUresult sim_run_memset_op(sim_op *op, int32_t node, const sim_memset_op *m);
 CUresult sim_sync_guard(void);
 CUresult sim_sync_guard_locked(void);
 CUresult sim_legacy_implicit(void);
@@ -299,5 +339,7 @@ void sim_graph_destroy(sim_graph *g);
         sim_unlock();                                                                              \
         return r_;                                                                                 \
     } while (0)
+
+#include "queue.h"
 
 #endif

@@ -28,12 +28,22 @@ SIM_API void simcudaCountRead(const void *ptr, size_t bytes) {
     atomic_fetch_add_explicit(&g_traffic[c], bytes, memory_order_relaxed);
 }
 
+/* The counters count work that has run: both calls let the device finish what is queued. */
+static void drain(void) {
+    sim_lock();
+    if (g_sim.initialized)
+        sim_wait_all();
+    sim_unlock();
+}
+
 SIM_API void simcudaGetTraffic(uint64_t out[3]) {
+    drain();
     for (int i = 0; i < 3; i++)
         out[i] = atomic_load(&g_traffic[i]);
 }
 
 SIM_API void simcudaResetTraffic(void) {
+    drain();
     for (int i = 0; i < 3; i++)
         atomic_store(&g_traffic[i], 0);
 }
@@ -139,11 +149,15 @@ static CUresult kernel_fault(const sim_func *f, uintptr_t addr, int sig, int cod
     sim_lock();
     const sim_range *r = rs_find(&g_sim.hosts, addr);
     sim_range rc = r ? *r : (sim_range){0};
-    sim_unlock();
     if (r)
-        return host_fault(f, addr, &rc, sig, code);
-    return sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS, "kernel %s accessed an illegal address (0x%lx)",
-                    f->name, (unsigned long)addr);
+        host_fault(f, addr, &rc, sig, code);
+    else
+        sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS, "kernel %s accessed an illegal address (0x%lx)",
+                 f->name, (unsigned long)addr);
+    /* the context fails: every thread sees the message from here on */
+    CUresult e = sim_sticky_locked(CUDA_ERROR_ILLEGAL_ADDRESS, "%s", simcudaGetLastMessage());
+    sim_unlock();
+    return e;
 }
 
 CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
@@ -194,10 +208,11 @@ void sim_kernel_op_free(sim_kernel_op *op) {
     op->params = NULL;
 }
 
-static CUresult memcheck(const sim_kernel_op *op) {
+/* Every pointer argument inside a live allocation; a failure poisons the context, as the
+ * kernel's fault would. Lock held. */
+CUresult sim_memcheck_locked(const sim_kernel_op *op) {
     const sim_func *f = op->func;
     CUresult e = CUDA_SUCCESS;
-    sim_lock();
     for (uint32_t i = 0; i < f->num_ptr_words && !e; i++) {
         uint64_t v;
         memcpy(&v, op->params + f->ptr_words[i], 8);
@@ -205,12 +220,19 @@ static CUresult memcheck(const sim_kernel_op *op) {
             uint32_t arg = 0;
             while (arg + 1 < f->num_params && f->params[arg + 1].offset <= f->ptr_words[i])
                 arg++;
-            e = sim_fail(CUDA_ERROR_ILLEGAL_ADDRESS,
-                         "memcheck: kernel %s argument %u (byte %u) = 0x%lx is not inside a live "
-                         "allocation",
-                         f->name, arg, f->ptr_words[i] - f->params[arg].offset, (unsigned long)v);
+            e = sim_sticky_locked(CUDA_ERROR_ILLEGAL_ADDRESS,
+                                  "memcheck: kernel %s argument %u (byte %u) = 0x%lx is not inside "
+                                  "a live allocation",
+                                  f->name, arg, f->ptr_words[i] - f->params[arg].offset,
+                                  (unsigned long)v);
         }
     }
+    return e;
+}
+
+static CUresult memcheck(const sim_kernel_op *op) {
+    sim_lock();
+    CUresult e = sim_memcheck_locked(op);
     sim_unlock();
     return e;
 }
@@ -220,10 +242,8 @@ static CUresult run_kernel(const sim_kernel_op *op) {
     if (g_sim.sticky)
         return g_sim.sticky;
     CUresult e = g_sim.cfg.memcheck ? memcheck(op) : CUDA_SUCCESS;
-    if (e) {
-        g_sim.sticky = e;
+    if (e)
         return e;
-    }
     if (!f->loaded)
         sim_func_load(f);
     if (op->smem > t_shared_size) {
@@ -245,8 +265,7 @@ static CUresult run_kernel(const sim_kernel_op *op) {
             sim_acc_end(f, false);
         if (guard)
             ro_guard(false);
-        g_sim.sticky = kernel_fault(f, t_fault_addr, t_fault_sig, t_fault_code);
-        return g_sim.sticky;
+        return kernel_fault(f, t_fault_addr, t_fault_sig, t_fault_code);
     }
     t_in_kernel = 1;
     f->fn(&ctx, op->params);
@@ -290,17 +309,21 @@ static CUresult launch(CUfunction h, const unsigned grid[3], const unsigned bloc
     CUresult e = sim_ensure_init();
     if (e)
         return e;
+    sim_op *o = sim_op_new(OP_KERNEL);
+    if (!o)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     sim_lock();
     sim_func *f = sim_launchable_of(h);
-    sim_kernel_op op = {0};
-    e = f ? sim_kernel_op_init(&op, f, grid, block, smem, params, extra) : CUDA_ERROR_INVALID_HANDLE;
+    e = f ? sim_kernel_op_init(&o->u.k, f, grid, block, smem, params, extra)
+          : CUDA_ERROR_INVALID_HANDLE;
     for (unsigned i = 0; !e && i < num_attrs; i++)
         if (attrs[i].id <= CU_LAUNCH_ATTRIBUTE_IGNORE || attrs[i].id > SIM_LAUNCH_ATTRIBUTE_LAST)
             e = CUDA_ERROR_INVALID_VALUE;
+    if (e)
+        sim_op_unref(o);
+    else
+        e = sim_submit_locked(s, ptsz, o, attrs, num_attrs, false);
     sim_unlock();
-    if (!e)
-        e = sim_submit(s, ptsz, CU_GRAPH_NODE_TYPE_KERNEL, &op, attrs, num_attrs);
-    sim_kernel_op_free(&op);
     return e;
 }
 

@@ -200,6 +200,8 @@ CUresult sim_dev_free(uintptr_t p, int kind) {
     rs_remove(&g_sim.allocs, r);
     g_sim.mem_used -= size;
     sim_va_free(base, size);
+    if (g_sim.cfg.racecheck)
+        sim_race_forget(base, size);
     return CUDA_SUCCESS;
 }
 
@@ -259,6 +261,7 @@ SIM_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
     return e;
 }
 
+/* As cudaFree, it waits for the device first: work still queued may use the memory. */
 SIM_API CUresult cuMemFree(CUdeviceptr dptr) {
     CUresult e = sim_ensure_init();
     if (e || dptr == 0)
@@ -266,48 +269,12 @@ SIM_API CUresult cuMemFree(CUdeviceptr dptr) {
     sim_lock();
     e = sim_capture_check_unsafe();
     if (!e)
+        e = sim_wait_all();
+    if (!e)
         e = sim_dev_free(dptr, A_DEVICE);
     sim_unlock();
     return e;
 }
-
-static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, bool ptsz) {
-    CUresult e = sim_ensure_init();
-    if (e)
-        return e;
-    if (!dptr || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    sim_lock();
-    sim_stream *st = sim_stream_resolve(s, ptsz, &e);
-    uintptr_t p = 0;
-    if (st && st->cap)
-        e = sim_fail(CUDA_ERROR_NOT_SUPPORTED, "simcuda has no memory-allocation graph nodes");
-    else if (st)
-        e = sim_dev_alloc(size, A_DEVICE, &p);
-    sim_unlock();
-    if (!e)
-        *dptr = p;
-    return e;
-}
-
-static CUresult free_async(CUdeviceptr p, CUstream s, bool ptsz) {
-    CUresult e = sim_ensure_init();
-    if (e)
-        return e;
-    sim_lock();
-    sim_stream *st = sim_stream_resolve(s, ptsz, &e);
-    if (st && st->cap)
-        e = sim_fail(CUDA_ERROR_NOT_SUPPORTED, "simcuda has no memory-free graph nodes");
-    else if (st && p)
-        e = sim_dev_free(p, A_DEVICE);
-    sim_unlock();
-    return e;
-}
-
-SIM_API CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s, false); }
-SIM_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s, true); }
-SIM_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return free_async(p, s, false); }
-SIM_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return free_async(p, s, true); }
 
 SIM_API CUresult cuMemGetInfo(size_t *free_bytes, size_t *total) {
     CUresult e = sim_ensure_init();
@@ -334,7 +301,7 @@ SIM_API CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdevic
         if (pbase)
             *pbase = r->base;
         if (psize)
-            *psize = r->kind == A_DEVICE ? (size_t)r->aux : r->size;
+            *psize = r->kind == A_DEVICE ? (size_t)(r->aux & ~SIM_FREE_PENDING) : r->size;
     }
     sim_unlock();
     return r ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;

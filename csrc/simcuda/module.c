@@ -96,16 +96,21 @@ static CUresult unload(sim_library *lib, bool as_module) {
     return CUDA_SUCCESS;
 }
 
+/* Queued work may still run the library's kernels: the device finishes it first. */
 SIM_API CUresult cuLibraryUnload(CUlibrary l) {
     sim_lock();
-    CUresult e = unload(as_library(l), false);
+    CUresult e = g_sim.initialized ? sim_wait_all() : CUDA_SUCCESS;
+    if (!e)
+        e = unload(as_library(l), false);
     sim_unlock();
     return e;
 }
 
 SIM_API CUresult cuModuleUnload(CUmodule m) {
     sim_lock();
-    CUresult e = unload(sim_library_of_module(m), true);
+    CUresult e = g_sim.initialized ? sim_wait_all() : CUDA_SUCCESS;
+    if (!e)
+        e = unload(sim_library_of_module(m), true);
     sim_unlock();
     return e;
 }

@@ -52,6 +52,7 @@
     X(graphAddMemcpyNode, cuGraphAddMemcpyNode, PFN_cuGraphAddMemcpyNode_v10000)                   \
     X(graphAddMemsetNode, cuGraphAddMemsetNode, PFN_cuGraphAddMemsetNode_v10000)                   \
     X(graphAddEmptyNode, cuGraphAddEmptyNode, PFN_cuGraphAddEmptyNode_v10000)                      \
+    X(graphAddHostNode, cuGraphAddHostNode, PFN_cuGraphAddHostNode_v10000)                         \
     X(graphAddDependencies, cuGraphAddDependencies, PFN_cuGraphAddDependencies_v12030)             \
     X(graphGetNodes, cuGraphGetNodes, PFN_cuGraphGetNodes_v10000)                                  \
     X(graphGetEdges, cuGraphGetEdges, PFN_cuGraphGetEdges_v12030)                                  \
@@ -83,6 +84,7 @@
     X(getCaptureInfo, cuStreamGetCaptureInfo, PFN_cuStreamGetCaptureInfo_v12030)                   \
     X(launchKernel, cuLaunchKernel, PFN_cuLaunchKernel_v4000)                                      \
     X(launchKernelEx, cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                               \
+    X(launchHostFunc, cuLaunchHostFunc, PFN_cuLaunchHostFunc_v10000)                               \
     X(graphUpload, cuGraphUpload, PFN_cuGraphUpload_v11010)                                        \
     X(graphLaunch, cuGraphLaunch, PFN_cuGraphLaunch_v10000)
 

@@ -88,6 +88,12 @@ RT_API cudaError_t cudaGraphAddMemsetNode(cudaGraphNode_t *n, cudaGraph_t g, con
     RT_CALL(rt_drv.graphAddMemsetNode((CUgraphNode *)n, (CUgraph)g, (const CUgraphNode *)deps, nd, &m, NULL));
 }
 
+RT_API cudaError_t cudaGraphAddHostNode(cudaGraphNode_t *n, cudaGraph_t g, const cudaGraphNode_t *deps,
+                                        size_t nd, const struct cudaHostNodeParams *p) {
+    RT_CALL(rt_drv.graphAddHostNode((CUgraphNode *)n, (CUgraph)g, (const CUgraphNode *)deps, nd,
+                                    (const CUDA_HOST_NODE_PARAMS *)p));
+}
+
 RT_API cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t *n, cudaGraph_t g, const cudaGraphNode_t *deps, size_t nd) {
     RT_CALL(rt_drv.graphAddEmptyNode((CUgraphNode *)n, (CUgraph)g, (const CUgraphNode *)deps, nd));
 }

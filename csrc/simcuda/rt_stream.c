@@ -54,6 +54,10 @@ RT_API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
     RT_CALL(rt_drv.eventElapsedTime(ms, (CUevent)a, (CUevent)b));
 }
 
+RT_PT(cudaLaunchHostFunc, (cudaStream_t s, cudaHostFn_t fn, void *d),
+      rt_drv.launchHostFunc[0]((CUstream)s, (CUhostFn)fn, d),
+      rt_drv.launchHostFunc[1]((CUstream)s, (CUhostFn)fn, d))
+
 /* ---- kernels by host stub ---- */
 static cudaError_t launch(const void *stub, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s, int pt) {
     RT_INIT();

@@ -15,6 +15,12 @@ sim_state g_sim = {.lock = PTHREAD_MUTEX_INITIALIZER};
 void sim_lock(void) { pthread_mutex_lock(&g_sim.lock); }
 void sim_unlock(void) { pthread_mutex_unlock(&g_sim.lock); }
 
+double sim_coarse_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 double sim_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -22,7 +28,7 @@ double sim_now_ms(void) {
 }
 
 /* ---- messages ---- */
-static __thread char t_message[512];
+static __thread char t_message[1024];
 
 SIM_API const char *simcudaGetLastMessage(void) { return t_message; }
 
@@ -217,6 +223,10 @@ static void load_config(sim_config *c) {
         else
             c->slowdown = f;
     }
+    c->racecheck = (e = getenv("MEDUSA_SIM_RACECHECK")) && *e && strcmp(e, "0") != 0;
+    c->schedule_seed = (e = getenv("MEDUSA_SIM_SCHEDULE_SEED")) && *e ? strtoull(e, NULL, 0) : 1;
+    c->launch_blocking = ((e = getenv("CUDA_LAUNCH_BLOCKING")) && !strcmp(e, "1")) ||
+                         ((e = getenv("MEDUSA_SIM_ACCESSES")) && *e && strcmp(e, "0") != 0);
     e = getenv("MEDUSA_SIM_POISON");
     c->poison = !(e && (!strcmp(e, "0") || !strcasecmp(e, "false") || !strcasecmp(e, "no") ||
                         !strcasecmp(e, "off")));
@@ -234,8 +244,48 @@ static void load_config(sim_config *c) {
 
 CUresult sim_arena_init(void); /* memory.c */
 
+/* The legacy stream and the queue's condition variables (the device thread waits on `work` with
+ * a CLOCK_MONOTONIC timeout). */
+static void init_conds(void) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_sim.work, &a);
+    pthread_condattr_destroy(&a);
+    pthread_cond_init(&g_sim.progress, NULL);
+}
+
+/* A fork takes the lock first (the device thread may hold it), and the child, which has no
+ * device thread, starts one when it next queues work. */
+static void fork_prepare(void) { sim_lock(); }
+static void fork_parent(void) { sim_unlock(); }
+static void fork_child(void) {
+    pthread_mutex_init(&g_sim.lock, NULL);
+    init_conds();
+    g_sim.device_thread = false;
+}
+
+static void start_device(void) {
+    init_conds();
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    g_sim.rng = g_sim.cfg.schedule_seed;
+    g_sim.legacy.id = g_sim.next_stream_id++;
+    sim_race_stream(&g_sim.legacy);
+    g_sim.legacy.next_live = g_sim.streams;
+    g_sim.streams = &g_sim.legacy;
+}
+
+/* A failed context fails every call, with the failure's message on every thread. */
 CUresult sim_ensure_init(void) {
-    return g_sim.initialized ? g_sim.sticky : CUDA_ERROR_NOT_INITIALIZED;
+    if (!g_sim.initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (sim_in_host_fn)
+        return sim_fail(CUDA_ERROR_NOT_PERMITTED, "a host function called CUDA (cuLaunchHostFunc: "
+                        "it must not)");
+    CUresult e = __atomic_load_n(&g_sim.sticky, __ATOMIC_ACQUIRE);
+    if (e) /* written once, before sticky was set */
+        snprintf(t_message, sizeof t_message, "%s", g_sim.sticky_message);
+    return e;
 }
 
 SIM_API CUresult cuInit(unsigned int flags) {
@@ -247,7 +297,7 @@ SIM_API CUresult cuInit(unsigned int flags) {
         load_config(&g_sim.cfg);
         r = sim_arena_init();
         if (r == CUDA_SUCCESS) {
-            g_sim.legacy.id = g_sim.next_stream_id++;
+            start_device();
             g_sim.initialized = true;
         }
     }

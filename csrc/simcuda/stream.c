@@ -1,5 +1,5 @@
-/* Streams and stream capture. Work runs when it is submitted (the CPU is the device), so stream
- * order holds trivially; what needs care is capture, whose rules follow the CUDA programming guide. */
+/* Streams and stream capture. Work submitted outside capture is queued (queue.c runs it later);
+ * capture's rules follow the CUDA programming guide. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,10 +36,10 @@ sim_stream *sim_stream_resolve(CUstream s, bool ptsz, CUresult *err) {
     if (s == CU_STREAM_LEGACY || (s == NULL && !ptsz))
         return &g_sim.legacy;
     if (s == NULL || s == CU_STREAM_PER_THREAD) {
-        if (!t_ptds) {
-            t_ptds = calloc(1, sizeof *t_ptds);
-            t_ptds->id = g_sim.next_stream_id++;
-        }
+        if (!t_ptds && (t_ptds = sim_stream_new(0, 0)))
+            t_ptds->per_thread = true;
+        if (!t_ptds)
+            *err = CUDA_ERROR_OUT_OF_MEMORY;
         return t_ptds;
     }
     if (sim_handle_is(s, H_STREAM))
@@ -55,6 +55,8 @@ static void capture_detach_all(sim_capture *c) {
     for (int i = 0; i < c->num_streams; i++) {
         c->streams[i]->cap = NULL;
         c->streams[i]->deps.n = 0;
+        if (c->streams[i]->destroyed)
+            sim_stream_release(c->streams[i]);
     }
     for (int i = 0; i < g_sim.num_captures; i++)
         if (g_sim.caps[i] == c) {
@@ -118,70 +120,6 @@ CUresult sim_sync_guard(void) {
     return r;
 }
 
-/* ---- submission: run now, or record into the capturing graph ---- */
-static CUresult record_node(sim_stream *st, CUgraphNodeType type, void *op,
-                            const CUlaunchAttribute *attrs, unsigned num_attrs) {
-    bool programmatic = false;
-    for (unsigned i = 0; i < num_attrs; i++)
-        if (attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
-            attrs[i].value.programmaticStreamSerializationAllowed)
-            programmatic = true;
-    sim_deps deps = {0};
-    for (size_t i = 0; i < st->deps.n; i++) {
-        sim_dep d = st->deps.v[i];
-        if (programmatic && d.node->type == CU_GRAPH_NODE_TYPE_KERNEL) {
-            d.data.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
-            d.data.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
-        }
-        sim_deps_add(&deps, d);
-    }
-    sim_node *n;
-    CUresult e = sim_graph_add_node(st->cap->graph, type, deps.v, deps.n, &n);
-    sim_deps_free(&deps);
-    if (e)
-        return e;
-    if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
-        n->k = *(sim_kernel_op *)op;
-        ((sim_kernel_op *)op)->params = NULL; /* the node owns them now */
-        for (unsigned i = 0; i < num_attrs && n->num_attrs < SIM_MAX_ATTRS; i++) {
-            if (attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-                continue;
-            n->attr_ids[n->num_attrs] = attrs[i].id;
-            n->attr_vals[n->num_attrs++] = attrs[i].value;
-        }
-    } else if (type == CU_GRAPH_NODE_TYPE_MEMCPY) {
-        n->c = *(sim_memcpy_op *)op;
-    } else {
-        n->s = *(sim_memset_op *)op;
-    }
-    sim_dep self = {n, {0}};
-    sim_deps_set(&st->deps, &self, 1);
-    return CUDA_SUCCESS;
-}
-
-CUresult sim_submit(CUstream s, bool ptsz, CUgraphNodeType type, void *op,
-                    const CUlaunchAttribute *attrs, unsigned num_attrs) {
-    CUresult e = CUDA_SUCCESS;
-    sim_lock();
-    sim_stream *st = sim_stream_resolve(s, ptsz, &e);
-    if (st && st->cap) {
-        e = st->cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-                                 : record_node(st, type, op, attrs, num_attrs);
-        sim_unlock();
-        return e;
-    }
-    if (st == &g_sim.legacy)
-        e = sim_legacy_implicit();
-    sim_unlock();
-    if (e)
-        return e;
-    switch (type) {
-    case CU_GRAPH_NODE_TYPE_KERNEL: return sim_run_kernel(op);
-    case CU_GRAPH_NODE_TYPE_MEMCPY: return sim_run_memcpy(op);
-    default: return sim_run_memset(op);
-    }
-}
-
 /* ---- stream objects ---- */
 SIM_API CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int priority) {
     CUresult e = sim_ensure_init();
@@ -189,13 +127,13 @@ SIM_API CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, in
         return e;
     if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
-    sim_stream *s = calloc(1, sizeof *s);
-    s->flags = flags;
-    s->priority = priority;
     sim_lock();
-    s->id = g_sim.next_stream_id++;
-    sim_handle_add(s, H_STREAM);
+    sim_stream *s = sim_stream_new(flags, priority);
+    if (s)
+        sim_handle_add(s, H_STREAM);
     sim_unlock();
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     *ph = (CUstream)s;
     return CUDA_SUCCESS;
 }
@@ -217,10 +155,8 @@ SIM_API CUresult cuStreamDestroy(CUstream h) {
     if (s->cap) /* the capture can no longer be ended where it began */
         s->cap->invalidated = true;
     sim_handle_del(s);
+    sim_stream_release(s); /* as the driver: its pending work still runs, then it is freed */
     sim_unlock();
-    sim_deps_free(&s->deps);
-    if (!s->cap)
-        free(s);
     return CUDA_SUCCESS;
 }
 
@@ -236,7 +172,8 @@ SIM_API CUresult cuStreamGetFlags(CUstream h, unsigned int *flags) {
     return s ? (flags ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE) : e;
 }
 
-static CUresult stream_sync(CUstream h, bool ptsz) {
+/* query: one step of the stream's work, then CUDA_ERROR_NOT_READY if some is left. */
+static CUresult stream_sync(CUstream h, bool ptsz, bool query) {
     CUresult e = sim_ensure_init();
     if (e)
         return e;
@@ -249,14 +186,16 @@ static CUresult stream_sync(CUstream h, bool ptsz) {
     } else if (s == &g_sim.legacy) {
         e = sim_legacy_implicit();
     }
+    if (s && !e)
+        e = query ? sim_query_stream(s) : sim_wait_stream(s);
     sim_unlock();
     return e;
 }
 
-SIM_API CUresult cuStreamSynchronize(CUstream h) { return stream_sync(h, false); }
-SIM_API CUresult cuStreamSynchronize_ptsz(CUstream h) { return stream_sync(h, true); }
-SIM_API CUresult cuStreamQuery(CUstream h) { return stream_sync(h, false); }
-SIM_API CUresult cuStreamQuery_ptsz(CUstream h) { return stream_sync(h, true); }
+SIM_API CUresult cuStreamSynchronize(CUstream h) { return stream_sync(h, false, false); }
+SIM_API CUresult cuStreamSynchronize_ptsz(CUstream h) { return stream_sync(h, true, false); }
+SIM_API CUresult cuStreamQuery(CUstream h) { return stream_sync(h, false, true); }
+SIM_API CUresult cuStreamQuery_ptsz(CUstream h) { return stream_sync(h, true, true); }
 
 /* ---- capture ---- */
 static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz) {

@@ -148,15 +148,24 @@ SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
     return e;
 }
 
+/* cuMemUnmap and cuMemSetAccess synchronize (cuda.h's note_sync): queued work that uses the
+ * range runs first. */
 SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     sim_lock();
-    CUresult e = CUDA_ERROR_INVALID_VALUE;
+    CUresult e = g_sim.initialized ? sim_wait_all() : CUDA_SUCCESS;
+    if (e) {
+        sim_unlock();
+        return e;
+    }
+    e = CUDA_ERROR_INVALID_VALUE;
     sim_range *m;
     while ((m = rs_find(&g_sim.maps, ptr)) && m->base >= ptr && m->base + m->size <= ptr + size) {
         sim_phys *p = m->obj;
         mmap((void *)m->base, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
              -1, 0);
         uintptr_t next = m->base + m->size;
+        if (g_sim.cfg.racecheck)
+            sim_race_forget(m->base, m->size);
         rs_remove(&g_sim.maps, m);
         p->maps--;
         phys_put(p);
@@ -176,7 +185,12 @@ SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
                : desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
                                                                    : PROT_NONE;
     sim_lock();
-    CUresult e = CUDA_ERROR_INVALID_VALUE;
+    CUresult e = g_sim.initialized ? sim_wait_all() : CUDA_SUCCESS;
+    if (e) {
+        sim_unlock();
+        return e;
+    }
+    e = CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < g_sim.maps.n; i++) {
         sim_range *m = &g_sim.maps.v[i];
         if (m->base >= ptr && m->base + m->size <= ptr + size) {

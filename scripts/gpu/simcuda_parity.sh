@@ -35,7 +35,7 @@ libdir=$(python -c 'from medusa.cuda import paths; print(paths.lib_dir())')
 libcuda=-l:libcuda.so.1
 ldconfig -p | grep -q 'libcuda\.so\.1 ' || libcuda="-L$cuda/lib64/stubs -lcuda"
 status=0
-programs=(basics capture_rules bad_input kernels copy_params)
+programs=(basics capture_rules bad_input kernels copy_params event_waits)
 for prog in "${programs[@]}"; do
   src=tests/cuda/programs/$prog.c
   # shellcheck disable=SC2086

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from medusa.child import medusa_cli, python_code
+from tests.processes import without_medusa
 
 
 def run_medusa(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+    full_env = without_medusa(os.environ)
     full_env.update(env)
     return subprocess.run(
         medusa_cli(*args), capture_output=True, text=True, timeout=120, env=full_env, cwd=cwd

@@ -9,6 +9,7 @@ import sys
 
 from medusa.trace import Ev, read_trace, recorder_env
 from medusa.trace import records as R
+from tests.processes import without_medusa
 
 START = """
 from medusa.engine.config import EngineConfig
@@ -18,9 +19,7 @@ LLMEngine(EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, max_model_len
 
 
 def _record(path, seed: str):
-    env = recorder_env(
-        path, base={k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
-    )
+    env = recorder_env(path, base=without_medusa(os.environ))
     env["MEDUSA_SIM_SEED"] = seed
     res = subprocess.run(
         [sys.executable, "-c", START], env=env, capture_output=True, text=True, timeout=300

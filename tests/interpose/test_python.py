@@ -13,12 +13,13 @@ import pytest
 from medusa.trace import Ev, read_trace, recorder_env
 from medusa.trace import records as R
 from tests.conftest import lines
+from tests.processes import without_medusa
 
 SCRIPT = Path(__file__).parent / "scripts" / "python_engine.py"
 
 
 def _python(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in env.items() if not k.startswith("MEDUSA_SIM_")}
+    env = without_medusa(env, "MEDUSA_SIM_")
     res = subprocess.run(
         [sys.executable, *args], env=env, capture_output=True, text=True, timeout=120
     )

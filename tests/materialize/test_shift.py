@@ -15,7 +15,7 @@ from medusa.engine.materialize import materialize_engine
 from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.driver import SHIFT_BYTES, analyze_runs
 from medusa.trace import recorder_env
-from tests.processes import CONFIG, clean_env
+from tests.processes import CONFIG, SUITE_SIM, clean_env
 
 GENERAL = Path(__file__).parent / "programs" / "general.py"
 REUSE = """
@@ -58,7 +58,7 @@ def test_the_gpu_path_sizes_both_recordings_alike(tmp_path, monkeypatch):
     """The GPU path (shift in the second run, no seeds) on simcuda, where a 2 MiB + 4 KiB block
     takes 4 MiB as on a GPU: the second recording must not size a smaller KV cache."""
     for k in [k for k in list(__import__("os").environ) if k.startswith("MEDUSA_")]:
-        if k != "MEDUSA_LIB_DIR":
+        if k not in ("MEDUSA_LIB_DIR", *SUITE_SIM):
             monkeypatch.delenv(k)
     summary = materialize_engine(EngineConfig(**CONFIG), tmp_path / "art", "cuda", lambda _: None)
     assert summary["manifest"]["kv"]["num_blocks"] > 0

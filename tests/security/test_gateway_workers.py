@@ -27,7 +27,7 @@ from medusa.serve.gateway.hop import Hop
 from medusa.serve.gateway.worker_link import NotOurWorker, connect
 from medusa.serve.gateway.worker_process import WorkerProcess, launch
 from medusa.serve.listeners import bind_tcp
-from tests.processes import clean_env
+from tests.processes import SUITE_SIM, clean_env
 from tests.security._net import (
     ATTACKER_PYTHON,
     KEY,
@@ -43,6 +43,8 @@ from tests.security._net import (
     tiny_model,
     wait_health,
 )
+
+KEEP = ("MEDUSA_LIB_DIR", *SUITE_SIM)  # where the libraries are, and the suite's race checking
 
 # Another local user: binds every port a worker of the gateway (argv[1], the gateway's pid) is
 # told on its command line, as soon as it shows in /proc, and answers on it (what took every
@@ -140,7 +142,7 @@ def test_an_impostor_on_a_tcp_worker_address_gets_no_token_and_is_refused(tmp_pa
     kernel picks and hands the socket down), and an impostor on another port: the gateway's
     client proves itself to both without sending the token, accepts the worker's answers and
     refuses the impostor's."""
-    for k in [k for k in os.environ if k.startswith("MEDUSA_") and k != "MEDUSA_LIB_DIR"]:
+    for k in [k for k in os.environ if k.startswith("MEDUSA_") and k not in KEEP]:
         monkeypatch.delenv(k)
     args = [str(tiny_model(tmp_path)), *TINY_ARGS, "--served-model-name", "tiny"]
     worker = launch({}, args, bind_tcp("127.0.0.1"))

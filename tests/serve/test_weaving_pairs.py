@@ -24,6 +24,7 @@ from medusa.serve.gateway.weaving import WeavingPairs
 from medusa.weaver.choice import Candidate, WeavingProfile, expected_wait, rank_receivers
 from medusa.weaver.config import WeavingConfig
 from tests.engine.tiny_models import write_gguf
+from tests.processes import without_medusa
 
 MODELS = {
     "hot": ModelConfig("hot", weaving=WeavingConfig(enabled=True, ratio=0.5)),
@@ -181,7 +182,7 @@ def start_worker(model: Path, name: str, regions: Path) -> tuple[subprocess.Pope
            "--served-model-name", name]  # fmt: skip
     for k, v in ENGINE.items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+    env = without_medusa(os.environ)
     env |= {"MEDUSA_WORKER_TOKEN": TOKEN, "MEDUSA_WEAVING_DIR": str(regions)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip

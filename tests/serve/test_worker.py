@@ -15,6 +15,8 @@ import httpx
 import openai
 import pytest
 
+from tests.processes import without_medusa
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -39,7 +41,7 @@ def server():
         "--max-num-seqs",
         "4",
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
+    env = without_medusa(os.environ)
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

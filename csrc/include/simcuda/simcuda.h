@@ -79,10 +79,20 @@ typedef struct simcuda_module_desc {
  * hands the module's image to the driver with cuLibraryLoadData. Returns a cudaError_t. */
 SIMCUDA_EXPORT int simcudaRegisterModule(const simcuda_module_desc *desc);
 
+/* Kernels say what they access with this, as they start: the race checker
+ * (MEDUSA_SIM_RACECHECK=1) checks those bytes against other streams' unordered accesses. A kernel
+ * that never calls it is taken to read and write all of every block its pointer arguments point
+ * into; one that touches nothing says so with simcudaAccess(NULL, 0, 0). Free when the checker is
+ * off. */
+#define SIMCUDA_READ 1
+#define SIMCUDA_WRITE 2
+SIMCUDA_EXPORT void simcudaAccess(const void *ptr, size_t bytes, int mode);
+
 /* Kernels call this for each read they make, so traffic by memory class can be measured. */
 SIMCUDA_EXPORT void simcudaCountRead(const void *ptr, size_t bytes);
 
 enum { SIMCUDA_TRAFFIC_DEVICE = 0, SIMCUDA_TRAFFIC_HOST_MAPPED = 1, SIMCUDA_TRAFFIC_OTHER = 2 };
+/* Both let the device finish the work queued first: the counters count work that has run. */
 SIMCUDA_EXPORT void simcudaGetTraffic(uint64_t out[3]);
 SIMCUDA_EXPORT void simcudaResetTraffic(void);
 

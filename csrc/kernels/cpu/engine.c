@@ -8,10 +8,18 @@
 
 #include "simcuda/simcuda.h"
 
+#define R SIMCUDA_READ
+#define W SIMCUDA_WRITE
+#define RW (SIMCUDA_READ | SIMCUDA_WRITE)
+
 struct embed_args { float *out; const float *table; const int *ids; int num_tokens, dim; };
 static void embed(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct embed_args *a = p;
+    simcudaAccess(a->ids, (size_t)a->num_tokens * 4, R);
+    simcudaAccess(a->out, (size_t)a->num_tokens * a->dim * 4, W);
+    for (int t = 0; t < a->num_tokens; t++)
+        simcudaAccess(a->table + (size_t)a->ids[t] * a->dim, (size_t)a->dim * 4, R);
     for (int t = 0; t < a->num_tokens; t++) {
         const float *row = a->table + (size_t)a->ids[t] * a->dim;
         simcudaCountRead(row, (size_t)a->dim * 4);
@@ -23,6 +31,9 @@ struct norm_args { float *out; const float *x; const float *w; int num_tokens, d
 static void rms_norm(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct norm_args *a = p;
+    simcudaAccess(a->x, (size_t)a->num_tokens * a->dim * 4, R);
+    simcudaAccess(a->w, (size_t)a->dim * 4, R);
+    simcudaAccess(a->out, (size_t)a->num_tokens * a->dim * 4, W);
     simcudaCountRead(a->x, (size_t)a->num_tokens * a->dim * 4);
     for (int t = 0; t < a->num_tokens; t++) {
         const float *x = a->x + (size_t)t * a->dim;
@@ -58,6 +69,12 @@ static void rope(const simcuda_kctx *ctx, const void *p) {
     const struct rope_args *a = p;
     int d = a->head_dim, r = a->rot_dim;
     float cosv[512], sinv[512];
+    simcudaAccess(a->positions, (size_t)a->num_tokens * 4, R);
+    simcudaAccess(a->inv_freq, (size_t)(r / 2) * 4, R);
+    for (int t = 0; t < a->num_tokens; t++) {
+        simcudaAccess(a->q + (size_t)t * a->stride, (size_t)a->num_heads * d * 4, RW);
+        simcudaAccess(a->k + (size_t)t * a->stride, (size_t)a->num_kv_heads * d * 4, RW);
+    }
     if (r > 1024 || r > d)
         return;
     for (int t = 0; t < a->num_tokens; t++) {
@@ -88,6 +105,17 @@ static void reshape_and_cache(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct cache_args *a = p;
     size_t row = (size_t)a->num_kv_heads * a->head_dim;
+    simcudaAccess(a->slots, (size_t)a->num_tokens * 4, R);
+    for (int t = 0; t < a->num_tokens; t++) {
+        if (a->slots[t] < 0)
+            continue;
+        size_t at = slot_at(a->slots[t] / a->block_size, a->slots[t] % a->block_size,
+                            a->block_stride, row);
+        simcudaAccess(a->k + (size_t)t * a->stride, row * 4, R);
+        simcudaAccess(a->v + (size_t)t * a->stride, row * 4, R);
+        simcudaAccess(a->k_cache + at, row * 4, W);
+        simcudaAccess(a->v_cache + at, row * 4, W);
+    }
     for (int t = 0; t < a->num_tokens; t++) {
         if (a->slots[t] < 0)
             continue; /* a padding token */
@@ -136,9 +164,31 @@ static void attend(const struct attn_args *a, int b, int qi, int pos, float *sco
         }
     }
 }
+/* What one sequence's attention reads: its queries, its blocks' K and V rows; writes: its out. */
+static void attention_accesses(const struct attn_args *a, int b) {
+    int q0 = a->query_start[b], q1 = a->query_start[b + 1], len = a->seq_lens[b];
+    size_t row = (size_t)a->num_kv_heads * a->head_dim, q = (size_t)a->num_heads * a->head_dim;
+    if (q1 > q0) {
+        simcudaAccess(a->q + (size_t)q0 * a->q_stride, ((size_t)(q1 - q0 - 1) * a->q_stride + q) * 4, R);
+        simcudaAccess(a->out + (size_t)q0 * q, (size_t)(q1 - q0) * q * 4, W);
+    }
+    const int *table = a->block_tables + (size_t)b * a->max_blocks;
+    for (int j = 0; j < len && j / a->block_size < a->max_blocks; j += a->block_size) {
+        int n = len - j < a->block_size ? len - j : a->block_size;
+        size_t at = slot_at(table[j / a->block_size], 0, a->block_stride, row);
+        simcudaAccess(a->k_cache + at, (size_t)n * row * 4, R);
+        simcudaAccess(a->v_cache + at, (size_t)n * row * 4, R);
+    }
+}
+
 static void paged_attention(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct attn_args *a = p;
+    simcudaAccess(a->query_start, (size_t)(a->num_seqs + 1) * 4, R);
+    simcudaAccess(a->seq_lens, (size_t)a->num_seqs * 4, R);
+    simcudaAccess(a->block_tables, (size_t)a->num_seqs * a->max_blocks * 4, R);
+    for (int b = 0; b < a->num_seqs; b++)
+        attention_accesses(a, b);
     float *scores = malloc((size_t)a->max_blocks * a->block_size * sizeof(float));
     for (int b = 0; scores && b < a->num_seqs; b++) {
         int q0 = a->query_start[b], q1 = a->query_start[b + 1], len = a->seq_lens[b];
@@ -159,6 +209,8 @@ struct silu_args { float *out; const float *gate_up; int num_tokens, dim; };
 static void silu_and_mul(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct silu_args *a = p;
+    simcudaAccess(a->gate_up, (size_t)a->num_tokens * 2 * a->dim * 4, R);
+    simcudaAccess(a->out, (size_t)a->num_tokens * a->dim * 4, W);
     for (int t = 0; t < a->num_tokens; t++) {
         const float *g = a->gate_up + (size_t)t * 2 * a->dim, *u = g + a->dim;
         float *o = a->out + (size_t)t * a->dim;
@@ -171,6 +223,8 @@ struct bias_args { float *x; const float *bias; int num_tokens, dim; };
 static void add_bias(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct bias_args *a = p;
+    simcudaAccess(a->bias, (size_t)a->dim * 4, R);
+    simcudaAccess(a->x, (size_t)a->num_tokens * a->dim * 4, RW);
     for (int t = 0; t < a->num_tokens; t++)
         for (int i = 0; i < a->dim; i++)
             a->x[(size_t)t * a->dim + i] += a->bias[i];
@@ -180,6 +234,8 @@ struct add_args { float *x; const float *y; int n; };
 static void add_inplace(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct add_args *a = p;
+    simcudaAccess(a->y, (size_t)a->n * 4, R);
+    simcudaAccess(a->x, (size_t)a->n * 4, RW);
     for (int i = 0; i < a->n; i++)
         a->x[i] += a->y[i];
 }
@@ -188,74 +244,15 @@ struct gather_args { float *out; const float *in; const int *rows; int num_rows,
 static void gather_rows(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct gather_args *a = p;
+    simcudaAccess(a->rows, (size_t)a->num_rows * 4, R);
+    simcudaAccess(a->out, (size_t)a->num_rows * a->dim * 4, W);
+    for (int r = 0; r < a->num_rows; r++)
+        simcudaAccess(a->in + (size_t)a->rows[r] * a->dim, (size_t)a->dim * 4, R);
     for (int r = 0; r < a->num_rows; r++)
         memcpy(a->out + (size_t)r * a->dim, a->in + (size_t)a->rows[r] * a->dim, (size_t)a->dim * 4);
 }
 
-/* ---- sampling: greedy at temperature 0, else temperature + top-p from a counter-based RNG ---- */
-static uint64_t mix(uint64_t x) { /* splitmix64 finalizer */
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-static int by_desc(const void *x, const void *y) {
-    float a = *(const float *)x, b = *(const float *)y;
-    return (a < b) - (a > b);
-}
-
-/* NOTE: the nucleus is every token whose probability reaches the threshold the sorted cumulative
- * sum gives, and sampling walks the vocabulary in index order: the GPU kernel does the same, so
- * both pick the same token for the same seed. */
-static int sample_row(const float *logits, int vocab, float temp, float top_p, uint64_t seed,
-                      float *probs, float *sorted) {
-    int best = 0;
-    for (int i = 1; i < vocab; i++)
-        best = logits[i] > logits[best] ? i : best;
-    if (temp <= 0.0f)
-        return best;
-    double sum = 0;
-    for (int i = 0; i < vocab; i++)
-        sum += probs[i] = expf((logits[i] - logits[best]) / temp);
-    float threshold = 0.0f;
-    if (top_p < 1.0f) {
-        memcpy(sorted, probs, (size_t)vocab * sizeof *sorted);
-        qsort(sorted, (size_t)vocab, sizeof *sorted, by_desc);
-        double c = 0;
-        for (int n = 0; n < vocab && c < top_p * sum; n++)
-            c += threshold = sorted[n];
-        sum = 0;
-        for (int i = 0; i < vocab; i++)
-            sum += probs[i] >= threshold ? probs[i] : 0.0f;
-    }
-    double target = (double)(mix(seed) >> 11) * 0x1.0p-53 * sum, acc = 0;
-    int last = best;
-    for (int i = 0; i < vocab; i++) {
-        if (probs[i] < threshold)
-            continue;
-        acc += probs[i];
-        last = i;
-        if (acc > target)
-            return i;
-    }
-    return last;
-}
-
-struct sample_args {
-    int *out; const float *logits, *temperature, *top_p; const uint64_t *seeds; int num_seqs, vocab;
-};
-static void sample_tokens(const simcuda_kctx *ctx, const void *p) {
-    (void)ctx;
-    const struct sample_args *a = p;
-    float *probs = malloc((size_t)a->vocab * sizeof(float));
-    float *sorted = malloc((size_t)a->vocab * sizeof(float));
-    for (int b = 0; probs && sorted && b < a->num_seqs; b++)
-        a->out[b] = sample_row(a->logits + (size_t)b * a->vocab, a->vocab, a->temperature[b],
-                               a->top_p[b], a->seeds[b], probs, sorted);
-    free(probs);
-    free(sorted);
-}
+void engine_sample_tokens(const simcuda_kctx *ctx, const void *p); /* engine_sample.c */
 
 SIMCUDA_STUB(embed_tokens)
 SIMCUDA_STUB(rms_norm_kernel)
@@ -280,7 +277,7 @@ static const simcuda_kernel_desc kernels[] = {
     {"add_bias_kernel", "p p i i", add_bias, add_bias_kernel},
     {"add_inplace_kernel", "p p i", add_inplace, add_inplace_kernel},
     {"gather_rows_kernel", "p p p i i", gather_rows, gather_rows_kernel},
-    {"sample_tokens_kernel", "p p p p p i i", sample_tokens, sample_tokens_kernel},
+    {"sample_tokens_kernel", "p p p p p i i", engine_sample_tokens, sample_tokens_kernel},
 };
 
 SIMCUDA_MODULE(medusa_engine, kernels, NULL, 0)

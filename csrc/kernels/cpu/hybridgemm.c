@@ -155,6 +155,10 @@ static void hybrid_gemm(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct hg_args *a = p;
     size_t e = a->dtype == 0 ? 4 : 2;
+    simcudaAccess(a->x, (size_t)a->m * a->k * e, SIMCUDA_READ);
+    simcudaAccess(a->w, (size_t)a->n * a->k * e, SIMCUDA_READ);
+    simcudaAccess(a->o, (size_t)a->m * a->n * 4, /* columns [split, n) accumulate */
+                  a->split < a->n ? SIMCUDA_READ | SIMCUDA_WRITE : SIMCUDA_WRITE);
     if (a->split > 0)
         output_stationary(a, e);
     if (a->split < a->n)

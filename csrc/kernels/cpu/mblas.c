@@ -72,10 +72,21 @@ static void naive(const struct gemm_args *g) {
         }
 }
 
+/* The bytes of a row-major rows x cols matrix with leading dimension ld. */
+static size_t extent(int rows, int cols, int ld) {
+    return rows > 0 && cols > 0 ? ((size_t)(rows - 1) * ld + cols) * 4 : 0;
+}
+
 /* C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C, row-major. */
 static void sgemm(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct gemm_args *g = p;
+    simcudaAccess(g->a, g->transa ? extent(g->k, g->m, g->lda) : extent(g->m, g->k, g->lda),
+                  SIMCUDA_READ);
+    simcudaAccess(g->b, g->transb ? extent(g->n, g->k, g->ldb) : extent(g->k, g->n, g->ldb),
+                  SIMCUDA_READ);
+    simcudaAccess(g->c, extent(g->m, g->n, g->ldc),
+                  g->beta != 0.0f ? SIMCUDA_READ | SIMCUDA_WRITE : SIMCUDA_WRITE);
     simcudaCountRead(g->a, (size_t)g->m * g->k * 4);
     simcudaCountRead(g->b, (size_t)g->k * g->n * 4);
     pthread_once(&blas.once, find_blas);

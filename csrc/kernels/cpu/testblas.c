@@ -9,6 +9,9 @@ struct sgemm_args { int m, n, k; const float *a; const float *b; float *c; };
 static void sgemm(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct sgemm_args *g = p;
+    simcudaAccess(g->a, (size_t)g->m * g->k * 4, SIMCUDA_READ);
+    simcudaAccess(g->b, (size_t)g->k * g->n * 4, SIMCUDA_READ);
+    simcudaAccess(g->c, (size_t)g->m * g->n * 4, SIMCUDA_WRITE);
     simcudaCountRead(g->a, (size_t)g->m * g->k * 4);
     simcudaCountRead(g->b, (size_t)g->k * g->n * 4);
     for (int i = 0; i < g->m; i++)

@@ -9,6 +9,9 @@ struct vadd_args { float *out; const float *a; const float *b; int n; };
 static void vadd(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct vadd_args *a = p;
+    simcudaAccess(a->a, (size_t)a->n * 4, SIMCUDA_READ);
+    simcudaAccess(a->b, (size_t)a->n * 4, SIMCUDA_READ);
+    simcudaAccess(a->out, (size_t)a->n * 4, SIMCUDA_WRITE);
     simcudaCountRead(a->a, (size_t)a->n * 4);
     simcudaCountRead(a->b, (size_t)a->n * 4);
     for (int i = 0; i < a->n; i++)
@@ -19,6 +22,7 @@ struct scale_args { float *x; float s; int n; };
 static void scale(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct scale_args *a = p;
+    simcudaAccess(a->x, (size_t)a->n * 4, SIMCUDA_READ | SIMCUDA_WRITE);
     for (int i = 0; i < a->n; i++)
         a->x[i] *= a->s;
 }
@@ -29,6 +33,8 @@ struct axpy_args { struct axpy_params s; };
 static void axpy(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct axpy_params *a = &((const struct axpy_args *)p)->s;
+    simcudaAccess(a->x, (size_t)a->n * 4, SIMCUDA_READ);
+    simcudaAccess(a->y, (size_t)a->n * 4, SIMCUDA_READ | SIMCUDA_WRITE);
     for (int i = 0; i < a->n; i++)
         a->y[i] += a->alpha * a->x[i];
 }
@@ -38,6 +44,10 @@ struct gather_args { float *out; float *const *ptrs; int count; int n; };
 static void gather(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct gather_args *a = p;
+    simcudaAccess(a->ptrs, (size_t)a->count * sizeof *a->ptrs, SIMCUDA_READ);
+    for (int k = 0; k < a->count; k++)
+        simcudaAccess(a->ptrs[k], (size_t)a->n * 4, SIMCUDA_READ);
+    simcudaAccess(a->out, (size_t)a->n * 4, SIMCUDA_WRITE);
     for (int i = 0; i < a->n; i++) {
         float s = 0;
         for (int k = 0; k < a->count; k++)
@@ -50,6 +60,8 @@ static void gather(const simcuda_kctx *ctx, const void *p) {
 struct bias_args { float *x; int n; };
 static void add_bias(const simcuda_kctx *ctx, const void *p) {
     const struct bias_args *a = p;
+    simcudaAccess(ctx->globals[0], sizeof(float), SIMCUDA_READ);
+    simcudaAccess(a->x, (size_t)a->n * 4, SIMCUDA_READ | SIMCUDA_WRITE);
     float bias = *(const float *)ctx->globals[0];
     for (int i = 0; i < a->n; i++)
         a->x[i] += bias;
@@ -59,6 +71,7 @@ static void add_bias(const simcuda_kctx *ctx, const void *p) {
 struct rev_args { float *x; int n; };
 static void reverse_smem(const simcuda_kctx *ctx, const void *p) {
     const struct rev_args *a = p;
+    simcudaAccess(a->x, (size_t)a->n * 4, SIMCUDA_READ | SIMCUDA_WRITE);
     float *tmp = ctx->shared;
     memcpy(tmp, a->x, (size_t)a->n * 4);
     for (int i = 0; i < a->n; i++)
@@ -66,7 +79,10 @@ static void reverse_smem(const simcuda_kctx *ctx, const void *p) {
 }
 
 /* Does nothing: what a launch costs, measured without the kernel's work. */
-static void noop(const simcuda_kctx *ctx, const void *p) { (void)ctx, (void)p; }
+static void noop(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx, (void)p;
+    simcudaAccess(NULL, 0, 0); /* touches nothing */
+}
 
 SIMCUDA_STUB(vector_add)
 SIMCUDA_STUB(scale_inplace)

@@ -168,10 +168,13 @@ def launch(slice_env: dict[str, str], args: list[str], listener: socket.socket) 
     bound: a Unix socket in a private directory, or a TCP port the kernel picked), with a token
     of its own."""
     token = secrets.token_urlsafe(32)
+    # NOTE: a slice's device is its env's alone; how simcuda checks and schedules work is not
+    # the device's, and stays as the gateway was told (the test suite's race checking).
+    checks = (medusa_env.SIM_RACECHECK.name, medusa_env.SIM_SCHEDULE_SEED.name)
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("MEDUSA_SIM_", "MEDUSA_TRACE", "MEDUSA_MODE"))
+        if not k.startswith(("MEDUSA_SIM_", "MEDUSA_TRACE", "MEDUSA_MODE")) or k in checks
     }
     env.update(slice_env)
     env[medusa_env.WORKER_TOKEN.name] = token

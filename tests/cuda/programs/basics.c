@@ -38,8 +38,10 @@ int main(void) {
     CHECK(cudaStreamCreate(&st));
     CHECK(cudaLaunchKernel((const void *)vector_add, (dim3){4, 1, 1}, (dim3){256, 1, 1}, add_args, 0, st));
     CHECK(cudaLaunchKernel((const void *)scale_inplace, (dim3){4, 1, 1}, (dim3){256, 1, 1}, scale_args, 0, st));
+    /* NOTE: built with per-thread default streams, cudaMemcpy does not wait for st by itself */
+    CHECK(cudaStreamSynchronize(st));
     CHECK(cudaMemcpy(out_eager, c, sizeof h, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemset(c, 0, N * 4));
+    CHECK(cudaMemsetAsync(c, 0, N * 4, st)); /* on st: ordered before the graph launch */
     cudaGraph_t g;
     CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     CHECK(cudaLaunchKernel((const void *)vector_add, (dim3){4, 1, 1}, (dim3){256, 1, 1}, add_args, 0, st));

@@ -34,14 +34,16 @@ static float *map_file(void) {
 static int launch_add(float *out, float *a, float *b) {
     int n = N;
     void *args[] = {&out, &a, &b, &n};
-    return cudaLaunchKernel((const void *)vector_add, (dim3){8, 1, 1}, (dim3){256, 1, 1}, args, 0, 0);
+    int e = cudaLaunchKernel((const void *)vector_add, (dim3){8, 1, 1}, (dim3){256, 1, 1}, args, 0, 0);
+    return e ? e : cudaDeviceSynchronize(); /* a fault shows once the kernel has run */
 }
 
 static int launch_scale(float *x) {
     float f = 2.0f;
     int n = N;
     void *args[] = {&x, &f, &n};
-    return cudaLaunchKernel((const void *)scale_inplace, (dim3){8, 1, 1}, (dim3){256, 1, 1}, args, 0, 0);
+    int e = cudaLaunchKernel((const void *)scale_inplace, (dim3){8, 1, 1}, (dim3){256, 1, 1}, args, 0, 0);
+    return e ? e : cudaDeviceSynchronize();
 }
 
 static void errors(float *ro) {
