@@ -1,5 +1,5 @@
-/* libmedusa_interpose.so: shared declarations. One registry (writer.c) behind one lock; the hook
- * tables (core.c) are generated from hooks.def. */
+/* libmedusa_interpose.so: shared declarations. One registry (writer.c, live.c, funcs.c) behind one
+ * lock; the hook tables (core.c) are generated from hooks.def. */
 #ifndef MEDUSA_INTERPOSE_INTERNAL_H
 #define MEDUSA_INTERPOSE_INTERNAL_H
 
