@@ -87,7 +87,7 @@ def _install() -> None:
             )
     # Order matters: the phase marks go on last, outermost, so a restore runs inside its phase.
     if recording:
-        from medusa.integrations.vllm.capture import install_recording
+        from medusa.integrations.vllm.recording import install_recording
 
         install_recording(Worker, GPUModelRunner)
     if artifact:

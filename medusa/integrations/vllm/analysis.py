@@ -94,7 +94,7 @@ def _check_capture_live(
 
     A block no graph uses is fine, and so is an output the restore rebuilds. A block only native
     code holds (owner "native": PyTorch's cuBLAS/cuBLASLt workspace for the capture stream, see
-    capture.python_held) is replayed with its capture-phase allocation, so graphs may use it as
+    recording.python_held) is replayed with its capture-phase allocation, so graphs may use it as
     long as it lies in such an allocation. A block a Python object holds (owner "python"; a
     sidecar without owners counts as that) would be made anew by its owner in a restored
     process while the graphs kept using the old memory: refused."""
