@@ -23,6 +23,7 @@ from medusa.tessera.library import api_extents
 from medusa.tessera.modes import READ, WRITE
 from medusa.trace import Ev, NodeType
 from medusa.trace import records as R
+from medusa.trace.reader import Trace
 from medusa.trace.run_view import RunView
 
 Key = tuple[int, int]  # (allocation kind, index), as in a relocation
@@ -55,14 +56,14 @@ class NodeAccesses:
         return {off for off, (k, i, _) in self.pointers.items() if (k, i) in self.extents}
 
 
-def _eager_accesses(trace) -> dict[tuple, list[tuple[int, R.Access]]]:
+def _eager_accesses(trace: Trace) -> dict[tuple, list[tuple[int, R.Access]]]:
     """(func, grid, block, params) -> [(launch seq, its accesses)] of eager kernel runs."""
     out: dict[tuple, list[tuple[int, R.Access]]] = defaultdict(list)
     pending: R.Access | None = None
     for e in trace.events(Ev.ACCESS, Ev.LAUNCH):
         if isinstance(e, R.Access):
             pending = e if not e.node else pending
-        elif pending is not None and not e.node and e.result == 0:
+        elif isinstance(e, R.Launch) and pending is not None and not e.node and e.result == 0:
             out[(e.func, e.grid, e.block, bytes(e.params))].append((e.seq, pending))
             pending = None
     return out
