@@ -3,7 +3,14 @@
 plus the programs a module starts by name (`python_module("medusa...")`, `python -m medusa...`).
 
 An import only ever goes down a layer (a few named exceptions at most), the offline and the online
-side share nothing above layer 1, and no Python files import each other in a circle."""
+side share nothing above layer 1, and no Python files import each other in a circle.
+
+The upward imports allowed (ALLOWED_UPWARD, at most 3): none. Every import under medusa/ goes
+down a layer, except what PENDING_UPWARD lists until the other parts of issue 31 land: the engine's
+seven imports of research packages (alpha_tuner, device and forward import c2c; kv_cache imports
+prism; weaving, weaving_cold and weaving_profile import weaver), which item 1 removes by giving the
+engine seams (step hooks, a KV-cache registry) that those packages plug into; and one circle
+(PENDING_CIRCLES: the gateway's back-ends and worker_process), which item 4 removes in serve/."""
 
 from __future__ import annotations
 
