@@ -29,6 +29,7 @@ def _engine(**kw) -> tuple[LLMEngine, int]:
     return e, free_before - free_after
 
 
+@pytest.mark.e2e  # the whole engine on SmolLM2: tens of seconds
 def test_host_weights_answer_like_device_weights_and_leave_the_device_empty():
     with_device, used_device = _engine()
     try:

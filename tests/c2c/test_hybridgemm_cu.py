@@ -17,6 +17,9 @@ import pytest
 from medusa.c2c.hybrid import MAX_SHARED, launch_shape
 from medusa.c2c.model import Tiles
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 

@@ -88,6 +88,7 @@ def hf_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e  # the whole engine on SmolLM2: tens of seconds
 def test_an_hf_checkpoint_runs_and_matches_the_reference(hf_dir):
     m = open_model(hf_dir)
     assert m.spec.rope_neox and m.spec.tie_embeddings

@@ -15,6 +15,9 @@ from medusa.trace import records as R
 from tests.conftest import lines
 from tests.processes import without_medusa
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 SCRIPT = Path(__file__).parent / "scripts" / "python_engine.py"
 
 

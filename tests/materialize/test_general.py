@@ -10,9 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from medusa.artifact import load_artifact
 from medusa.trace import recorder_env
 from tests.processes import GENERAL, clean_env, materialize_general
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAM = GENERAL
 

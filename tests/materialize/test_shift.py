@@ -17,6 +17,9 @@ from medusa.materialize.driver import SHIFT_BYTES, analyze_runs
 from medusa.trace import recorder_env
 from tests.processes import CONFIG, SUITE_SIM, clean_env
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 GENERAL = Path(__file__).parent / "programs" / "general.py"
 REUSE = """
 from medusa.cuda import load_backend

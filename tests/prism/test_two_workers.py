@@ -9,10 +9,14 @@ so the test is about pages, not matmuls."""
 
 from __future__ import annotations
 
+import pytest
 from gguf import GGMLQuantizationType as T
 
 from medusa.prism.lockstep import Load, run_pair
 from tests.engine.tiny_models import write_gguf
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 SLICE = 12  # pages of 2 MiB: 96 blocks; half is 48, and B's surge needs 80 (10 pages)
 SURGE_AT = 2

@@ -19,6 +19,9 @@ from medusa.artifact.layout import NODE, RELOC
 from medusa.trace import NodeType
 from tests.processes import clean_env
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 PROGRAMS = Path(__file__).parent / "programs"
 TORCH_RESTORE = Path(__file__).parents[2] / "scripts" / "gpu" / "torch_restore"
 

@@ -80,6 +80,7 @@ def test_a_2d_fill_in_a_plan_is_refused_and_leaves_no_graph(sim):
     assert _live(sim) == before
 
 
+@pytest.mark.e2e
 def test_a_captured_2d_fill_is_refused_by_materialize_naming_the_node(tmp_path):
     program = PROGRAMS / "memset2d.py"
     plain = subprocess.run([sys.executable, str(program), "record"], capture_output=True,

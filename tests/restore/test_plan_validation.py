@@ -22,6 +22,9 @@ from medusa.child import python_code
 from medusa.restore.validate import validate_plan
 from tests.processes import GENERAL, clean_env, materialize_general
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 PROGRAMS = Path(__file__).parent / "programs"
 RUN_BUILD = (
     f"import runpy; sys.argv[0] = {str(PROGRAMS / 'build_graphs.py')!r}; "

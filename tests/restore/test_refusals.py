@@ -11,6 +11,9 @@ from medusa.artifact import SCHEMA_VERSION
 from medusa.artifact.seal import Seal
 from tests.processes import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 FALLBACK = """
 import json, sys
 from medusa.engine.config import EngineConfig

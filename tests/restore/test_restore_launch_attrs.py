@@ -19,6 +19,9 @@ from medusa.restore.validate import validate_plan
 from medusa.trace import NodeType, recorder_env
 from tests.processes import GENERAL, clean_env, copy_artifact, materialize_general, reseal
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 PROGRAMS = Path(__file__).parent / "programs"
 ATTRS = PROGRAMS / "launch_attrs.py"
 

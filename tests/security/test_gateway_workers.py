@@ -44,6 +44,9 @@ from tests.security._net import (
     wait_health,
 )
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 KEEP = ("MEDUSA_LIB_DIR", *SUITE_SIM)  # where the libraries are, and the suite's race checking
 
 # Another local user: binds every port a worker of the gateway (argv[1], the gateway's pid) is

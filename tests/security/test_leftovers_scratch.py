@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.processes import clean_env
 from tests.security._store import (  # noqa: F401 - fixtures
     Hold,
@@ -23,6 +25,9 @@ from tests.security._store import (  # noqa: F401 - fixtures
     tiny_model,
 )
 from tests.weights.conftest import OPTS
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 
 def _dead_pid() -> int:

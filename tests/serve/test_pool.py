@@ -40,6 +40,7 @@ def _metric(base: str, series: str) -> float:
     return 0.0
 
 
+@pytest.mark.e2e
 def test_a_cold_model_takes_a_pooled_worker_and_the_pool_refills(
     tmp_path,
     engine_artifact,  # noqa: F811
@@ -76,6 +77,7 @@ def test_a_cold_model_takes_a_pooled_worker_and_the_pool_refills(
     assert _wait_gone(third["pid"], 10) and _wait_gone(first["pid"], 10)
 
 
+@pytest.mark.e2e
 def test_only_the_gateway_assigns_and_a_bad_assignment_ends_the_worker():
     port = _port()
     env = {**clean_env(), "MEDUSA_DEVICE": "sim"}
@@ -137,6 +139,7 @@ def host_artifact(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e
 def test_a_host_weight_model_is_mapped_once_by_the_gateway_for_all_its_workers(
     tmp_path, host_artifact
 ):
@@ -174,6 +177,7 @@ def test_a_host_weight_model_is_mapped_once_by_the_gateway_for_all_its_workers(
         proc.communicate(timeout=60)
 
 
+@pytest.mark.e2e
 def test_an_artifact_prepared_at_warm_up_is_used_only_while_its_files_are_unchanged(
     engine_artifact,  # noqa: F811
 ):

@@ -214,6 +214,7 @@ async def complete_all(port: int, name: str) -> list[str]:
     return [r.json()["choices"][0]["text"] for r in rs]
 
 
+@pytest.mark.e2e
 def test_two_workers_paired_then_unpaired_answer_as_without_offload(tmp_path):
     hot_model, cold_model = tmp_path / "hot.gguf", tmp_path / "cold.gguf"
     write_gguf(hot_model, [T.F32], seed=0)

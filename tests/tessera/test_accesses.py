@@ -14,6 +14,9 @@ from medusa.trace import read_trace, recorder_env
 from medusa.trace.run_view import DEVICE, RunView
 from tests.conftest import lines
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 PROGRAMS = Path(__file__).parent / "programs"
 A, B, C, D, IDLE, PTRS = ((DEVICE, i) for i in range(6))  # allocation order in accesses.c
 

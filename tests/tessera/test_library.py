@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from medusa.tessera.accesses import READ, WRITE, analyze
 from medusa.tessera.library import api_extents
 from medusa.trace import read_trace
@@ -37,6 +39,7 @@ def test_gemm_extents_follow_shapes_strides_transposes_and_beta():
     assert api_extents(SGEMM, b"\0" * 8, LAYOUT) is None  # parameters short of the declaration
 
 
+@pytest.mark.e2e
 def test_api_extents_agree_with_the_instrumented_pages(tiny):
     """Every GEMM node of the tiny model's decode graphs: its extents from the arguments, rounded
     out to the 4 KiB pages simcuda records, are the pages recorded, read and written alike."""

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from gguf import GGMLQuantizationType as T
 
 from medusa.materialize.analysis import MaterializeError
 from medusa.tessera.record import pointer_check
 from tests.engine.tiny_models import write_gguf
 from tests.processes import medusa
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 OPTS = ["--max-num-seqs", "2", "--max-model-len", "128", "--max-num-batched-tokens", "64",
         "--kv-cache-memory", str(4 << 20), "--no-weights"]  # fmt: skip
