@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from ctypes import c_size_t, c_uint, c_void_p
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,19 @@ class RestoreResult:
     execs: list[int]
     methods: Counter[str] = field(default_factory=Counter)
     timings: dict[str, float] = field(default_factory=dict)
+
+
+def _check_counts(own: RunView, plan_allocs: list[list[Any]], phases: set[str]) -> None:
+    """Each recorded phase of PHASES that this start-up ran made as many allocations as then."""
+    ran = {a.phase for a in own.allocs}
+    for phase in ran & phases:
+        n_plan = sum(1 for x in plan_allocs if x[0] == phase)
+        n_own = sum(1 for a in own.allocs if a.phase == phase)
+        if phase in {x[0] for x in plan_allocs} and n_own != n_plan:
+            raise RestoreError(
+                f"phase {phase!r} made {n_own} allocations here, {n_plan} when "
+                "recorded: the start-up diverges"
+            )
 
 
 class Restorer:
@@ -103,15 +117,7 @@ class Restorer:
                     f"here, {size} bytes in the artifact: the start-up diverges"
                 )
             base[i] = a.addr
-        ran = {a.phase for a in own.allocs}
-        for phase in (ran & entered) - skipped:
-            n_plan = sum(1 for x in plan_allocs if x[0] == phase)
-            n_own = sum(1 for a in own.allocs if a.phase == phase)
-            if phase in {x[0] for x in plan_allocs} and n_own != n_plan:
-                raise RestoreError(
-                    f"phase {phase!r} made {n_own} allocations here, {n_plan} when "
-                    "recorded: the start-up diverges"
-                )
+        _check_counts(own, plan_allocs, entered - skipped)
         for op, i in self.plan["replay"]:
             kind, size = plan_allocs[i][2], plan_allocs[i][3]
             if op == "a":
