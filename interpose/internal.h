@@ -1,5 +1,5 @@
-/* libmedusa_interpose.so: shared declarations. One registry (writer.c) behind one lock; the hook
- * tables (core.c) are generated from hooks.def. */
+/* libmedusa_interpose.so: shared declarations. One registry (writer.c, live.c, funcs.c) behind one
+ * lock; the hook tables (core.c) are generated from hooks.def. */
 #ifndef MEDUSA_INTERPOSE_INTERNAL_H
 #define MEDUSA_INTERPOSE_INTERNAL_H
 
@@ -99,7 +99,8 @@ static inline void mi_leave(mi_gate g) { mi_t_nest = g.saved; }
         f_ ? f_(__VA_ARGS__) : cudaErrorSymbolNotFound;                                            \
     })
 
-/* ---- writer.c: the trace, the live-allocation map and the function table, under one lock ---- */
+/* ---- writer.c, live.c, funcs.c: the trace, the live-allocation map and the function table,
+ * under one lock (registry.h) ---- */
 typedef enum { LIVE_NONE, LIVE_ADD, LIVE_DEL } live_op;
 void mi_emit(medusa_trace_record *r, const void *blob, size_t len, live_op op);
 int mi_flush(void);

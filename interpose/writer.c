@@ -1,6 +1,6 @@
-/* The recorder's one registry: the trace files and their buffers, the live-allocation map, the
- * function table and the host-stub set, all behind one lock. Files open at the first event, so a
- * child that never touches CUDA writes nothing. */
+/* The trace files and their buffers: opened at the first event (so a child that never touches CUDA
+ * writes nothing), filled under the recorder's one lock (registry.h), flushed, closed, and left to
+ * the parent by a forked child. Module images go beside them, by content. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -12,25 +12,18 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "registry.h"
 
 #define BUF_LIMIT (1u << 20)
-
-typedef struct {
-    uint64_t key, size, seq, type;
-} live_slot; /* key 0: empty, 1: deleted; type: the event that made it (ALLOC, HOST_*) */
-
-typedef struct {
-    const void *key;
-    mi_func_info info;
-} func_slot;
 
 typedef struct {
     unsigned char *v;
     size_t n, cap;
 } buf;
 
+pthread_mutex_t mi_registry_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static struct {
-    pthread_mutex_t lock;
     unsigned mode;      /* 0: off */
     bool opened, broken;
     char path[4096];
@@ -38,14 +31,7 @@ static struct {
     buf rec, blob;
     uint64_t blob_file_off; /* file offset of blob.v[0] */
     uint64_t seq, t0;
-    uint64_t capture_start; /* seq where the capture phase began (0: not yet) */
-    live_slot *live;
-    size_t live_cap, live_used;
-    func_slot *funcs;
-    size_t func_cap, func_used;
-    const void **stubs;
-    size_t stub_cap, stub_used;
-} W = {.lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1, .bfd = -1, .ifd = -1};
+} W = {.fd = -1, .bfd = -1, .ifd = -1};
 
 static uint64_t now_ns(clockid_t c) {
     struct timespec ts;
@@ -216,90 +202,32 @@ static void append(medusa_trace_record *r, const void *blob, size_t len) {
         W.broken = true;
 }
 
-/* ---- live allocations: open addressing on the address ---- */
-static size_t slot_of(uint64_t key, size_t cap) {
-    uint64_t x = key * 0x9e3779b97f4a7c15ull;
-    return (size_t)(x >> 17) & (cap - 1);
-}
-
-static bool live_grow(void) {
-    size_t cap = W.live_cap ? W.live_cap * 2 : 4096;
-    live_slot *n = calloc(cap, sizeof *n);
-    if (!n)
-        return false;
-    for (size_t i = 0; i < W.live_cap; i++)
-        if (W.live[i].key > 1) {
-            size_t j = slot_of(W.live[i].key, cap);
-            while (n[j].key)
-                j = (j + 1) & (cap - 1);
-            n[j] = W.live[i];
-        }
-    free(W.live);
-    W.live = n, W.live_cap = cap;
-    W.live_used = 0;
-    for (size_t i = 0; i < cap; i++)
-        W.live_used += n[i].key > 1;
-    return true;
-}
-
-static void live_add(uint64_t key, uint64_t size, uint64_t seq, uint64_t type) {
-    if (key <= 1 || ((W.live_used + 1) * 2 > W.live_cap && !live_grow())) {
-        W.broken = key > 1;
-        return;
-    }
-    size_t i = slot_of(key, W.live_cap);
-    while (W.live[i].key > 1 && W.live[i].key != key)
-        i = (i + 1) & (W.live_cap - 1);
-    W.live_used += W.live[i].key <= 1;
-    W.live[i] = (live_slot){key, size, seq, type};
-}
-
-/* The allocation event a free ends. NOTE: a free of the wrong kind (cudaFreeHost on registered
- * memory, cudaHostUnregister on pinned memory) fails in CUDA and must not end the allocation. */
-static uint64_t freed_type(const medusa_trace_record *r) {
-    if (r->type == MEDUSA_EV_FREE)
-        return MEDUSA_EV_ALLOC;
-    bool unregister = r->api == H_cuMemHostUnregister || r->api == H_cudaHostUnregister;
-    return unregister ? MEDUSA_EV_HOST_REGISTER : MEDUSA_EV_HOST_ALLOC;
-}
-
-static void live_del(uint64_t key, uint64_t type, uint64_t *size, uint64_t *seq) {
-    if (!W.live_cap || key <= 1)
-        return;
-    for (size_t i = slot_of(key, W.live_cap); W.live[i].key; i = (i + 1) & (W.live_cap - 1))
-        if (W.live[i].key == key && W.live[i].type == type) {
-            *size = W.live[i].size, *seq = W.live[i].seq;
-            W.live[i].key = 1;
-            return;
-        }
-}
-
 void mi_emit(medusa_trace_record *r, const void *blob, size_t len, live_op op) {
-    pthread_mutex_lock(&W.lock);
+    pthread_mutex_lock(&mi_registry_lock);
     if (W.mode && !W.broken && (W.opened || open_locked())) {
         if (op == LIVE_DEL)
-            live_del(r->u[0], freed_type(r), &r->u[1], &r->u[3]);
+            mi_live_del(r);
         append(r, blob, len);
-        if (op == LIVE_ADD && r->result == 0)
-            live_add(r->u[0], r->u[1], r->seq, r->type);
+        if (op == LIVE_ADD && r->result == 0 && !mi_live_add(r->u[0], r->u[1], r->seq, r->type))
+            W.broken = true;
         if (W.rec.n + W.blob.n >= BUF_LIMIT)
             flush_locked();
     }
     bool broken = W.broken && W.opened;
-    pthread_mutex_unlock(&W.lock);
+    pthread_mutex_unlock(&mi_registry_lock);
     if (broken)
         mi_fail("writing the trace failed (disk full?)");
 }
 
 int mi_flush(void) {
-    pthread_mutex_lock(&W.lock);
+    pthread_mutex_lock(&mi_registry_lock);
     bool ok = flush_locked();
-    pthread_mutex_unlock(&W.lock);
+    pthread_mutex_unlock(&mi_registry_lock);
     return ok ? 0 : -1;
 }
 
 void mi_writer_close(void) {
-    pthread_mutex_lock(&W.lock);
+    pthread_mutex_lock(&mi_registry_lock);
     if (W.opened && !W.broken) {
         medusa_trace_record r = {.type = MEDUSA_EV_END, .u = {W.seq + 1}};
         append(&r, NULL, 0);
@@ -308,16 +236,16 @@ void mi_writer_close(void) {
         W.opened = false;
     }
     W.mode = 0;
-    pthread_mutex_unlock(&W.lock);
+    pthread_mutex_unlock(&mi_registry_lock);
 }
 
 /* ---- module images, by content: an image already saved is not written again ---- */
 void mi_save_image(const char *hex, const void *data, size_t size) {
     char name[80];
     snprintf(name, sizeof name, "%s.img", hex);
-    pthread_mutex_lock(&W.lock);
+    pthread_mutex_lock(&mi_registry_lock);
     int dir = W.opened ? dup(W.ifd) : -1; /* the descriptor outlives a close meanwhile */
-    pthread_mutex_unlock(&W.lock);
+    pthread_mutex_unlock(&mi_registry_lock);
     if (dir < 0)
         return; /* not recording (or refused): nothing to save, nothing to say */
     int fd = openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -338,228 +266,14 @@ void mi_save_image(const char *hex, const void *data, size_t size) {
     close(dir);
 }
 
-/* ---- the capture phase's buffers: their contents, when "ready" is marked ---- */
-void mi_note_phase(const char *phase, uint64_t seq) {
-    pthread_mutex_lock(&W.lock);
-    if (!W.capture_start && (!*phase || strncmp(phase, "graph_capture", 13) == 0))
-        W.capture_start = seq;
-    pthread_mutex_unlock(&W.lock);
-}
-
-#define SNAPSHOT_MAX ((uint64_t)256 << 20)
-
-void mi_snapshot_live(void) {
-    pthread_mutex_lock(&W.lock);
-    size_t n = 0;
-    live_slot *take = W.capture_start ? malloc((W.live_used + 1) * sizeof *take) : NULL;
-    for (size_t i = 0; take && i < W.live_cap; i++)
-        if (W.live[i].key > 1 && W.live[i].seq > W.capture_start)
-            take[n++] = W.live[i];
-    pthread_mutex_unlock(&W.lock);
-    const mi_driver *d = mi_drv();
-    if (n && d->ctxSynchronize)
-        d->ctxSynchronize();
-    for (size_t i = 0; i < n; i++) {
-        medusa_trace_record r = {.type = MEDUSA_EV_CONTENT,
-                                 .u = {take[i].key, take[i].size, take[i].seq}};
-        void *buf = take[i].size <= SNAPSHOT_MAX ? malloc(take[i].size ? take[i].size : 1) : NULL;
-        bool host = take[i].type != MEDUSA_EV_ALLOC; /* pinned or registered: read directly */
-        bool ok = buf && (host ? (memcpy(buf, (void *)(uintptr_t)take[i].key, take[i].size), true)
-                               : d->memcpyDtoH && !d->memcpyDtoH(buf, take[i].key, take[i].size));
-        if (!ok)
-            r.result = -1; /* too large or unreadable: recorded without its bytes */
-        mi_emit(&r, ok ? buf : NULL, ok ? take[i].size : 0, LIVE_NONE);
-        free(buf);
-    }
-    free(take);
-}
-
 /* ---- fork: the child stops recording; its copy of the buffers belongs to the parent ---- */
-void mi_writer_fork_prepare(void) { pthread_mutex_lock(&W.lock); }
-void mi_writer_fork_parent(void) { pthread_mutex_unlock(&W.lock); }
+void mi_writer_fork_prepare(void) { pthread_mutex_lock(&mi_registry_lock); }
+void mi_writer_fork_parent(void) { pthread_mutex_unlock(&mi_registry_lock); }
 void mi_writer_fork_child(void) {
     if (W.opened)
         close(W.fd), close(W.bfd), close(W.ifd);
     W.opened = false;
     W.mode = 0;
     W.rec.n = W.blob.n = 0;
-    pthread_mutex_init(&W.lock, NULL);
-}
-
-/* ---- functions and stubs ---- */
-static func_slot *func_find(const void *key) {
-    if (!W.func_cap)
-        return NULL;
-    for (size_t i = slot_of((uint64_t)(uintptr_t)key, W.func_cap); W.funcs[i].key;
-         i = (i + 1) & (W.func_cap - 1))
-        if (W.funcs[i].key == key)
-            return &W.funcs[i];
-    return NULL;
-}
-
-static func_slot *func_insert(const void *key) {
-    if ((W.func_used + 1) * 2 > W.func_cap) {
-        size_t cap = W.func_cap ? W.func_cap * 2 : 1024;
-        func_slot *n = calloc(cap, sizeof *n);
-        if (!n)
-            return NULL;
-        for (size_t i = 0; i < W.func_cap; i++)
-            if (W.funcs[i].key) {
-                size_t j = slot_of((uint64_t)(uintptr_t)W.funcs[i].key, cap);
-                while (n[j].key)
-                    j = (j + 1) & (cap - 1);
-                n[j] = W.funcs[i];
-            }
-        free(W.funcs);
-        W.funcs = n, W.func_cap = cap;
-    }
-    size_t i = slot_of((uint64_t)(uintptr_t)key, W.func_cap);
-    while (W.funcs[i].key)
-        i = (i + 1) & (W.func_cap - 1);
-    W.funcs[i].key = key;
-    W.func_used++;
-    return &W.funcs[i];
-}
-
-/* Parameter i of f: a CUfunction (cuFuncGetParamInfo, 12.4+) or a CUkernel (cuKernelGetParamInfo,
- * 12.4+; without it, through its function). */
-static CUresult param_info(const mi_driver *d, CUfunction f, CUkernel k, size_t i, size_t *off,
-                           size_t *size) {
-    if (k && d->kernelGetParamInfo)
-        return d->kernelGetParamInfo(k, i, off, size);
-    return d->funcGetParamInfo ? d->funcGetParamInfo(f, i, off, size) : CUDA_ERROR_NOT_FOUND;
-}
-
-/* The layout of f's parameters into fi; false when the driver cannot tell it. NOTE: only
- * CUDA_ERROR_INVALID_VALUE past the last index ends the list: any other error is no layout at
- * all, never "no parameters" (the graph would be rebuilt with empty parameter buffers). */
-static bool param_layout(const mi_driver *d, CUfunction f, CUkernel k, mi_func_info *fi) {
-    uint32_t cap = 16, n = 0;
-    uint32_t(*lay)[2] = malloc(cap * sizeof *lay);
-    size_t off, size;
-    CUresult e = CUDA_SUCCESS;
-    while (lay && n < 4096 && !(e = param_info(d, f, k, n, &off, &size))) {
-        if (n == cap) {
-            uint32_t(*m)[2] = realloc(lay, (cap *= 2) * sizeof *lay);
-            if (!m)
-                break;
-            lay = m;
-        }
-        lay[n][0] = (uint32_t)off, lay[n][1] = (uint32_t)size;
-        fi->bytes = fi->bytes > off + size ? fi->bytes : (uint32_t)(off + size);
-        n++;
-    }
-    fi->num_params = lay ? n : 0;
-    fi->layout = lay;
-    return lay && e == CUDA_ERROR_INVALID_VALUE;
-}
-
-static void stop_no_layout(const mi_driver *d, CUfunction f, const char *name, bool kernel) {
-    int v = 0;
-    if (d->driverGetVersion)
-        d->driverGetVersion(&v);
-    char msg[400];
-    snprintf(msg, sizeof msg,
-             "the parameter layout of kernel %s cannot be read: the driver (CUDA %d.%d) %s; an "
-             "artifact needs a CUDA 12.4 or newer driver (cuFuncGetParamInfo, cuKernelGetParamInfo)",
-             name ? name : "?", v / 1000, v % 1000 / 10,
-             !d->funcGetParamInfo && !(kernel && d->kernelGetParamInfo)
-                 ? "has neither cuFuncGetParamInfo nor cuKernelGetParamInfo"
-                 : "refused the query");
-    (void)f;
-    mi_stop(msg);
-}
-
-static void func_query(CUfunction f, mi_func_info *fi, medusa_trace_record *r, char **blob,
-                       size_t *len) {
-    const mi_driver *d = mi_drv();
-    /* f is a CUfunction, or a CUkernel (cuLaunchKernel takes both): a kernel is asked through the
-     * function it gives, for its module. */
-    const char *name = NULL;
-    CUfunction fn = f;
-    CUkernel k = NULL;
-    CUresult named = d->funcGetName ? d->funcGetName(&name, f) : CUDA_ERROR_NOT_FOUND;
-    if (named == CUDA_ERROR_INVALID_HANDLE && d->kernelGetFunction &&
-        d->kernelGetFunction(&fn, (CUkernel)f) == CUDA_SUCCESS) {
-        k = (CUkernel)f;
-        if (d->funcGetName)
-            d->funcGetName(&name, fn);
-    }
-    if (!param_layout(d, fn, k, fi))
-        stop_no_layout(d, f, name, k != NULL);
-    CUlibrary lib = NULL;
-    CUmodule mod = NULL;
-    if (k && d->kernelGetLibrary && d->kernelGetLibrary(&lib, k) != CUDA_SUCCESS)
-        lib = NULL;
-    if (d->funcGetModule && d->funcGetModule(&mod, fn) != CUDA_SUCCESS)
-        mod = NULL;
-    *r = (medusa_trace_record){.type = MEDUSA_EV_FUNC,
-                               .u = {(uint64_t)(uintptr_t)f, (uint64_t)(uintptr_t)lib,
-                                     (uint64_t)(uintptr_t)mod, fi->num_params, fi->bytes}};
-    size_t nl = name ? strlen(name) : 0;
-    *len = fi->num_params * 8u + nl;
-    *blob = malloc(*len + 1);
-    if (*blob) {
-        if (fi->num_params)
-            memcpy(*blob, fi->layout, fi->num_params * 8u);
-        if (nl)
-            memcpy(*blob + fi->num_params * 8u, name, nl);
-    }
-}
-
-const mi_func_info *mi_func(CUfunction f) {
-    static const mi_func_info none;
-    pthread_mutex_lock(&W.lock);
-    func_slot *s = func_find(f);
-    pthread_mutex_unlock(&W.lock);
-    if (s)
-        return &s->info;
-    /* First sight: ask the driver outside the lock (it may take its own). */
-    mi_func_info fi = {0};
-    medusa_trace_record r;
-    char *blob = NULL;
-    size_t len = 0;
-    func_query(f, &fi, &r, &blob, &len);
-    pthread_mutex_lock(&W.lock);
-    s = func_find(f);
-    bool fresh = !s;
-    if (fresh && (s = func_insert(f)))
-        s->info = fi;
-    pthread_mutex_unlock(&W.lock);
-    if (fresh && s)
-        mi_emit(&r, blob, len, LIVE_NONE);
-    else
-        free(fi.layout);
-    free(blob);
-    return s ? &s->info : &none;
-}
-
-bool mi_stub_seen(const void *stub) {
-    pthread_mutex_lock(&W.lock);
-    bool seen = false;
-    if ((W.stub_used + 1) * 2 > W.stub_cap) {
-        size_t cap = W.stub_cap ? W.stub_cap * 2 : 256;
-        const void **n = calloc(cap, sizeof *n);
-        if (n) {
-            for (size_t i = 0; i < W.stub_cap; i++)
-                if (W.stubs[i]) {
-                    size_t j = slot_of((uint64_t)(uintptr_t)W.stubs[i], cap);
-                    while (n[j])
-                        j = (j + 1) & (cap - 1);
-                    n[j] = W.stubs[i];
-                }
-            free(W.stubs);
-            W.stubs = n, W.stub_cap = cap;
-        }
-    }
-    if (W.stub_cap) {
-        size_t i = slot_of((uint64_t)(uintptr_t)stub, W.stub_cap);
-        while (W.stubs[i] && W.stubs[i] != stub)
-            i = (i + 1) & (W.stub_cap - 1);
-        seen = W.stubs[i] == stub;
-        if (!seen)
-            W.stubs[i] = stub, W.stub_used++;
-    }
-    pthread_mutex_unlock(&W.lock);
-    return seen;
+    pthread_mutex_init(&mi_registry_lock, NULL);
 }

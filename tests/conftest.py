@@ -2,26 +2,22 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from medusa import env
 from medusa.cuda.toolchain import compile_program
+from tests.processes import ENGINE_OPTS, clean_env, without_medusa
 
 PROGRAMS = Path(__file__).parent / "cuda" / "programs"
 
 # The suite runs with simcuda's race checker on, in this process (libsimcuda reads it when it
 # loads) and in every process a test starts: a missing wait between streams fails the test.
+# The children keep it (and the schedule seed): tests.processes.SUITE_SIM.
 os.environ.setdefault(env.SIM_RACECHECK.name, "1")
-# Kept when a program runs with a clean MEDUSA_SIM_* environment (run below).
-SUITE_SIM = (env.SIM_RACECHECK.name, env.SIM_SCHEDULE_SEED.name)
-
-
-def without_medusa(environ: Mapping[str, str], prefix: str = "MEDUSA_") -> dict[str, str]:
-    """environ without its MEDUSA_* (or `prefix`) settings, except the suite's race checking."""
-    return {k: v for k, v in environ.items() if not k.startswith(prefix) or k in SUITE_SIM}
 
 
 @pytest.fixture(scope="session")
@@ -63,3 +59,19 @@ def run() -> Callable[..., subprocess.CompletedProcess[str]]:
 def lines(out: str) -> dict[str, str]:
     """'label: value' lines of a program's output, as a dict."""
     return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+
+
+@pytest.fixture(scope="session")
+def engine_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 materialized with ENGINE_OPTS, once per session."""
+    out = tmp_path_factory.mktemp("art") / "smollm2"
+    res = subprocess.run(
+        [sys.executable, "-m", "medusa.cli", "materialize", *ENGINE_OPTS, "--out", str(out)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "graphs    3 (keys [4, 2, 1])" in res.stdout
+    return out

@@ -82,8 +82,9 @@ def materialize(
     from medusa.cuda.backend import NoDeviceError, load_backend
     from medusa.engine.config import EngineConfig
     from medusa.engine.loader import locate_model
+    from medusa.engine.materialize import materialize_engine
     from medusa.materialize.analysis import MaterializeError
-    from medusa.materialize.driver import materialize_command, materialize_engine
+    from medusa.materialize.driver import materialize_command
 
     echo = lambda msg: click.echo(msg, err=True)  # noqa: E731
     exit_on_sigterm()  # NOTE: so that the scratch directories go with the process
@@ -124,13 +125,13 @@ def materialize(
             config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
             name = Path(model).stem if model else "smollm2"
             target = Path(out or f"artifacts/{name}-{kind}")
+            check = None
+            if check_accesses:
+                from medusa.tessera.record import pointer_check
+
+                check = pointer_check(kind, strict=check_accesses == "strict")
             summary = materialize_engine(
-                config,
-                target,
-                kind,
-                echo,
-                weights=not no_weights,
-                check_accesses=check_accesses or "",
+                config, target, kind, echo, weights=not no_weights, check=check
             )
         art = sign_artifact(target, sign) if sign else load_artifact(target)
     except (MaterializeError, ValueError, NoDeviceError) as e:  # ArtifactError is a ValueError

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from medusa.errors import MedusaError
+from medusa.errors import MedusaError, RefusedError
 
 
 class CudaError(MedusaError, RuntimeError):
@@ -12,3 +12,8 @@ class CudaError(MedusaError, RuntimeError):
         self.call = call
         self.code = code
         self.name = name
+
+
+class LibraryVersionError(RefusedError, RuntimeError):
+    """One of Medusa's C libraries was built from other sources than this package (its layouts
+    differ from the ones the Python side packs)."""

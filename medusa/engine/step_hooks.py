@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from medusa.engine.sequence import Sequence, StepOutput
 
-if TYPE_CHECKING:
-    from medusa.engine.llm_engine import LLMEngine
+# The LLMEngine a hook is attached to. NOTE: Any, not the class: llm_engine imports this module,
+# and the hooks (in their own packages) annotate it as LLMEngine themselves.
+Engine = Any
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class StepHook:
 
     decodes = False  # whether decode() runs the engine's decode steps
 
-    def attach(self, engine: LLMEngine) -> None:
+    def attach(self, engine: Engine) -> None:
         """Added to `engine`, between two steps."""
 
     def detach(self) -> None:
@@ -68,7 +69,7 @@ class StepHook:
         return False
 
 
-StepHookFactory = Callable[["LLMEngine"], StepHook]
+StepHookFactory = Callable[[Engine], StepHook]
 _FACTORIES: dict[str, StepHookFactory] = {}
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from medusa.engine.loader.errors import ModelError
+from medusa.engine.model_error import ModelError
 
 if TYPE_CHECKING:
     import jinja2

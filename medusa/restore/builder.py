@@ -1,20 +1,20 @@
 """The ctypes binding of libmedusa_restore (csrc/restore/): builds one graph from its packed arrays
-(medusa.restore.layout) and relocates saved buffer contents."""
+(medusa.artifact.layout) and relocates saved buffer contents."""
 
 from __future__ import annotations
 
 import ctypes
-import functools
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from typing import Any
 
 import numpy as np
 
-from medusa.cuda import paths
-from medusa.restore.layout import RELOC
+from medusa.artifact.layout import RELOC
+from medusa.cuda.errors import LibraryVersionError
+from medusa.cuda.native import restore_library
+from medusa.restore.errors import RestoreError
 
-KINDS = 4
-ABI_VERSION = 7  # MR_ABI_VERSION in csrc/restore/restore.h
+KINDS = 4  # relocation kinds (medusa.trace.run_view): DEVICE, HOST, GLOBAL, VMM
 
 
 class _Graph(ctypes.Structure):
@@ -41,19 +41,12 @@ class _Kernels(ctypes.Structure):
     ]
 
 
-@functools.cache
 def load_library() -> ctypes.CDLL:
-    """libmedusa_restore, refused unless built from this version's sources (its layouts)."""
-    path = paths.library("medusa_restore")
-    lib = ctypes.CDLL(str(path))
-    if getattr(lib, "mr_abi_version", lambda: 1)() != ABI_VERSION:
-        from medusa.restore.restorer import RestoreError  # restorer.py imports this module
-
-        raise RestoreError(
-            f"{path} was built for another version of medusa (its layouts differ); "
-            "reinstall the package (`pip install .`) or point MEDUSA_LIB_DIR at a fresh build"
-        )
-    return lib
+    """libmedusa_restore; RestoreError when it was built from other sources than this package."""
+    try:
+        return restore_library()
+    except LibraryVersionError as e:
+        raise RestoreError(str(e)) from None
 
 
 class GraphBuilder:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from medusa.restore.restorer import RestoreError
+from medusa.restore.errors import RestoreError
 
 # Engine settings that change what start-up allocates or captures.
 CONFIG_KEYS = (

@@ -8,16 +8,14 @@ template's tables, replacement rows against the graph's combined ones."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from medusa.artifact.errors import ArtifactError
-from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC
+from medusa.restore.plan_tables import PlanTables
 from medusa.trace import NodeType
-
-if TYPE_CHECKING:
-    from medusa.restore.validate import PlanTables
 
 KERNEL, MEMCPY, MEMSET, EMPTY = (int(NodeType[t]) for t in ("KERNEL", "MEMCPY", "MEMSET", "EMPTY"))
 I64 = 1 << 63

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections import Counter
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from ctypes import c_size_t, c_uint, c_void_p
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,21 +17,18 @@ import numpy as np
 
 from medusa import env
 from medusa.artifact import Artifact
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.cuda.backend import Backend
-from medusa.errors import FallbackError
-from medusa.materialize.analysis import DEVICE, GLOBAL, HOST, VMM, RunView
 from medusa.restore.builder import KINDS, GraphBuilder
-from medusa.restore.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
+from medusa.restore.errors import RestoreError
+from medusa.restore.kernels import Images, KernelFinder, find_kernels, global_addresses
 from medusa.restore.validate import validate_plan
 from medusa.trace import Ev, read_trace
 from medusa.trace import control as trace
 from medusa.trace import records as R
+from medusa.trace.run_view import DEVICE, GLOBAL, HOST, VMM, RunView
 
 log = logging.getLogger("medusa.restore")
-
-
-class RestoreError(FallbackError, RuntimeError):
-    """The artifact cannot be used in this process; the message says exactly why."""
 
 
 @dataclass
@@ -39,6 +36,19 @@ class RestoreResult:
     execs: list[int]
     methods: Counter[str] = field(default_factory=Counter)
     timings: dict[str, float] = field(default_factory=dict)
+
+
+def _check_counts(own: RunView, plan_allocs: list[list[Any]], phases: set[str]) -> None:
+    """Each recorded phase of PHASES that this start-up ran made as many allocations as then."""
+    ran = {a.phase for a in own.allocs}
+    for phase in ran & phases:
+        n_plan = sum(1 for x in plan_allocs if x[0] == phase)
+        n_own = sum(1 for a in own.allocs if a.phase == phase)
+        if phase in {x[0] for x in plan_allocs} and n_own != n_plan:
+            raise RestoreError(
+                f"phase {phase!r} made {n_own} allocations here, {n_plan} when "
+                "recorded: the start-up diverges"
+            )
 
 
 class Restorer:
@@ -59,27 +69,7 @@ class Restorer:
         self.last_timings: dict[str, float] = {}
         self._own: RunView | None = None
         self.funcs: np.ndarray = np.zeros(0)
-        self._libs: dict[str, tuple[int, bool]] = {}
-
-    def _drv(self, name: str, version: int, restype: Any, argtypes: list[Any]) -> Any:
-        fn = c_void_p()
-        by_version = self.b._fn(
-            "cudaGetDriverEntryPointByVersion",
-            c_int,
-            [c_char_p, c_void_p, c_uint, ctypes.c_ulonglong, c_void_p],
-        )
-        if by_version(name.encode(), ctypes.byref(fn), version, 0, None):
-            # NOTE: a runtime older than 12.5 has only the unversioned lookup.
-            self.b.call(
-                "cudaGetDriverEntryPoint",
-                c_char_p(name.encode()),
-                ctypes.byref(fn),
-                ctypes.c_ulonglong(0),
-                None,
-            )
-        if not fn.value:
-            raise RestoreError(f"the driver has no {name}")
-        return ctypes.CFUNCTYPE(restype, *argtypes)(fn.value)
+        self._libs: Images = {}
 
     # ---- allocations ----
     def _own_run(self) -> RunView:
@@ -127,15 +117,7 @@ class Restorer:
                     f"here, {size} bytes in the artifact: the start-up diverges"
                 )
             base[i] = a.addr
-        ran = {a.phase for a in own.allocs}
-        for phase in (ran & entered) - skipped:
-            n_plan = sum(1 for x in plan_allocs if x[0] == phase)
-            n_own = sum(1 for a in own.allocs if a.phase == phase)
-            if phase in {x[0] for x in plan_allocs} and n_own != n_plan:
-                raise RestoreError(
-                    f"phase {phase!r} made {n_own} allocations here, {n_plan} when "
-                    "recorded: the start-up diverges"
-                )
+        _check_counts(own, plan_allocs, entered - skipped)
         for op, i in self.plan["replay"]:
             kind, size = plan_allocs[i][2], plan_allocs[i][3]
             if op == "a":
@@ -188,114 +170,15 @@ class Restorer:
         else:
             self.b.call("cudaFreeHost", c_void_p(addr))
 
-    # ---- kernels and globals ----
+    # ---- kernels and globals (kernels.py) ----
     def resolve_kernels(self) -> tuple[np.ndarray, Counter[str]]:
-        own = self._own_run()
-        libs: dict[str, tuple[int, bool]] = {}  # sha256 -> (handle, is_library)
-        for e in own.trace.of(R.Load, Ev.LOAD):
-            if e.result == 0:
-                libs.setdefault(e.sha256, (e.handle, e.is_library))
-        get_by_stub = self.b._fn("cudaGetFuncBySymbol", c_int, [c_void_p, c_void_p])
-        name_of = self._drv("cuFuncGetName", 12030, c_int, [POINTER(c_char_p), c_void_p])
-        lib_kernel = self._drv(
-            "cuLibraryGetKernel", 12000, c_int, [POINTER(c_void_p), c_void_p, c_char_p]
-        )
-        mod_func = self._drv(
-            "cuModuleGetFunction", 2000, c_int, [POINTER(c_void_p), c_void_p, c_char_p]
-        )
-        # NOTE: a library gives a CUkernel; graph nodes and cuFuncSetAttribute take a CUfunction.
-        as_func = self._drv("cuKernelGetFunction", 12000, c_int, [POINTER(c_void_p), c_void_p])
-        load_data = self._drv(
-            "cuLibraryLoadData",
-            12000,
-            c_int,
-            [POINTER(c_void_p), c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint],
-        )
-        set_attr = self._drv("cuFuncSetAttribute", 9000, c_int, [c_void_p, c_int, c_int])
-        funcs = np.zeros(len(self.plan["funcs"]), np.uint64)
-        methods: Counter[str] = Counter()
-        for i, fn in enumerate(self.plan["funcs"]):
-            name, sha = fn["name"], fn["sha256"]
-            f = c_void_p()
-            method = ""
-            if fn["symbol"]:
-                try:
-                    stub = self.b.symbol(fn["symbol"])
-                except AttributeError:
-                    stub = 0
-                got = c_char_p()
-                if (
-                    stub
-                    and get_by_stub(ctypes.byref(f), c_void_p(stub)) == 0
-                    and name_of(ctypes.byref(got), f) == 0
-                    and got.value == name.encode()
-                ):
-                    method = "exported stub"
-            if not method and sha in libs:
-                handle, is_lib = libs[sha]
-                look = lib_kernel if is_lib else mod_func
-                if look(ctypes.byref(f), c_void_p(handle), name.encode()) == 0 and (
-                    not is_lib or as_func(ctypes.byref(f), f) == 0
-                ):
-                    method = "loaded image"
-            why = "no image of it was saved"
-            if not method and (image := self.art.image(sha)):
-                lib = c_void_p()
-                code = load_data(ctypes.byref(lib), image, None, None, 0, None, None, 0)
-                if code:
-                    why = f"its saved image does not load ({self.b.error_name(code)}: "
-                    why += f"{self.b.last_message()})"
-                elif (
-                    lib_kernel(ctypes.byref(f), lib, name.encode()) == 0
-                    and as_func(ctypes.byref(f), f) == 0
-                ):
-                    libs[sha] = (int(lib.value or 0), True)
-                    method = "saved image"
-                else:
-                    why = "its saved image does not hold it"
-            if not method:
-                raise RestoreError(
-                    f"kernel {name} (image {sha[:12]}) cannot be found: no exported "
-                    f"symbol names it, no loaded image holds it, and {why}"
-                )
-            for attr, value in fn["attrs"]:
-                if set_attr(f, attr, value):
-                    raise RestoreError(
-                        f"kernel {name}: re-applying attribute {attr}={value} failed"
-                    )
-            funcs[i] = f.value or 0
-            methods[method] += 1
-        self._libs = libs
+        finder = KernelFinder(self.b, self.art, self._own_run().trace)
+        funcs, methods = find_kernels(finder, self.plan["funcs"])
+        self._libs = finder.libs
         return funcs, methods
 
     def map_globals(self) -> None:
-        glob = self.plan["globals"]
-        size = max((g["index"] for g in glob), default=-1) + 1
-        base = np.zeros(size, np.uint64)
-        lib_global = self._drv(
-            "cuLibraryGetGlobal",
-            12000,
-            c_int,
-            [POINTER(c_uint64), POINTER(c_size_t), c_void_p, c_char_p],
-        )
-        mod_global = self._drv(
-            "cuModuleGetGlobal",
-            3020,
-            c_int,
-            [POINTER(c_uint64), POINTER(c_size_t), c_void_p, c_char_p],
-        )
-        for g in glob:
-            handle, is_lib = self._libs.get(g["sha256"], (0, True))
-            addr, n = c_uint64(), c_size_t()
-            look = lib_global if is_lib else mod_global
-            if not handle or look(
-                ctypes.byref(addr), ctypes.byref(n), c_void_p(handle), g["name"].encode()
-            ):
-                raise RestoreError(
-                    f"module global {g['name']} (image {g['sha256'][:12]}) not found"
-                )
-            base[g["index"]] = addr.value
-        self.bases[GLOBAL] = base
+        self.bases[GLOBAL] = global_addresses(self.b, self.plan["globals"], self._libs)
 
     def map_vmm(self) -> None:
         entries = self.plan.get("vmm", [])

@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from medusa.materialize.analysis import AddressIndex, RunView
+from medusa.materialize.analysis import AddressIndex
+from medusa.tessera.library import api_extents
+from medusa.tessera.modes import READ, WRITE
 from medusa.trace import Ev, NodeType
 from medusa.trace import records as R
+from medusa.trace.reader import Trace
+from medusa.trace.run_view import RunView
 
-READ, WRITE = 1, 2
 Key = tuple[int, int]  # (allocation kind, index), as in a relocation
 
 
@@ -53,14 +56,14 @@ class NodeAccesses:
         return {off for off, (k, i, _) in self.pointers.items() if (k, i) in self.extents}
 
 
-def _eager_accesses(trace) -> dict[tuple, list[tuple[int, R.Access]]]:
+def _eager_accesses(trace: Trace) -> dict[tuple, list[tuple[int, R.Access]]]:
     """(func, grid, block, params) -> [(launch seq, its accesses)] of eager kernel runs."""
     out: dict[tuple, list[tuple[int, R.Access]]] = defaultdict(list)
     pending: R.Access | None = None
     for e in trace.events(Ev.ACCESS, Ev.LAUNCH):
         if isinstance(e, R.Access):
             pending = e if not e.node else pending
-        elif pending is not None and not e.node and e.result == 0:
+        elif isinstance(e, R.Launch) and pending is not None and not e.node and e.result == 0:
             out[(e.func, e.grid, e.block, bytes(e.params))].append((e.seq, pending))
             pending = None
     return out
@@ -135,8 +138,6 @@ def analyze(run: RunView, *, api: bool = True) -> list[list[NodeAccesses | None]
     """Per graph, per node: the node's accesses (None for a node that is not a kernel, or a
     kernel no instrumented run of which was recorded). api: library kernels (mblas GEMMs) by
     their arguments (medusa.tessera.library), byte-exact, whether or not they were recorded."""
-    from medusa.tessera.library import api_extents
-
     index = AddressIndex(run)
     eager = _eager_accesses(run.trace)
     replayed = {a.node: a for a in run.trace.of(R.Access, Ev.ACCESS) if a.node}

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:  # NOTE: imported where used: `medusa run` imports this module at start
-    from medusa.materialize.analysis import RunView
+    from medusa.trace.run_view import RunView
 
 
 def _fmt(n: float) -> str:
@@ -21,8 +21,8 @@ def _fmt(n: float) -> str:
 
 def print_accesses(run: RunView, echo=click.echo) -> None:  # type: ignore[no-untyped-def]
     """`medusa inspect --accesses`: each kernel node's extents per allocation."""
-    from medusa.materialize.analysis import KIND_NAMES
     from medusa.tessera.accesses import READ, WRITE, analyze
+    from medusa.trace.run_view import KIND_NAMES
 
     for g, row in enumerate(analyze(run)):
         echo(f"graph {g}: {len(row)} nodes")
@@ -53,8 +53,8 @@ def tessera() -> None:
 @click.argument("trace", type=click.Path(exists=True, path_type=Path))
 def accesses_cmd(trace: Path) -> None:
     """Each graph node's read/write extents, from a trace recorded with MEDUSA_SIM_ACCESSES."""
-    from medusa.materialize.analysis import RunView
     from medusa.trace import read_trace
+    from medusa.trace.run_view import RunView
 
     print_accesses(RunView.build(read_trace(trace)))
 
@@ -65,9 +65,9 @@ def accesses_cmd(trace: Path) -> None:
 @click.option("--strict", is_flag=True, help="Exit 1 on any disagreement.")
 def crosscheck_cmd(instrumented: Path, shifted: Path, strict: bool) -> None:
     """The access analysis against the two-run pointer classification."""
-    from medusa.materialize.analysis import RunView
     from medusa.tessera.crosscheck import crosscheck
     from medusa.trace import read_trace
+    from medusa.trace.run_view import RunView
 
     check = crosscheck(RunView.build(read_trace(instrumented)), RunView.build(read_trace(shifted)))
     click.echo(

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from medusa.materialize.analysis import KIND_NAMES, AddressIndex, RunView, Unmoved, relocate_words
+from medusa.materialize.analysis import AddressIndex, Unmoved, relocate_words
 from medusa.tessera.accesses import NodeAccesses, analyze
 from medusa.trace import NodeType
+from medusa.trace.run_view import KIND_NAMES, RunView
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ page (simcuda records that page as written only) is still ordered."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from medusa.tessera.accesses import READ, WRITE, Key
@@ -58,7 +59,7 @@ class LastWriter:
         self.segs[key] = sorted(kept)
 
 
-def build(accesses: list[Extents | None], indirect: list[set[Key]] | None = None) -> DepGraph:
+def build(accesses: Sequence[Extents | None], indirect: list[set[Key]] | None = None) -> DepGraph:
     """accesses[i]: node i's extents (kernels from the access analysis, copies by their API
     semantics); None for a node that touches no memory."""
     reg = LastWriter()

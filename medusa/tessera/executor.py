@@ -27,12 +27,12 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.errors import EngineDeadError
-from medusa.materialize.analysis import RunView
-from medusa.restore.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.restore.restorer import Restorer
 from medusa.tessera.accesses import WRITE, Key, analyze
 from medusa.tessera.depgraph import LastWriter, build
+from medusa.trace.run_view import RunView
 
 Range = tuple[Key, int, int]  # (allocation key, lo, hi) offsets within the allocation
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from medusa.tessera.accesses import READ, WRITE
+from medusa.tessera.modes import READ, WRITE
 
 Span = tuple[int, int, int]  # (lo, hi, READ|WRITE), device addresses
 

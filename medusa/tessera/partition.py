@@ -102,10 +102,10 @@ def make_placement(artifact: str | Path, out: str | Path, how: str, seed: int = 
 
     from medusa.artifact.store import load_artifact
     from medusa.engine.config import EngineConfig
-    from medusa.materialize.analysis import RunView
     from medusa.tessera.accesses import analyze
     from medusa.tessera.record import record_instrumented
     from medusa.trace import read_trace
+    from medusa.trace.run_view import RunView
 
     out = Path(out)
     manifest = load_artifact(Path(artifact)).manifest
@@ -133,9 +133,9 @@ class Leader:
     ) -> None:
         """timeout: seconds the follower may take to answer within a step (a stopped or hung
         follower then fails the step, and the engine, with an error naming it)."""
-        from medusa.materialize.analysis import RunView
         from medusa.tessera.executor import Accesses, Link, PartitionedGraph
         from medusa.trace import read_trace
+        from medusa.trace.run_view import RunView
 
         if engine.restorer is None:
             raise PartitionError(f"--partition {plan}: the engine was not restored from "
@@ -206,7 +206,7 @@ def _graph_nodes(plan: dict) -> list[int]:  # type: ignore[type-arg]
     """The kernel nodes of each graph of a restore plan."""
     import numpy as np
 
-    from medusa.restore.layout import NODE
+    from medusa.artifact.layout import NODE
 
     return [len(np.frombuffer(plan["templates"][g["template"]]["nodes"], NODE))
             for g in plan["graphs"]]  # fmt: skip
@@ -230,9 +230,9 @@ def follow(artifact: str, plan: str, sock: str) -> None:
     from medusa.child import die_with_parent
     from medusa.engine.config import EngineConfig
     from medusa.engine.llm_engine import LLMEngine
-    from medusa.materialize.analysis import RunView
     from medusa.tessera.executor import Accesses, Link, PartitionedGraph
     from medusa.trace import read_trace
+    from medusa.trace.run_view import RunView
 
     die_with_parent()
     plugins.register()  # what the artifact's engine config may name

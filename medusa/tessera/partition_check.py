@@ -29,11 +29,11 @@ from medusa.artifact.store import load_artifact
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
-from medusa.materialize.analysis import RunView
 from medusa.tessera.accesses import Key
 from medusa.tessera.executor import Accesses, Extents, Link, PartitionedGraph
 from medusa.tessera.pipeline import Mux, Turn, run_groups, trace_position
 from medusa.trace import read_trace
+from medusa.trace.run_view import RunView
 
 PROMPTS = [[5, 17, 42, 7, 99, 3], [11, 12, 13]]  # two sequences: the batch-2 graph runs too
 

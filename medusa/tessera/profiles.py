@@ -58,7 +58,7 @@ def decode_kernels(m: Llama, batch: int, context: int) -> list[tuple[str, float,
     h, b, e = m.hidden, batch, m.dtype_bytes
     kv = m.kv_heads * m.head_dim
     act = b * h * e
-    out = [("embed", act, 0.0, m.vocab * h * e)]
+    out: list[tuple[str, float, float, float]] = [("embed", act, 0.0, m.vocab * h * e)]
     for layer in range(m.layers):
         cache = 2 * m.kv_heads * m.head_dim * e * context * b
         for name, w in (

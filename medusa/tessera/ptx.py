@@ -23,9 +23,10 @@ import re
 import struct
 from dataclasses import dataclass
 
+from medusa.tessera.modes import READ, WRITE
+
 BUFFER = "medusa_acc_buf"
 RECORD_BYTES = 16  # per site: u64 min address, u64 max end address
-READ, WRITE = 1, 2
 _UNTOUCHED = (2**64 - 1, 0)
 
 # One access, alone on its line or as a one-line inline-assembly block ("{ atom...; }").

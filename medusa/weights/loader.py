@@ -21,8 +21,10 @@ import numpy as np
 
 from medusa.cuda import CudaError
 from medusa.cuda.backend import Backend
+from medusa.cuda.native import restore_library
 from medusa.weights.errors import WeightStoreError
 from medusa.weights.format import MAX_CHUNK, Header
+from medusa.weights.progress import LoadProgress
 from medusa.weights.store import WeightStore
 
 # NOTE: fixed, not derived from the machine: the slots are recorded allocations, and a restore on
@@ -66,69 +68,11 @@ class _Load(ctypes.Structure):  # mr_load in csrc/restore/restore.h
 
 @functools.cache
 def _chunk_loader() -> Any:
-    from medusa.restore.builder import load_library
-
-    fn = load_library().mr_load_chunks
+    fn = restore_library().mr_load_chunks
     fn.restype = c_int
     fn.argtypes = [ctypes.POINTER(_Load), ctypes.POINTER(ctypes.c_uint32), ctypes.c_char_p,
                    c_size_t]  # fmt: skip
     return fn
-
-
-class LoadProgress:
-    """How far a store load has got (mr_progress in csrc/restore/restore.h): wait(offset) blocks,
-    without the GIL, until every chunk holding a byte of the data below `offset` passed its
-    checksum and its copies are queued on the load's stream. hold: chunks from this index on wait
-    for release() (tests hold a load part way)."""
-
-    def __init__(self, h: Header, hold: int | None = None) -> None:
-        self.lib = _progress_lib()
-        self.handle = self.lib.mr_progress_new(h.chunk_size, h.num_chunks,
-                                               0xFFFFFFFF if hold is None else hold)  # fmt: skip
-        if not self.handle:
-            raise MemoryError("mr_progress_new: out of memory")
-
-    def wait(self, offset: int) -> tuple[int, int]:
-        """(0, 0): in; (1, chunk): that chunk did not match its checksum; (2, 0): the load stopped
-        otherwise (its own error says why)."""
-        bad = ctypes.c_uint32()
-        code = self.lib.mr_progress_wait(self.handle, offset, byref(bad))
-        return code, bad.value
-
-    @property
-    def num_done(self) -> int:
-        return int(self.lib.mr_progress_done(self.handle))
-
-    def release(self, hold: int | None = None) -> None:
-        self.lib.mr_progress_release(self.handle, 0xFFFFFFFF if hold is None else hold)
-
-    def stop(self) -> None:
-        self.lib.mr_progress_stop(self.handle)
-
-    def close(self) -> None:
-        """Only once the load has returned."""
-        if self.handle:
-            self.lib.mr_progress_free(self.handle)
-            self.handle = None
-
-
-@functools.cache
-def _progress_lib() -> Any:
-    from medusa.restore.builder import load_library
-
-    lib = load_library()
-    lib.mr_progress_new.restype = c_void_p
-    lib.mr_progress_new.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
-    lib.mr_progress_wait.restype = c_int
-    lib.mr_progress_wait.argtypes = [c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint32)]
-    lib.mr_progress_done.restype = ctypes.c_uint32
-    lib.mr_progress_done.argtypes = [c_void_p]
-    for name in ("mr_progress_free", "mr_progress_stop"):
-        getattr(lib, name).restype = None
-        getattr(lib, name).argtypes = [c_void_p]
-    lib.mr_progress_release.restype = None
-    lib.mr_progress_release.argtypes = [c_void_p, ctypes.c_uint32]
-    return lib
 
 
 def _pieces(h: Header, dsts: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -148,6 +92,23 @@ def _pieces(h: Header, dsts: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
                 out.append((dsts[t.name] + a - t.offset, a - lo, b - a))
         starts.append(len(out))
     return np.array(starts, np.uint64), np.array(out or [(0, 0, 0)], PIECE)
+
+
+def _check_load(store: WeightStore, code: int, i: int, why: str) -> None:
+    """Raises for what mr_load_chunks returned: chunk I bad (1) or unreadable (4), or WHY."""
+    n = store.header.num_chunks
+    if code == 1:
+        raise WeightStoreError(
+            f"{store.path}: chunk {i} of {n} ({store.describe_chunk(i)}) does not "
+            "match its checksum (corrupted); materialize again to rewrite the store"
+        )
+    if code == 4:
+        raise WeightStoreError(
+            f"{store.path}: chunk {i} of {n} could not be read: {why} (the file "
+            "was changed while in use?); materialize again to rewrite the store"
+        )
+    if code:
+        raise RuntimeError(f"loading {store.path}: {why}")
 
 
 class _Runtime:
@@ -249,19 +210,7 @@ class StagingRing:
         code = _chunk_loader()(byref(args), byref(bad), err, len(err))
         self._pending = [True] * SLOTS  # NOTE: the last copies may still be in flight
         self.synchronize()
-        i, why = bad.value, err.value.decode(errors="replace")
-        if code == 1:
-            raise WeightStoreError(
-                f"{store.path}: chunk {i} of {h.num_chunks} ({store.describe_chunk(i)}) does not "
-                "match its checksum (corrupted); materialize again to rewrite the store"
-            )
-        if code == 4:
-            raise WeightStoreError(
-                f"{store.path}: chunk {i} of {h.num_chunks} could not be read: {why} (the file "
-                "was changed while in use?); materialize again to rewrite the store"
-            )
-        if code:
-            raise RuntimeError(f"loading {store.path}: {why}")
+        _check_load(store, code, bad.value, err.value.decode(errors="replace"))
 
     # ---- arrays (a model file) ----
     def upload(self, dst: int, arr: np.ndarray) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa
+from tests.processes import ENGINE_OPTS, copy_artifact, medusa
 
 
 @pytest.fixture(scope="session")

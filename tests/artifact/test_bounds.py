@@ -15,6 +15,9 @@ from medusa.artifact import ArtifactError, load_artifact
 from medusa.artifact.payload import MAX_RAW_SIZE
 from tests.artifact.conftest import edit_manifest, manifest_of, replace_plan
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 PEAK_LIMIT = 32 << 20
 
 

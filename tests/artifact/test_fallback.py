@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from medusa.artifact.seal import Seal
 from tests.artifact.conftest import manifest_of, medusa
-from tests.materialize.conftest import ENGINE_OPTS, run_restored
+from tests.processes import ENGINE_OPTS, run_restored
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 ENGINE = """
 import json, sys

@@ -13,13 +13,17 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medusa.artifact import ArtifactError, load_artifact
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import copy_artifact
+from tests.processes import copy_artifact
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PEAK_LIMIT = 64 << 20
 SETTINGS = settings(

@@ -12,6 +12,9 @@ import pytest
 from medusa.artifact import ArtifactError, load_artifact
 from tests.artifact.conftest import edit_manifest, manifest_of
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 SECRET = "/etc/hostname"
 
 

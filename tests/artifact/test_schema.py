@@ -8,6 +8,9 @@ import pytest
 from medusa.artifact import ArtifactError, load_artifact
 from tests.artifact.conftest import edit_manifest
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 
 def _set(path: str, value: object):
     def fn(m):

@@ -13,6 +13,9 @@ from medusa.artifact import ArtifactError, load_artifact, sign_artifact
 from medusa.artifact.seal import Seal
 from tests.artifact.conftest import edit_manifest, manifest_of, medusa
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 
 def test_a_changed_kv_block_count_fails_verify(art):
     edit_manifest(art, lambda m: m["kv"].update(num_blocks=m["kv"]["num_blocks"] + 1), reseal=False)

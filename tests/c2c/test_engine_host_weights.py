@@ -39,6 +39,7 @@ def device_path() -> tuple[list[str], int]:
         with_device.shutdown()
 
 
+@pytest.mark.e2e  # the whole engine on SmolLM2: tens of seconds
 def test_host_weights_answer_like_device_weights_and_leave_the_device_empty(device_path):
     want, used_device = device_path
     for alpha in (0.0, 1.0):
@@ -52,6 +53,7 @@ def test_host_weights_answer_like_device_weights_and_leave_the_device_empty(devi
         assert used_device - used_host > 500 << 20
 
 
+@pytest.mark.e2e  # the whole engine on SmolLM2: tens of seconds
 def test_a_tuned_engine_moves_alpha_between_steps_and_answers_the_same(device_path):
     """tune_alpha: C2C's alpha tuner, a step hook medusa.plugins registers, sets the engine's
     alpha after its first interval of steps; the answers do not depend on alpha."""

@@ -16,6 +16,9 @@ import pytest
 
 from medusa.engine.hybrid_gemm import MAX_SHARED, Tiles, launch_shape
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 

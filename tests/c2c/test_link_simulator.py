@@ -7,6 +7,8 @@ import copy
 import subprocess
 import sys
 
+import pytest
+
 from medusa.c2c.link_simulator import (
     DEFAULT_MODELS,
     DEFAULT_SLICES,
@@ -38,6 +40,7 @@ def test_every_request_completes_and_the_policies_show():
     assert 0.0 <= best["slo_attainment"] <= 1.0 and best["c2c_utilisation"]
 
 
+@pytest.mark.e2e
 def test_azure_trace_and_cli(tmp_path):
     csv = tmp_path / "azure.csv"
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [

@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 

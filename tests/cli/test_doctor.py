@@ -3,6 +3,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 
 def test_doctor_reports_the_sim_back_end_and_runs_a_kernel():
     res = subprocess.run(

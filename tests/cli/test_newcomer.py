@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from medusa.child import medusa_cli, python_code
-from tests.conftest import without_medusa
+from tests.processes import without_medusa
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 
 def run_medusa(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from medusa.child import medusa_cli
-from tests.materialize.conftest import ENGINE_OPTS, clean_env
+from tests.processes import ENGINE_OPTS, clean_env
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -18,6 +18,9 @@ import pytest
 from medusa.child import ROOT
 from tests.cluster.conftest import RayGateway
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 ray = pytest.importorskip("ray")
 
 CHAT = {

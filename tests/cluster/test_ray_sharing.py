@@ -19,6 +19,9 @@ from tests.cluster.conftest import ENGINE, RayCluster, RayGateway, ray_gateway_o
 from tests.engine.tiny_models import write_gguf
 from tests.serve.test_pool import _pool
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 ray = pytest.importorskip("ray")
 
 PAGE = 2 << 20

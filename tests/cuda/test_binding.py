@@ -44,6 +44,7 @@ def test_an_unknown_back_end_is_refused_with_the_choices():
         load_backend("tpu")
 
 
+@pytest.mark.e2e
 def test_calls_resolve_in_global_scope_so_a_preload_sees_them(cprog, tmp_path):
     shim = cprog("procshim", libs=(), shared=True)
     code = (

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 TESTKERNELS = ROOT / "csrc" / "kernels" / "cuda" / "testkernels.cu"
 needs_nvcc = pytest.mark.skipif(

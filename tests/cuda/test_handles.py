@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import lines
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 
 def test_library_module_kernel_and_function_are_distinct_handle_kinds(cprog, run):

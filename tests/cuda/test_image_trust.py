@@ -6,7 +6,12 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import lines
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 EVIL = r"""
 #include <stdio.h>

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import lines
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 
 def test_two_processes_get_different_addresses(cprog, run):

@@ -7,6 +7,9 @@ import pytest
 
 from tests.conftest import lines
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 CHECKED = {"MEDUSA_SIM_RACECHECK": "1"}
 
 

@@ -9,6 +9,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 SCRIPT = """
 import json, time
 import numpy as np

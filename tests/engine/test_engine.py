@@ -15,6 +15,10 @@ from medusa.engine.sampling import SamplingParams
 from medusa.engine.sequence import Sequence
 from tests.engine.reference import Reference
 
+# Runs the whole engine on SmolLM2 (tens of seconds a test on 2 cores): e2e, not in the fast
+# subset, though it starts no process (see pyproject.toml's e2e marker).
+pytestmark = pytest.mark.e2e
+
 CHAT = "What is the capital of France?"
 
 

@@ -13,7 +13,7 @@ from safetensors.numpy import save_file
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.loader import open_model
-from medusa.engine.loader.errors import ModelError
+from medusa.engine.model_error import ModelError
 from medusa.engine.sampling import SamplingParams
 from tests.engine.reference import Reference
 
@@ -88,6 +88,7 @@ def hf_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e  # the whole engine on SmolLM2: tens of seconds
 def test_an_hf_checkpoint_runs_and_matches_the_reference(hf_dir):
     m = open_model(hf_dir)
     assert m.spec.rope_neox and m.spec.tie_embeddings

@@ -10,8 +10,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from medusa.engine.loader import open_model
-from medusa.engine.loader.errors import ModelError
 from medusa.engine.loader.rope import rope_from_config
+from medusa.engine.model_error import ModelError
 from tests.engine.tiny_models import write_gguf
 
 

@@ -7,9 +7,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from medusa.trace import Ev, read_trace, recorder_env
 from medusa.trace import records as R
-from tests.conftest import without_medusa
+from tests.processes import without_medusa
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 START = """
 from medusa.engine.config import EngineConfig

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from medusa.engine.loader import open_model
-from medusa.engine.loader.stored import (
+from medusa.engine.loader.tokenizer_record import (
     check_packed_tokenizer,
     packed_gguf_tokenizer,
     tokenizer_from_record,

@@ -21,9 +21,13 @@ REPO = Path(__file__).parents[2]
 GPU = REPO / "scripts" / "gpu"
 TOOLS = {"all", "kit", "offline_check"}  # scripts/gpu/*.sh that are no checks (helpers: lib/)
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("nvidia-smi") is not None, reason="this machine has a GPU: the checks would run"
-)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        shutil.which("nvidia-smi") is not None,
+        reason="this machine has a GPU: the checks would run",
+    ),
+]
 
 
 def all_sh(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -31,6 +31,7 @@ def test_two_calls_each_under_2000_characters_naming_scripts_that_exist():
         assert scripts and all((REPO / s).is_file() for s in scripts), call["command"]
 
 
+@pytest.mark.e2e
 def test_each_call_carries_the_common_part_and_its_own_model_part(tmp_path):
     model = tmp_path / "model.gguf"
     model.write_bytes(b"gguf" * 1000)
@@ -43,6 +44,7 @@ def test_each_call_carries_the_common_part_and_its_own_model_part(tmp_path):
         assert all((tmp_path / p).is_dir() for p in call["carry"]), "kit.sh lays the kit out so"
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(
     shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout"
 )

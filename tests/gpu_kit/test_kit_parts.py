@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 KIT_SH = Path(__file__).parents[2] / "scripts" / "gpu" / "kit.sh"
 LIMIT = 50 * 2**20
 

@@ -14,6 +14,9 @@ from gguf import GGMLQuantizationType as T
 
 from tests.engine.tiny_models import write_gguf
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).parents[2]
 
 

@@ -19,7 +19,10 @@ from medusa.integrations.vllm.schema import vllm_section
 from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.driver import analyze_runs, record_run, write_artifact
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAM = Path(__file__).parent / "programs" / "vllm_like.py"
 

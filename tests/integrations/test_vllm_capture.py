@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from medusa.integrations.vllm import capture
+from medusa.integrations.vllm import capture, recording
 
 torch = pytest.importorskip("torch")
 
@@ -51,14 +51,14 @@ def test_blocks_no_python_tensor_holds_are_told_apart_from_held_ones():
     # (its owner remakes it in a restored process) or by native code only (a cuBLAS workspace)
     held = torch.arange(64, dtype=torch.float32)
     view = held[8:16]  # a view keeps its whole storage alive
-    storages = capture.python_storages("cpu")
+    storages = recording.python_storages("cpu")
     assert (held.data_ptr(), 256) in storages
     base = held.data_ptr()
     blocks = [(base + 32, 32), (base + 256, 512), (base - 512, 512), (base - 8, 16)]
-    assert capture.python_held(blocks, storages)[0] is True
-    assert capture.python_held([(base + 32, 32)], [(base, 256)]) == [True]
-    assert capture.python_held(blocks[1:3], [(base, 256)]) == [False, False]  # just outside
-    assert capture.python_held([(base - 8, 16)], [(base, 256)]) == [True]  # overlaps the start
+    assert recording.python_held(blocks, storages)[0] is True
+    assert recording.python_held([(base + 32, 32)], [(base, 256)]) == [True]
+    assert recording.python_held(blocks[1:3], [(base, 256)]) == [False, False]  # just outside
+    assert recording.python_held([(base - 8, 16)], [(base, 256)]) == [True]  # overlaps the start
     del view
 
 
@@ -70,10 +70,10 @@ def test_the_sidecar_is_never_written_or_read_through_a_planted_link(tmp_path, m
     side.symlink_to(victim)
     monkeypatch.setenv("MEDUSA_VLLM_SIDECAR", str(side))
     with pytest.raises(OSError):
-        capture.write_sidecar({"captures": 1})
+        recording.write_sidecar({"captures": 1})
     assert victim.read_text() == '{"theirs": 1}'
     side.unlink()
-    capture.write_sidecar({"captures": 1})
-    capture.write_sidecar({"graphs": []})
+    recording.write_sidecar({"captures": 1})
+    recording.write_sidecar({"graphs": []})
     assert side.read_text() == '{"captures": 1, "graphs": []}'
     assert side.stat().st_mode & 0o777 == 0o600 and sorted(tmp_path.iterdir()) == [side, victim]

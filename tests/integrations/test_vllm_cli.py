@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from medusa.artifact import save_artifact
 from medusa.integrations.vllm.materialize import with_kv_size
 from medusa.integrations.vllm.schema import vllm_section
 from medusa.integrations.vllm.serve import serve_command
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 
 
 def medusa(*args: str) -> subprocess.CompletedProcess[str]:
@@ -42,6 +44,7 @@ def test_the_kv_size_replaces_one_the_user_gave():
     assert with_kv_size(["m", f"{kv}=9"], 5) == ["m", kv, "5"]
 
 
+@pytest.mark.e2e
 def test_materializing_vllm_without_a_gpu_says_it_needs_one():
     res = medusa("materialize", "--engine", "vllm", "Qwen/Qwen2.5-0.5B-Instruct")
     assert res.returncode == 1
@@ -93,6 +96,7 @@ def test_run_builds_vllm_serve_with_the_recorded_arguments_and_the_restore_env(t
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # a forked child would not record
 
 
+@pytest.mark.e2e
 def test_run_refuses_an_artifact_of_another_kind_or_model(tmp_path):
     art = _artifact(tmp_path, kind="command")
     res = medusa("run", "--engine", "vllm", "--artifact", str(art))
@@ -106,6 +110,7 @@ def test_run_refuses_an_artifact_of_another_kind_or_model(tmp_path):
     assert "is for model '/models/qwen', not 'other-model'" in res.stderr
 
 
+@pytest.mark.e2e
 def test_run_with_vllm_refuses_the_reference_engines_options():
     res = medusa("run", "--engine", "vllm", "--max-num-seqs", "4", "--artifact", "/x")
     assert res.returncode == 2
@@ -116,6 +121,7 @@ def test_run_with_vllm_refuses_the_reference_engines_options():
     assert "medusa materialize --engine vllm MODEL -- --max-model-len 4096" in res.stderr
 
 
+@pytest.mark.e2e
 def test_vllm_arguments_come_only_from_a_manifest_signed_by_the_trusted_key(tmp_path):
     """The recorded arguments reach `vllm serve` (--trust-remote-code, another model): with
     --trust they are used only from an artifact that key signed, and the plugin checks again."""

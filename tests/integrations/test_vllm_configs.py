@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 pytest.importorskip("vllm.engine.arg_utils")
 
 ROOT = Path(__file__).parents[2]

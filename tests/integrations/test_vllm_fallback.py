@@ -16,7 +16,7 @@ pytest.importorskip("vllm.v1.worker.gpu_worker")
 from medusa.cuda.errors import CudaError  # noqa: E402
 from medusa.integrations.vllm import restore  # noqa: E402
 from medusa.integrations.vllm.points import PREPARATION, check_patch_points  # noqa: E402
-from medusa.restore.restorer import RestoreError  # noqa: E402
+from medusa.restore.errors import RestoreError  # noqa: E402
 
 
 @pytest.fixture

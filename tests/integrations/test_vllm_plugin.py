@@ -127,6 +127,7 @@ def test_descriptors_map_to_artifact_keys_and_back():
         )
 
 
+@pytest.mark.e2e
 def test_engine_arguments_are_read_by_vllms_own_parser():
     # In a fresh process: the parser builds default configs, which need a platform (here the CPU).
     script = (

@@ -14,7 +14,10 @@ from medusa.integrations.vllm.traces import engine_core_trace, process_traces, t
 from medusa.materialize.analysis import MaterializeError
 from medusa.trace import read_trace, recorder_env
 from medusa.trace.format import Ev
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAM = Path(__file__).parent / "programs" / "vllm_like.py"
 ROOT = Path(__file__).parents[2]

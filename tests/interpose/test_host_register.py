@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from medusa.materialize.analysis import HOST, RunView
 from medusa.trace import Ev, read_trace, recorder_env
 from medusa.trace import records as R
+from medusa.trace.run_view import HOST, RunView
 from tests.conftest import lines
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAM_DIR = Path(__file__).parents[1] / "cuda" / "programs"
 

@@ -12,7 +12,11 @@ import pytest
 
 from medusa.trace import Ev, read_trace, recorder_env
 from medusa.trace import records as R
-from tests.conftest import lines, without_medusa
+from tests.conftest import lines
+from tests.processes import without_medusa
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).parent / "scripts" / "python_engine.py"
 

@@ -11,6 +11,9 @@ from medusa.trace import Ev, read_trace, recorder_env
 from medusa.trace import records as R
 from tests.conftest import lines
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 PROGRAMS = Path(__file__).parent / "programs"
 
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from tests.materialize.conftest import medusa
+import pytest
+
+from tests.processes import medusa
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 BIG = """
 import ctypes

@@ -8,8 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAM = Path(__file__).parent / "programs" / "general.py"
 

@@ -10,11 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from medusa.artifact import load_artifact
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env, materialize_general
+from tests.processes import GENERAL, clean_env, materialize_general
 
-PROGRAM = Path(__file__).parent / "programs" / "general.py"
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
+PROGRAM = GENERAL
 
 
 def test_a_general_program_is_materialized_and_restored(tmp_path):

@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 
 from medusa.engine.config import EngineConfig
+from medusa.engine.materialize import materialize_engine
 from medusa.materialize.analysis import MaterializeError
-from medusa.materialize.driver import SHIFT_BYTES, analyze_runs, materialize_engine
+from medusa.materialize.driver import SHIFT_BYTES, analyze_runs
 from medusa.trace import recorder_env
-from tests.conftest import SUITE_SIM
-from tests.materialize.conftest import CONFIG, clean_env
+from tests.processes import CONFIG, SUITE_SIM, clean_env
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 GENERAL = Path(__file__).parent / "programs" / "general.py"
 REUSE = """

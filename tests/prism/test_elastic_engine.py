@@ -14,6 +14,10 @@ from medusa.engine.sampling import SamplingParams
 from medusa.prism.ledger import PageLedger
 from tests.engine.tiny_models import write_gguf
 
+# Runs the whole engine on SmolLM2 (tens of seconds a test on 2 cores): e2e, not in the fast
+# subset, though it starts no process (see pyproject.toml's e2e marker).
+pytestmark = pytest.mark.e2e
+
 PAGE = 2 << 20
 PROMPTS = [[(5 * i + j) % 250 + 1 for j in range(30 + 7 * i)] for i in range(6)]
 

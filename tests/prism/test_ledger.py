@@ -31,6 +31,7 @@ def _churn(path: str, seed: int, rounds: int, out: mp.Queue) -> None:
     ledger.leave()
 
 
+@pytest.mark.e2e
 def test_workers_never_hold_more_pages_than_the_device_has(tmp_path):
     path = tmp_path / "ledger"
     ledger = PageLedger.create(path, CAPACITY, 2 << 20)
@@ -67,6 +68,7 @@ def _hold_and_die(path: str) -> None:
     os._exit(0)  # no leave(): its row still says 10 pages
 
 
+@pytest.mark.e2e
 def test_the_pages_of_a_worker_that_died_go_back(tmp_path):
     path = tmp_path / "ledger"
     ledger = PageLedger.create(path, 10, 4096)

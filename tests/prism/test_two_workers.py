@@ -19,6 +19,8 @@ from gguf import GGMLQuantizationType as T
 from tests.engine.tiny_models import write_gguf
 
 BENCH = Path(__file__).parents[2] / "scripts" / "bench"
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 SLICE = 12  # pages of 2 MiB: 96 blocks; half is 48, and B's surge needs 80 (10 pages)
 SURGE_AT = 2

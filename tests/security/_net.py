@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as T
 
 from medusa.child import medusa_cli
 from tests.engine.tiny_models import write_gguf
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 
 TINY_ENGINE = "{max_num_seqs: 4, max_model_len: 128, max_num_batched_tokens: 128}"
 TINY_ARGS = ["--max-num-seqs", "4", "--max-model-len", "128", "--max-num-batched-tokens", "128"]

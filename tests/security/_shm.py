@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as T
 from medusa.child import medusa_cli
 from medusa.weaver.region import DONE, STATUS, TASK, ExchangeRegion
 from tests.engine.tiny_models import write_gguf
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 
 ENGINE = ["--max-num-seqs", "4", "--max-model-len", "128", "--max-num-batched-tokens", "128",
           "--kv-cache-memory", str(4 << 20)]  # fmt: skip

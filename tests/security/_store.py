@@ -29,7 +29,7 @@ from medusa.env import HOLD_WEIGHTS
 from medusa.weights import open_store
 from medusa.weights.format import encode_header, parse_header
 from tests.engine.tiny_models import write_gguf
-from tests.materialize.conftest import clean_env, medusa
+from tests.processes import clean_env, medusa
 from tests.weights.conftest import OPTS
 
 DIMS = {"layers": 4}  # a store of 3 chunks of 4 MiB

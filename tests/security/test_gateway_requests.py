@@ -9,6 +9,7 @@ import json
 import time
 
 import httpx
+import pytest
 
 from tests.engine.tiny_models import write_hf
 from tests.security._net import (
@@ -20,6 +21,9 @@ from tests.security._net import (
     stop,
     tiny_model,
 )
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 MALFORMED = [
     rb'{"model": "a", "prompt": "a\ud800b", "max_tokens": 2}',

@@ -7,6 +7,7 @@ pipes) is answered correctly meanwhile."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.security._net import (
     KEY,
@@ -20,6 +21,9 @@ from tests.security._net import (
     stop,
     tiny_model,
 )
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 LIMIT = 512  # descriptors the gateway may open (soft and hard)
 ATTACKERS = 900  # half-sent requests: more than the gateway could hold

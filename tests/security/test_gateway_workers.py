@@ -27,8 +27,7 @@ from medusa.serve.gateway.backends.child_process import ChildProcess, launch
 from medusa.serve.gateway.hop import Hop
 from medusa.serve.gateway.worker_link import NotOurWorker, connect
 from medusa.serve.listeners import bind_tcp
-from tests.conftest import SUITE_SIM
-from tests.materialize.conftest import clean_env
+from tests.processes import SUITE_SIM, clean_env
 from tests.security._net import (
     ATTACKER_PYTHON,
     KEY,
@@ -44,6 +43,9 @@ from tests.security._net import (
     tiny_model,
     wait_health,
 )
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 KEEP = ("MEDUSA_LIB_DIR", *SUITE_SIM)  # where the libraries are, and the suite's race checking
 

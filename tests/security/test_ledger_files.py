@@ -44,6 +44,7 @@ def ledger_of(pid: int) -> Path:
     return found
 
 
+@pytest.mark.e2e
 def test_links_planted_for_the_gateways_ledger_are_not_followed(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"root's file\n")

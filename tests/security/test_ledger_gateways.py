@@ -20,6 +20,9 @@ from medusa.serve.gateway.slices import Slice
 from tests.security._shm import start_gateway, stop_gateway, wait_gateway
 from tests.security.test_ledger_files import SHM, elastic_config, ledger_of
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 
 def _free(base: str) -> float:
     for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():

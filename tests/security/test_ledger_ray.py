@@ -16,8 +16,11 @@ import httpx
 import pytest
 
 from medusa.child import medusa_cli
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 from tests.security._shm import free_port, stop_gateway, tiny_model, wait_gateway
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 pytest.importorskip("ray")
 SHM = Path("/dev/shm")

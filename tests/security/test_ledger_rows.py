@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import httpx
+import pytest
 
 from medusa.prism.ledger import HEADER, ROW, PageLedger
 from medusa.serve.gateway.slice_ledger import FileLedger
@@ -34,6 +35,7 @@ def corrupt(path: Path, first: int = 40) -> None:
             f.write(ROW.pack(pid, pages, name.encode()[:32]))
 
 
+@pytest.mark.e2e
 def test_a_corrupted_ledger_does_not_wedge_the_slice_or_the_metrics(tmp_path: Path) -> None:
     proc, base = start_gateway(elastic_config(tmp_path))
     try:
@@ -66,6 +68,7 @@ def _hold(path: str, pages: int, step: mp.Queue, told: mp.Queue) -> None:
     told.get(timeout=60)
 
 
+@pytest.mark.e2e
 def test_a_live_holders_corrupted_row_is_bounded_then_rewritten_by_its_holder(tmp_path):
     path = tmp_path / "ledger"
     ledger = PageLedger.create(path, 100, 4096)

@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import lines
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
 from tests.security._store import tiny_model  # noqa: F401 - fixtures
 from tests.weights.conftest import OPTS
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 
 def _on_a_small_disk(size: str, command: list[str], disk: Path) -> subprocess.CompletedProcess[str]:

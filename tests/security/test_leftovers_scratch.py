@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.materialize.conftest import clean_env
+import pytest
+
+from tests.processes import clean_env
 from tests.security._store import (  # noqa: F401 - fixtures
     Hold,
     Worker,
@@ -23,6 +25,9 @@ from tests.security._store import (  # noqa: F401 - fixtures
     tiny_model,
 )
 from tests.weights.conftest import OPTS
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 
 def _dead_pid() -> int:

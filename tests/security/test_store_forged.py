@@ -21,6 +21,9 @@ from tests.security._store import (  # noqa: F401 - fixtures
 )
 from tests.weights.conftest import CONFIG, run_engine
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 
 def _spec(**change: Any):  # type: ignore[no-untyped-def]
     def edit(model: dict[str, Any], tokenizer: dict[str, Any]) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tests.security._store import (  # noqa: F401 - fixtures
     ENGINE,
     HOST,
@@ -24,6 +26,9 @@ from tests.security._store import (  # noqa: F401 - fixtures
     host_artifact,
     tiny_model,
 )
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 
 def test_a_device_store_cut_short_while_a_worker_loads_it_falls_back(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from medusa.weights import WeightStoreError, open_store
 from tests.security._store import (  # noqa: F401 - fixtures
     ENGINE,
@@ -25,6 +27,9 @@ from tests.security._store import (  # noqa: F401 - fixtures
     scribble_through_mapping,
     tiny_model,
 )
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 
 def _damaged(store) -> bool:

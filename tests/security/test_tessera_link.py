@@ -11,10 +11,15 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from medusa.child import medusa_cli
-from tests.materialize.conftest import clean_env, medusa
+from tests.processes import clean_env, medusa
 from tests.security._shm import Worker, free_port, wait_healthy
 from tests.tessera.conftest import CONFIG, tiny  # noqa: F401 - the session's artifact
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 OPTS = [f"--{k.replace('_', '-')}={v}" for k, v in CONFIG.items()]
 

@@ -15,6 +15,9 @@ import pytest
 from medusa.weaver.region import ExchangeRegion, Geometry
 from tests.security._shm import Worker, private_dir, start_worker, tiny_model
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 TOKEN = "the-gateways-token"
 GEO = Geometry(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, max_seqs=4, max_tokens=32)
 

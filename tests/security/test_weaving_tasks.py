@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
 from medusa.engine.config import EngineConfig
@@ -48,6 +49,7 @@ BAD = [  # (what the sender wrote: head, and sequences, lengths, query starts), 
 ]
 
 
+@pytest.mark.e2e
 def test_bad_tasks_are_refused_before_they_touch_device_memory(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "tiny.gguf")
     regions = private_dir(tmp_path)

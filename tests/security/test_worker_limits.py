@@ -20,6 +20,9 @@ from tests.security._net import (
     wait_health,
 )
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):

@@ -18,7 +18,7 @@ from medusa.child import medusa_cli
 from medusa.serve.gateway.config import ConfigError, load_config
 from medusa.serve.gateway.placement import check_placement
 from medusa.serve.gateway.slices import simulated_slices
-from tests.materialize.conftest import clean_env, engine_artifact  # noqa: F401
+from tests.processes import clean_env
 
 ENGINE = (
     "{max_num_seqs: 4, max_model_len: 256, max_num_batched_tokens: 128, "
@@ -118,6 +118,7 @@ def _wait_cold(base: str, timeout: float = 20) -> None:
     assert set(_state(base).values()) == {"cold"}
 
 
+@pytest.mark.e2e
 def test_scale_from_zero_a_second_model_and_back_to_zero(gateway):
     assert _state(gateway) == {"a": "cold", "b": "cold"}
 
@@ -139,6 +140,7 @@ def test_scale_from_zero_a_second_model_and_back_to_zero(gateway):
     assert httpx.get(f"{gateway}/admin/instances").json() == {"a": [], "b": []}
 
 
+@pytest.mark.e2e
 def test_a_burst_beyond_max_queue_gets_429_and_the_rest_are_answered(gateway):
     _wait_cold(gateway)
 
@@ -152,6 +154,7 @@ def test_a_burst_beyond_max_queue_gets_429_and_the_rest_are_answered(gateway):
     assert codes.count(429) == 5 and codes.count(200) == 3
 
 
+@pytest.mark.e2e
 def test_a_worker_killed_mid_request_is_retried_and_its_slice_freed(gateway):
     long = {
         "model": "a",
@@ -171,6 +174,7 @@ def test_a_worker_killed_mid_request_is_retried_and_its_slice_freed(gateway):
     assert second["pid"] != first["pid"]
 
 
+@pytest.mark.e2e
 def test_the_openai_client_works_through_the_gateway(gateway):
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused")
     r = client.chat.completions.create(model="b", **CHAT)
@@ -181,6 +185,7 @@ def test_the_openai_client_works_through_the_gateway(gateway):
         client.chat.completions.create(model="zzz", **CHAT)
 
 
+@pytest.mark.e2e
 def test_a_stream_cut_by_a_dying_worker_raises_in_the_openai_client(gateway):
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
     long = [{"role": "user", "content": "Tell me a long story."}]
@@ -193,6 +198,7 @@ def test_a_stream_cut_by_a_dying_worker_raises_in_the_openai_client(gateway):
                 os.kill(_worker_pid(gateway, "b"), signal.SIGKILL)
 
 
+@pytest.mark.e2e
 def test_workers_answer_only_the_gateway_and_a_warm_queue_is_bounded(gateway):
     ok = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "a", **CHAT}, timeout=120)
     assert ok.status_code == 200
@@ -217,6 +223,7 @@ def test_workers_answer_only_the_gateway_and_a_warm_queue_is_bounded(gateway):
     assert refused.headers["retry-after"] and refused.json()["error"]["code"] == "queue_full"
 
 
+@pytest.mark.e2e
 def test_a_worker_that_cannot_start_is_tried_a_few_times_then_refused_with_its_reason(
     tmp_path,
     engine_artifact,  # noqa: F811
@@ -262,6 +269,7 @@ slices: slices.yaml
     assert out.count("starting broken") == 2, out
 
 
+@pytest.mark.e2e
 def test_workers_die_with_a_killed_gateway(tmp_path, engine_artifact):  # noqa: F811
     proc, base = _start_gateway(_config(tmp_path, engine_artifact, "api_keys: [k]"))
     try:
@@ -283,6 +291,7 @@ def test_workers_die_with_a_killed_gateway(tmp_path, engine_artifact):  # noqa: 
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.e2e
 def test_config_errors_name_the_field(tmp_path, engine_artifact):  # noqa: F811
     bad = tmp_path / "bad.yaml"
     bad.write_text("models:\n  a: {max_instances: 0}\n")
@@ -303,6 +312,7 @@ def test_config_errors_name_the_field(tmp_path, engine_artifact):  # noqa: F811
         check_placement(cfg, simulated_slices(tiny))
 
 
+@pytest.mark.e2e
 def test_api_keys_guard_the_public_routes(tmp_path, engine_artifact):  # noqa: F811
     from fastapi.testclient import TestClient
 
@@ -333,6 +343,7 @@ def test_api_keys_guard_the_public_routes(tmp_path, engine_artifact):  # noqa: F
         assert big.status_code == 413 and "larger than 1000 bytes" in big.json()["error"]["message"]
 
 
+@pytest.mark.e2e
 def test_the_runtime_examples_are_valid(tmp_path):
     from pathlib import Path
 

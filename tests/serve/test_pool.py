@@ -17,7 +17,7 @@ from medusa.child import medusa_cli
 from medusa.serve.gateway.config import ConfigError, load_config
 from medusa.serve.gateway.placement import check_placement
 from medusa.serve.gateway.slices import simulated_slices
-from tests.materialize.conftest import clean_env, engine_artifact  # noqa: F401
+from tests.processes import clean_env
 from tests.serve.test_gateway import CHAT, ENGINE, _alive, _port, _start_gateway, _wait_gone
 
 
@@ -40,6 +40,7 @@ def _metric(base: str, series: str) -> float:
     return 0.0
 
 
+@pytest.mark.e2e
 def test_a_cold_model_takes_a_pooled_worker_and_the_pool_refills(
     tmp_path,
     engine_artifact,  # noqa: F811
@@ -76,6 +77,7 @@ def test_a_cold_model_takes_a_pooled_worker_and_the_pool_refills(
     assert _wait_gone(third["pid"], 10) and _wait_gone(first["pid"], 10)
 
 
+@pytest.mark.e2e
 def test_only_the_gateway_assigns_and_a_bad_assignment_ends_the_worker():
     port = _port()
     env = {**clean_env(), "MEDUSA_DEVICE": "sim"}
@@ -129,7 +131,7 @@ def test_warm_pool_config_errors_name_the_field(tmp_path):
 
 @pytest.fixture(scope="module")
 def host_artifact(tmp_path_factory):
-    from tests.materialize.conftest import ENGINE_OPTS, medusa
+    from tests.processes import ENGINE_OPTS, medusa
 
     out = tmp_path_factory.mktemp("host") / "smollm2-host"
     res = medusa("materialize", *ENGINE_OPTS, "--weights", "host", "--out", str(out), timeout=600)
@@ -137,6 +139,7 @@ def host_artifact(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e
 def test_a_host_weight_model_is_mapped_once_by_the_gateway_for_all_its_workers(
     tmp_path, host_artifact
 ):
@@ -174,6 +177,7 @@ def test_a_host_weight_model_is_mapped_once_by_the_gateway_for_all_its_workers(
         proc.communicate(timeout=60)
 
 
+@pytest.mark.e2e
 def test_an_artifact_prepared_at_warm_up_is_used_only_while_its_files_are_unchanged(
     engine_artifact,  # noqa: F811
 ):

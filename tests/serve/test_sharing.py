@@ -252,6 +252,7 @@ def _pages(base: str) -> dict[str, float]:
     return out
 
 
+@pytest.mark.e2e
 def test_two_models_share_one_elastic_slice_and_its_ledger(tmp_path):
     """One worker comes from the warm pool, the other is started: both run elastic KV."""
     for name, seed in (("a", 1), ("b", 2)):  # 8 layers, 4 KV heads: 256 KiB blocks, 8 a page
@@ -322,6 +323,7 @@ def test_a_model_migrates_only_when_its_kv_pressure_drops_by_more_than_the_thres
     sharing.close()
 
 
+@pytest.mark.e2e
 def test_the_gateway_migrates_a_model_to_a_slice_with_less_kv_pressure(tmp_path):
     # Three models on two elastic slices, each placed where KV pressure was lowest when it
     # started; then traffic shifts (short rate window) and Prism's placement moves one: a new

@@ -23,8 +23,8 @@ from medusa.serve.gateway.instances import State
 from medusa.serve.gateway.weaving import WeavingPairs
 from medusa.weaver.choice import Candidate, WeavingProfile, expected_wait, rank_receivers
 from medusa.weaver.config import WeavingConfig
-from tests.conftest import without_medusa
 from tests.engine.tiny_models import write_gguf
+from tests.processes import without_medusa
 
 MODELS = {
     "hot": ModelConfig("hot", weaving=WeavingConfig(enabled=True, ratio=0.5)),
@@ -214,6 +214,7 @@ async def complete_all(port: int, name: str) -> list[str]:
     return [r.json()["choices"][0]["text"] for r in rs]
 
 
+@pytest.mark.e2e
 def test_two_workers_paired_then_unpaired_answer_as_without_offload(tmp_path):
     hot_model, cold_model = tmp_path / "hot.gguf", tmp_path / "cold.gguf"
     write_gguf(hot_model, [T.F32], seed=0)

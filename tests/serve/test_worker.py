@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import without_medusa
+from tests.processes import without_medusa
 
 
 def _free_port() -> int:
@@ -70,6 +70,7 @@ def client(server):
     return openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
 
 
+@pytest.mark.e2e
 def test_chat_completion_through_the_openai_client(client):
     r = client.chat.completions.create(
         model="smollm2",
@@ -82,6 +83,7 @@ def test_chat_completion_through_the_openai_client(client):
     assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens > 0
 
 
+@pytest.mark.e2e
 def test_streamed_chat_equals_the_unstreamed_answer(client):
     msgs = [{"role": "user", "content": "Name a colour."}]
     full = client.chat.completions.create(
@@ -96,6 +98,7 @@ def test_streamed_chat_equals_the_unstreamed_answer(client):
     assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
 
 
+@pytest.mark.e2e
 def test_completion_with_stop_and_streaming(client):
     r = client.completions.create(
         model="smollm2", prompt="1, 2, 3, 4,", temperature=0, max_tokens=12
@@ -119,6 +122,7 @@ def test_completion_with_stop_and_streaming(client):
     assert streamed == cut.choices[0].text
 
 
+@pytest.mark.e2e
 def test_errors_are_openai_shaped(client, server):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
@@ -134,6 +138,7 @@ def test_errors_are_openai_shaped(client, server):
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
 
 
+@pytest.mark.e2e
 def test_models_health_and_metrics(client, server):
     assert [m.id for m in client.models.list()] == ["smollm2"]
     assert httpx.get(f"{server}/health").json() == {"status": "ok"}
@@ -156,6 +161,7 @@ def _openai_error(r: httpx.Response, status: int, param: str | None = None) -> s
     return str(err["message"])
 
 
+@pytest.mark.e2e
 def test_input_that_is_not_text_or_not_a_number_is_refused(server):
     surrogate = rb'{"model": "smollm2", "prompt": "a\ud800b", "max_tokens": 2}'
     msg = _openai_error(_post(server, "/v1/completions", surrogate), 400, "prompt")
@@ -170,6 +176,7 @@ def test_input_that_is_not_text_or_not_a_number_is_refused(server):
     _openai_error(_post(server, "/v1/completions", huge), 400, "temperature")
 
 
+@pytest.mark.e2e
 def test_chat_fields_a_model_cannot_honour_are_refused(server):
     def chat(**kw: object) -> httpx.Response:
         body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **kw}
@@ -185,6 +192,7 @@ def test_chat_fields_a_model_cannot_honour_are_refused(server):
     assert r.status_code == 200
 
 
+@pytest.mark.e2e
 def test_bodies_that_do_not_parse_get_openai_shaped_errors(server):
     msg = _openai_error(_post(server, "/v1/completions", b'{"model": "smollm2",'), 400)
     assert msg.startswith("the request body is not valid JSON: Expecting") and "{" not in msg
@@ -196,6 +204,7 @@ def test_bodies_that_do_not_parse_get_openai_shaped_errors(server):
     _openai_error(httpx.get(f"{server}/v1/completions"), 405)
 
 
+@pytest.mark.e2e
 def test_a_body_over_the_cap_is_refused_and_a_long_prompt_does_not_stall_streams(server):
     big = json.dumps({"model": "smollm2", "prompt": "x" * (5 << 20)}).encode()
     r = _post(server, "/v1/completions", big)
@@ -235,6 +244,7 @@ def test_a_worker_token_keeps_out_callers_other_than_the_gateway():
         assert c.get("/health").status_code == 503  # no token: open, as `medusa run` is
 
 
+@pytest.mark.e2e  # the whole engine on SmolLM2: tens of seconds
 def test_an_engine_that_fails_while_serving_tells_its_requests_and_health():
     """A step that raises (say, weights a request needed could not be loaded) ends the request in
     flight with the reason, fails /health so the gateway replaces the worker, and refuses the

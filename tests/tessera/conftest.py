@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as T
 from medusa.engine.config import EngineConfig
 from medusa.tessera.record import record_instrumented
 from tests.engine.tiny_models import write_gguf
-from tests.materialize.conftest import medusa
+from tests.processes import medusa
 
 CONFIG = {"max_num_seqs": 2, "max_model_len": 128, "max_num_batched_tokens": 64,
           "kv_cache_memory": 4 << 20}  # fmt: skip

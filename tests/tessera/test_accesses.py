@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from medusa.materialize.analysis import DEVICE, RunView
 from medusa.tessera import depgraph
 from medusa.tessera.accesses import READ, WRITE, analyze
 from medusa.tessera.crosscheck import crosscheck
 from medusa.trace import read_trace, recorder_env
+from medusa.trace.run_view import DEVICE, RunView
 from tests.conftest import lines
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAMS = Path(__file__).parent / "programs"
 A, B, C, D, IDLE, PTRS = ((DEVICE, i) for i in range(6))  # allocation order in accesses.c

@@ -11,6 +11,9 @@ from medusa.tessera.accesses import analyze
 from medusa.tessera.crosscheck import crosscheck
 from medusa.tessera.record import record_engine
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 CONFIG = EngineConfig(
     max_num_seqs=1, capture_sizes=(1,), max_model_len=128, max_num_batched_tokens=32
 )

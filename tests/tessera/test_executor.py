@@ -9,9 +9,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from medusa.child import python_module
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 
 def pair(tmp: Path, art: Path, trace: Path, *args: str) -> list[dict]:  # type: ignore[type-arg]

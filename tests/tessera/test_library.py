@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import struct
 
-from medusa.materialize.analysis import RunView
+import pytest
+
 from medusa.tessera.accesses import READ, WRITE, analyze
 from medusa.tessera.library import api_extents
 from medusa.trace import read_trace
+from medusa.trace.run_view import RunView
 
 SGEMM = "_ZN5mblas12sgemm_rm_f32EiiiiifPKfiS1_ifPfi"
 LAYOUT = [(0, 4), (4, 4), (8, 4), (12, 4), (16, 4), (20, 4), (24, 8), (32, 4), (40, 8),
@@ -37,6 +39,7 @@ def test_gemm_extents_follow_shapes_strides_transposes_and_beta():
     assert api_extents(SGEMM, b"\0" * 8, LAYOUT) is None  # parameters short of the declaration
 
 
+@pytest.mark.e2e
 def test_api_extents_agree_with_the_instrumented_pages(tiny):
     """Every GEMM node of the tiny model's decode graphs: its extents from the arguments, rounded
     out to the 4 KiB pages simcuda records, are the pages recorded, read and written alike."""

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from gguf import GGMLQuantizationType as T
 
-from medusa.engine.config import EngineConfig
 from medusa.materialize.analysis import MaterializeError
-from medusa.materialize.driver import materialize_engine
+from medusa.tessera.record import pointer_check
 from tests.engine.tiny_models import write_gguf
-from tests.materialize.conftest import medusa
+from tests.processes import medusa
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 OPTS = ["--max-num-seqs", "2", "--max-model-len", "128", "--max-num-batched-tokens", "64",
         "--kv-cache-memory", str(4 << 20), "--no-weights"]  # fmt: skip
@@ -34,7 +37,7 @@ def test_check_accesses_is_refused_where_it_cannot_run(tmp_path):
     res = medusa("materialize", "--command", "--check-accesses", "warn", "--", sys.executable)
     assert res.returncode == 2 and "drop --check-accesses" in res.stderr
     try:
-        materialize_engine(EngineConfig(), tmp_path / "x", "cuda", print, check_accesses="warn")
+        pointer_check("cuda", strict=False)
     except MaterializeError as e:
         assert "PTX instrumentation" in str(e) and "MEDUSA_DEVICE=sim" in str(e)
     else:

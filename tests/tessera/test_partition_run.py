@@ -8,8 +8,13 @@ import json
 import re
 import socket
 
-from tests.materialize.conftest import medusa
+import pytest
+
+from tests.processes import medusa
 from tests.tessera.conftest import CONFIG
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 OPTS = [f"--{k.replace('_', '-')}={v}" for k, v in CONFIG.items()]
 

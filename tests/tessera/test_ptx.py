@@ -147,11 +147,13 @@ def _assembles(ptx: str, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.e2e
 @needs_toolkit
 def test_packed_and_generic_instrumentation_assembles(tmp_path):
     _assembles(instrument(PACKED_AND_GENERIC).ptx, tmp_path)
 
 
+@pytest.mark.e2e
 @needs_toolkit
 def test_the_gpu_checks_kernel_instruments_completely_and_assembles(tmp_path):
     from medusa.tessera.ptx_check import KERNEL, compile_ptx
@@ -163,6 +165,7 @@ def test_the_gpu_checks_kernel_instruments_completely_and_assembles(tmp_path):
     _assembles(inst.ptx, tmp_path)
 
 
+@pytest.mark.e2e
 @needs_toolkit
 @pytest.mark.parametrize("name", ["engine", "mblas", "weaver", "hybridgemm", "testkernels"])
 def test_our_kernels_instrument_completely_and_still_assemble(tmp_path, name):

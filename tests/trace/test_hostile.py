@@ -87,6 +87,7 @@ def _synthetic(rows: list[tuple[int, int, list[int]]]) -> bytes:
 # ---- one regression per exception the fuzzer found ----
 
 
+@pytest.mark.e2e
 def test_an_api_name_that_is_not_utf8_is_refused_naming_its_record(real, tmp_path):
     trace, blobs = real
     off = _record_offset(trace, Ev.APIS)
@@ -97,6 +98,7 @@ def test_an_api_name_that_is_not_utf8_is_refused_naming_its_record(real, tmp_pat
         _use(_write(tmp_path, trace, bytes(b)))
 
 
+@pytest.mark.e2e
 def test_an_unknown_mode_is_refused_naming_the_header_offset(real, tmp_path):
     trace, blobs = real
     t = bytearray(trace)
@@ -105,6 +107,7 @@ def test_an_unknown_mode_is_refused_naming_the_header_offset(real, tmp_path):
         _use(_write(tmp_path, bytes(t), blobs))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("ev", "word", "value"), [(Ev.FUNC, 3, 1000), (Ev.LOAD, None, 2**31)])
 def test_a_count_larger_than_its_blob_is_refused_before_building(real, tmp_path, ev, word, value):
     trace, blobs = real
@@ -119,6 +122,7 @@ def test_a_count_larger_than_its_blob_is_refused_before_building(real, tmp_path,
         _use(_write(tmp_path, bytes(t), bytes(b)))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("value", [2**64 - 4, 2**63, 12, 9])
 def test_a_blob_offset_that_wraps_or_is_misaligned_is_refused(real, tmp_path, value):
     trace, blobs = real
@@ -129,6 +133,7 @@ def test_a_blob_offset_that_wraps_or_is_misaligned_is_refused(real, tmp_path, va
         _use(_write(tmp_path, bytes(t), blobs))
 
 
+@pytest.mark.e2e
 def test_a_blob_length_past_the_end_of_the_side_file_is_refused(real, tmp_path):
     trace, blobs = real
     off = _record_offset(trace, Ev.PROCESS)
@@ -152,6 +157,7 @@ def test_summary_of_sizes_that_overflow_stays_small(tmp_path):
     assert peak < PEAK_LIMIT and max(map(len, text.splitlines())) < 200
 
 
+@pytest.mark.e2e
 def test_side_files_that_are_not_regular_files_are_refused(real, tmp_path):
     trace, _ = real
     p = _write(tmp_path, trace, None)
@@ -162,6 +168,7 @@ def test_side_files_that_are_not_regular_files_are_refused(real, tmp_path):
         read_trace(p)
 
 
+@pytest.mark.e2e
 def test_a_planted_or_altered_image_is_refused(real, tmp_path):
     trace, blobs = real
     t = read_trace(_write(tmp_path, trace, blobs))
@@ -219,6 +226,7 @@ def _only_trace_errors(p: Path, allow_truncated: bool) -> None:
     assert peak < PEAK_LIMIT, f"peak {peak} bytes for files of {p.stat().st_size} bytes"
 
 
+@pytest.mark.e2e
 @settings.get_profile("trace-fuzz")
 @given(
     trace_ops=st.lists(MUTATION, max_size=4),
@@ -233,6 +241,7 @@ def test_mutated_traces_raise_only_trace_error_in_bounded_memory(
     _only_trace_errors(p, allow_truncated)
 
 
+@pytest.mark.e2e
 @settings.get_profile("trace-fuzz")
 @given(
     body=st.binary(max_size=2048),
@@ -248,6 +257,7 @@ def test_random_bytes_raise_only_trace_error_in_bounded_memory(
     _only_trace_errors(_write(tmp_path, head + body, blobs), allow_truncated=records % 2 == 0)
 
 
+@pytest.mark.e2e
 def test_the_writer_aligns_blobs_as_the_reader_requires(real):
     trace, blobs = real
     recs = np.frombuffer(trace, RECORD_DTYPE, offset=HEADER_SIZE)

@@ -41,6 +41,7 @@ def test_python_event_numbers_match_the_c_header():
     assert f"MEDUSA_TRACE_HEADER_SIZE {HEADER_SIZE}u" in header
 
 
+@pytest.mark.e2e
 def test_a_cut_off_trace_is_refused_naming_the_offset_unless_allowed(trace_file, tmp_path):
     t = _copy(trace_file, tmp_path)
     full = read_trace(t)
@@ -54,6 +55,7 @@ def test_a_cut_off_trace_is_refused_naming_the_offset_unless_allowed(trace_file,
     assert len(cut) == len(full) - 1 and not cut.complete
 
 
+@pytest.mark.e2e
 def test_other_files_and_versions_are_refused_with_the_fix(trace_file, tmp_path):
     with pytest.raises(TraceError, match="not a Medusa trace.*not its .blobs side file"):
         read_trace(trace_file.with_name(trace_file.name + ".blobs"))
@@ -69,6 +71,7 @@ def test_other_files_and_versions_are_refused_with_the_fix(trace_file, tmp_path)
         read_trace(tmp_path / "missing.mtr")
 
 
+@pytest.mark.e2e
 def test_a_truncated_blob_file_is_refused_naming_the_record(trace_file, tmp_path):
     t = _copy(trace_file, tmp_path)
     blobs = t.with_name(t.name + ".blobs")
@@ -77,6 +80,7 @@ def test_a_truncated_blob_file_is_refused_naming_the_record(trace_file, tmp_path
         read_trace(t)
 
 
+@pytest.mark.e2e
 def test_summarize_prints_counts_memory_kernels_and_graphs(trace_file):
     res = subprocess.run(
         [sys.executable, "-m", "medusa.cli", "trace", "summarize", str(trace_file)],
@@ -93,6 +97,7 @@ def test_summarize_prints_counts_memory_kernels_and_graphs(trace_file):
     )
 
 
+@pytest.mark.e2e
 def test_summarize_of_a_cut_off_trace_says_how_to_read_it(trace_file, tmp_path):
     t = _copy(trace_file, tmp_path)
     t.write_bytes(t.read_bytes()[:-1])
@@ -104,6 +109,7 @@ def test_summarize_of_a_cut_off_trace_says_how_to_read_it(trace_file, tmp_path):
     assert "--allow-truncated" in res.stderr
 
 
+@pytest.mark.e2e
 def test_trace_record_runs_a_command_and_refuses_to_overwrite(cprog, tmp_path):
     prog = cprog("recorded", src_dir=PROGRAMS)
     out = tmp_path / "cli.mtr"

@@ -104,6 +104,7 @@ def wait_for_receiver(hot: LLMEngine, proc: subprocess.Popen[str] | None) -> Non
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ratio", [0.0, 0.45, 1.0])
 def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models, expected, ratio):
     hot_model, cold_model = models
@@ -132,6 +133,7 @@ def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models,
     assert (cold["served"] > 1) == (ratio > 0)  # tasks served, the final STOP included
 
 
+@pytest.mark.e2e
 def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, models, expected):
     hot_model, cold_model = models
     region = tmp_path / "weaver"
@@ -174,6 +176,7 @@ def test_until_a_receiver_opens_the_region_nothing_is_offloaded(tmp_path, models
         assert time.monotonic() - t0 < 0.5 and not (tmp_path / "weaver").exists()
 
 
+@pytest.mark.e2e
 def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, models, expected):
     """The cold model gets busy: the hot engine takes its sequences' KV back between two steps
     and decodes them locally from there, bit for bit as if they had never left."""
@@ -249,6 +252,7 @@ def weaver_pages(ledger: PageLedger) -> int | None:
     return sum(rows) if rows else None
 
 
+@pytest.mark.e2e
 def test_a_receiver_on_elastic_kv_draws_ledger_pages_and_gives_them_back(
     tmp_path, models, expected
 ):

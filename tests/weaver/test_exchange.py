@@ -109,6 +109,7 @@ def run_batch(local: LocalAttention, sender: WeaverSender | None, ratio: float) 
     return checked
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ratio", [0.0, 0.45, 1.0])
 def test_offloaded_attention_is_bit_identical_and_cold_output_unchanged(tmp_path, dev, ratio):
     region = ExchangeRegion.create(tmp_path / "weaver", GEO)
@@ -157,6 +158,7 @@ def test_assignment_by_ratio_and_refusals(tmp_path):
         sender.attend(0, list(range(65)), [1] * 65, q, k, v)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["killed", "hung", "never started"])
 def test_a_lost_receiver_is_detected_and_its_sequences_handed_back(tmp_path, dev, how):
     region = ExchangeRegion.create(tmp_path / "weaver", GEO)
@@ -180,6 +182,7 @@ def test_a_lost_receiver_is_detected_and_its_sequences_handed_back(tmp_path, dev
             proc.wait()
 
 
+@pytest.mark.e2e
 def test_receiver_errors_reach_the_sender_and_sequences_come_back(tmp_path, dev):
     region = ExchangeRegion.create(tmp_path / "weaver", GEO)
     proc = start_receiver(tmp_path / "weaver", steps=0)

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from medusa.trace import recorder_env
 from medusa.weights import open_store
 from tests.engine.tiny_models import write_gguf, write_hf
-from tests.materialize.conftest import clean_env, medusa
+from tests.processes import clean_env, medusa
 
 CONFIG = {
     "max_num_seqs": 2,

@@ -10,6 +10,9 @@ import pytest
 
 from tests.weights.conftest import CONFIG, copy_with_bad_chunk, materialize, medusa, run_engine
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module", params=["gguf", "hf"])
 def model_and_artifact(request, tmp_path_factory):

@@ -24,6 +24,9 @@ from tests.weights.conftest import (
     run_engine,
 )
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 HOST = {**CONFIG, "weights": "host"}
 
 

@@ -19,6 +19,9 @@ from medusa.weights import open_store, write_store
 from medusa.weights.format import MIN_CHUNK
 from tests.weights.conftest import CONFIG, materialize, restore_env, run_engine
 
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
+
 # Holds the load at chunk HOLD, starts the engine, and (gated) releases the load once the first
 # request blocks on a layer, or (ungated: every part let through at once) after the first step.
 SCRIPT = """

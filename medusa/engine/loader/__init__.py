@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from medusa.engine.loader.errors import ModelError
+from medusa.engine.model_error import ModelError
 from medusa.engine.spec import ModelSpec
 from medusa.engine.tokenizer import Tokenizer
 

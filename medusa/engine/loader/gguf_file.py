@@ -11,7 +11,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from medusa.engine.loader.errors import ModelError
+from medusa.engine.model_error import ModelError
 
 MAGIC = b"GGUF"
 CONVERT = "convert the model to Q4_K_M, Q8_0 or F16"

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from medusa.engine.loader.errors import ModelError
 from medusa.engine.loader.gguf_file import GGUFFile
 from medusa.engine.loader.rope import rope_from_gguf
+from medusa.engine.model_error import ModelError
 from medusa.engine.spec import ModelSpec
 from medusa.engine.tokenizer import Tokenizer
 
@@ -70,7 +70,7 @@ class GGUFModel:
 
     def tokenizer_record(self) -> dict[str, Any]:
         """What a weight store keeps to build the tokenizer without this file."""
-        from medusa.engine.loader.stored import GGUF_TOKENIZER_KEYS, packed_gguf_tokenizer
+        from medusa.engine.loader.tokenizer_record import GGUF_TOKENIZER_KEYS, packed_gguf_tokenizer
 
         meta = self.file.metadata
         packed = packed_gguf_tokenizer(meta)

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from medusa.engine.loader.errors import ModelError
 from medusa.engine.loader.rope import rope_from_config
+from medusa.engine.model_error import ModelError
 from medusa.engine.spec import ModelSpec
 from medusa.engine.tokenizer import Tokenizer
 

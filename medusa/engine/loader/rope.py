@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from medusa.engine.loader.errors import ModelError
 from medusa.engine.loader.gguf_file import GGUFFile
+from medusa.engine.model_error import ModelError
 from medusa.engine.spec import RoPE
 
 SUPPORTED = "default (none), linear, llama3 and yarn"

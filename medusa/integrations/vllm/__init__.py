@@ -33,11 +33,6 @@ class UnsupportedVllm(RefusedError, RuntimeError):
     """The installed vLLM's patch points are not those the plugin was written against."""
 
 
-def required() -> bool:
-    """MEDUSA_REQUIRE_ARTIFACT=1: a restore that cannot be used is an error, not a fallback."""
-    return env.REQUIRE_ARTIFACT.get()
-
-
 def register() -> None:
     global _registered
     if _registered:
@@ -48,7 +43,7 @@ def register() -> None:
     # NOTE: vLLM calls general plugins unguarded (load_general_plugins): anything raised here
     # would end its start-up, in every process.
     except Exception as e:
-        if required():
+        if env.REQUIRE_ARTIFACT.get():
             raise
         log.warning("medusa plugin not installed, vLLM starts as usual: %s", e)
 
@@ -93,7 +88,7 @@ def _install() -> None:
             )
     # Order matters: the phase marks go on last, outermost, so a restore runs inside its phase.
     if recording:
-        from medusa.integrations.vllm.capture import install_recording
+        from medusa.integrations.vllm.recording import install_recording
 
         install_recording(Worker, GPUModelRunner)
     if artifact:

@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from medusa.artifact.layout import RELOC
 from medusa.integrations.vllm.capture import spec_tensors
-from medusa.materialize.analysis import DEVICE, NEVER, AddressIndex, MaterializeError, RunView
-from medusa.restore.layout import RELOC
+from medusa.materialize.analysis import AddressIndex, MaterializeError
+from medusa.trace.run_view import DEVICE, NEVER, RunView
 
 AT_END = int(NEVER) - 1  # "live when the start-up finished"
 
@@ -93,7 +94,7 @@ def _check_capture_live(
 
     A block no graph uses is fine, and so is an output the restore rebuilds. A block only native
     code holds (owner "native": PyTorch's cuBLAS/cuBLASLt workspace for the capture stream, see
-    capture.python_held) is replayed with its capture-phase allocation, so graphs may use it as
+    recording.python_held) is replayed with its capture-phase allocation, so graphs may use it as
     long as it lies in such an allocation. A block a Python object holds (owner "python"; a
     sidecar without owners counts as that) would be made anew by its owner in a restored
     process while the graphs kept using the old memory: refused."""

@@ -32,7 +32,6 @@ from medusa import env
 from medusa.artifact import Artifact, ArtifactError, load_artifact
 from medusa.cuda.backend import load_backend
 from medusa.integrations.vllm import capture as cap
-from medusa.integrations.vllm import required
 from medusa.integrations.vllm.descriptors import descriptor_from_key
 from medusa.integrations.vllm.restored import RestoredGraph, build_output
 from medusa.integrations.vllm.schema import (
@@ -40,7 +39,8 @@ from medusa.integrations.vllm.schema import (
     compile_cache_ref,
     config_fingerprint,
 )
-from medusa.restore.restorer import RestoreError, Restorer
+from medusa.restore.errors import RestoreError
+from medusa.restore.restorer import Restorer
 
 log = logging.getLogger("medusa.vllm")
 
@@ -88,7 +88,7 @@ def install_kv_size(worker_cls: Any, artifact: str) -> None:
             # NOTE: any failure (as in capture_model below): vLLM profiles as usual, and the
             # graph restore then refuses the KV size that differs.
             except Exception as e:
-                if required():
+                if env.REQUIRE_ARTIFACT.get():
                     raise
                 log.warning("medusa: artifact not used, vLLM profiles as usual: %s", _reason(e))
         return fn(self)
@@ -275,7 +275,7 @@ def install_restore(runner_cls: Any, artifact: str) -> None:
         # without an entry point (AttributeError) or a missing library (OSError) must not end
         # vLLM's start-up when the normal capture would do. Interrupts still propagate.
         except Exception as e:
-            if required():
+            if env.REQUIRE_ARTIFACT.get():
                 raise
             log.warning(
                 "medusa: restore failed, capturing CUDA graphs the normal way: %s", _reason(e)

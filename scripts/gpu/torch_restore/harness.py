@@ -3,7 +3,7 @@
 A workload is a program that owns its device memory the way PyTorch does (a caching allocator
 carving cudaMalloc'd segments, a graph pool shared by its captures, a GEMM library's hidden
 kernels): decoder.py here (PyTorch, a GPU), and its simcuda twin in
-tests/materialize/programs/caching_allocator.py. Both run through main():
+tests/restore/programs/caching_allocator.py. Both run through main():
 
   PROGRAM record --ref DIR                   set up, capture one graph per batch size, replay
                                              them; write their outputs and the capture time to DIR

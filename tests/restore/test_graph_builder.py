@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from medusa.artifact.layout import ATTR, FUNC, NODE, PARAM, RELOC, pack_edges
 from medusa.cuda import load_backend
 from medusa.restore.builder import GraphBuilder
-from medusa.restore.layout import ATTR, FUNC, NODE, PARAM, RELOC, pack_edges
 from medusa.trace import NodeType
-from tests.materialize.conftest import medusa
+from tests.processes import medusa
 
 PROGRAMS = Path(__file__).parent / "programs"
 WIDTH = 64
@@ -80,6 +80,7 @@ def test_a_2d_fill_in_a_plan_is_refused_and_leaves_no_graph(sim):
     assert _live(sim) == before
 
 
+@pytest.mark.e2e
 def test_a_captured_2d_fill_is_refused_by_materialize_naming_the_node(tmp_path):
     program = PROGRAMS / "memset2d.py"
     plain = subprocess.run([sys.executable, str(program), "record"], capture_output=True,

@@ -18,9 +18,9 @@ import msgpack
 import numpy as np
 
 from medusa.artifact import ArtifactError
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.cuda import load_backend
 from medusa.restore.builder import GraphBuilder
-from medusa.restore.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.restore.validate import validate_plan
 
 b = load_backend("sim")

@@ -17,10 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medusa.artifact import ArtifactError, load_artifact
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC
 from medusa.child import python_code
-from medusa.restore.layout import ATTR, EDGE, NODE, RELOC
 from medusa.restore.validate import validate_plan
-from tests.materialize.conftest import clean_env, materialize_general
+from tests.processes import GENERAL, clean_env, materialize_general
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAMS = Path(__file__).parent / "programs"
 RUN_BUILD = (
@@ -35,7 +38,7 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The general program's plan: kernel, memset and memcpy nodes; device, global and VMM
     relocations; saved contents with pointers in them."""
     out = tmp_path_factory.mktemp("general") / "art"
-    materialize_general(PROGRAMS / "general.py", out)
+    materialize_general(GENERAL, out)
     return load_artifact(out).plan
 
 

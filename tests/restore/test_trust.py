@@ -9,11 +9,15 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from medusa.artifact import load_artifact
+from medusa.artifact.layout import NODE
 from medusa.cuda.toolchain import compile_program
-from medusa.restore.layout import NODE
-from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
+from tests.processes import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 FALLBACK = """
 import json, sys

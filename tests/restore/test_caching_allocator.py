@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 
 from medusa.artifact import load_artifact
-from medusa.restore.layout import NODE, RELOC
+from medusa.artifact.layout import NODE, RELOC
 from medusa.trace import NodeType
-from tests.materialize.conftest import clean_env
+from tests.processes import clean_env
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAMS = Path(__file__).parent / "programs"
 TORCH_RESTORE = Path(__file__).parents[2] / "scripts" / "gpu" / "torch_restore"

@@ -1,4 +1,5 @@
-"""numpy mirrors of csrc/restore/restore.h: how a plan's graphs are laid out for the C builder."""
+"""numpy mirrors of csrc/restore/restore.h: how a plan's graphs are laid out in an artifact,
+for the C builder that restores them."""
 
 from __future__ import annotations
 

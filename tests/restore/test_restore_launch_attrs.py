@@ -14,14 +14,16 @@ import numpy as np
 import pytest
 
 from medusa.artifact import ArtifactError, load_artifact
-from medusa.restore.layout import ATTR, NODE, RELOC
+from medusa.artifact.layout import ATTR, NODE, RELOC
 from medusa.restore.validate import validate_plan
 from medusa.trace import NodeType, recorder_env
-from tests.materialize.conftest import clean_env, copy_artifact, materialize_general, reseal
+from tests.processes import GENERAL, clean_env, copy_artifact, materialize_general, reseal
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAMS = Path(__file__).parent / "programs"
 ATTRS = PROGRAMS / "launch_attrs.py"
-GENERAL = PROGRAMS / "general.py"
 
 
 def _run(program: Path, tmp: Path, *args: str, restore: bool) -> subprocess.CompletedProcess[str]:

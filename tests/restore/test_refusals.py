@@ -9,7 +9,10 @@ import pytest
 
 from medusa.artifact import SCHEMA_VERSION
 from medusa.artifact.seal import Seal
-from tests.materialize.conftest import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
+from tests.processes import ENGINE_OPTS, copy_artifact, medusa, reseal, run_restored
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 FALLBACK = """
 import json, sys

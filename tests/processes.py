@@ -1,3 +1,7 @@
+"""Medusa run as a user runs it, in child processes: `medusa ARGS` in an environment without
+MEDUSA_* settings, a restored start under the recorder, and the artifacts the tests make and
+spoil. Shared by every test directory (the tests that use them start processes: mark them e2e)."""
+
 from __future__ import annotations
 
 import json
@@ -5,12 +9,11 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-import pytest
-
+from medusa.env import SIM_RACECHECK, SIM_SCHEDULE_SEED
 from medusa.trace import recorder_env
-from tests.conftest import SUITE_SIM
 
 ENGINE_OPTS = [
     "--max-num-batched-tokens",
@@ -59,6 +62,16 @@ def reseal(art: Path, edit_plan, images: dict[str, bytes] | None = None) -> Path
     return art
 
 
+# simcuda's race checking, which the suite turns on (tests/conftest.py): kept in every process a
+# test starts, whatever else of MEDUSA_* it clears.
+SUITE_SIM = (SIM_RACECHECK.name, SIM_SCHEDULE_SEED.name)
+
+
+def without_medusa(environ: Mapping[str, str], prefix: str = "MEDUSA_") -> dict[str, str]:
+    """environ without its MEDUSA_* (or `prefix`) settings, except the suite's race checking."""
+    return {k: v for k, v in environ.items() if not k.startswith(prefix) or k in SUITE_SIM}
+
+
 def clean_env() -> dict[str, str]:
     """The environment without MEDUSA_* settings, except where the C libraries come from and
     which driver version simcuda plays (so the suite can run as on an older driver)."""
@@ -77,26 +90,14 @@ def medusa(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
     )
 
 
+GENERAL = Path(__file__).parent / "materialize" / "programs" / "general.py"
+
+
 def materialize_general(program: Path, out: Path) -> None:
-    """Materializes tests/materialize/programs/general.py (or a program like it) into OUT."""
+    """Materializes GENERAL (or a program like it) into OUT."""
     cmd = ["materialize", "--command", "--skip-phase", "graph_capture", "--out", str(out)]
     res = medusa(*cmd, "--", sys.executable, str(program), "record")
     assert res.returncode == 0, res.stderr
-
-
-@pytest.fixture(scope="session")
-def engine_artifact(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("art") / "smollm2"
-    res = subprocess.run(
-        [sys.executable, "-m", "medusa.cli", "materialize", *ENGINE_OPTS, "--out", str(out)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr
-    assert "graphs    3 (keys [4, 2, 1])" in res.stdout
-    return out
 
 
 def run_restored(

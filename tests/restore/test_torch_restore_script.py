@@ -38,6 +38,7 @@ def test_its_python_compiles(tmp_path):
         py_compile.compile(str(src), cfile=str(tmp_path / (src.stem + ".pyc")), doraise=True)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(NO_TORCH, reason="torch is not installed")
 def test_the_decoder_steps_on_the_cpu_at_every_batch_size():
     res = subprocess.run(
@@ -54,6 +55,7 @@ def test_the_decoder_steps_on_the_cpu_at_every_batch_size():
         assert shape == [8, 4096] and dtype == "torch.float32" and finite and 0.5 < std < 2
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
 def test_without_a_cuda_device_the_check_skips():
     env = {**os.environ, "PYTHON": sys.executable}

@@ -9,9 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from medusa.artifact import load_artifact
 from medusa.trace import recorder_env
-from tests.materialize.conftest import clean_env, medusa
+from tests.processes import clean_env, medusa
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 PROGRAM = Path(__file__).parent / "programs" / "registered_weights.py"
 N, SKIP = 1024, 16

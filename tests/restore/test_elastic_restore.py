@@ -13,7 +13,10 @@ import sys
 import pytest
 
 from medusa.artifact import load_artifact
-from tests.materialize.conftest import CONFIG, ENGINE_OPTS, clean_env, run_restored
+from tests.processes import CONFIG, ENGINE_OPTS, clean_env, run_restored
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 KV_BYTES = 15 << 29  # 7.5 GiB: a reservation, not memory
 ELASTIC = {**CONFIG, "kv_memory": "elastic", "kv_cache_memory": KV_BYTES}

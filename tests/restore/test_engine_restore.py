@@ -7,8 +7,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from medusa.artifact import SCHEMA_VERSION, load_artifact
-from tests.materialize.conftest import clean_env, run_restored
+from tests.processes import clean_env, run_restored
+
+# Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
+pytestmark = pytest.mark.e2e
 
 COMPARE = """
 import json, sys

@@ -1,0 +1,167 @@
+"""Kernels and module globals for a restore: each function of the plan found in this process (an
+exported stub, an image the process loaded, or the image saved in the artifact) with its
+attributes re-applied, and each module global's address."""
+
+from __future__ import annotations
+
+import ctypes
+from collections import Counter
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from typing import Any
+
+import numpy as np
+
+from medusa.artifact import Artifact
+from medusa.cuda.backend import Backend
+from medusa.restore.errors import RestoreError
+from medusa.trace import Ev
+from medusa.trace import records as R
+from medusa.trace.reader import Trace
+
+Images = dict[str, tuple[int, bool]]  # sha256 -> (handle, is_library)
+
+
+def driver_fn(b: Backend, name: str, version: int, restype: Any, argtypes: list[Any]) -> Any:
+    """The driver's NAME (as of VERSION), through the runtime, as a ctypes function."""
+    fn = c_void_p()
+    by_version = b._fn(
+        "cudaGetDriverEntryPointByVersion",
+        c_int,
+        [c_char_p, c_void_p, c_uint, ctypes.c_ulonglong, c_void_p],
+    )
+    if by_version(name.encode(), ctypes.byref(fn), version, 0, None):
+        # NOTE: a runtime older than 12.5 has only the unversioned lookup.
+        b.call(
+            "cudaGetDriverEntryPoint",
+            c_char_p(name.encode()),
+            ctypes.byref(fn),
+            ctypes.c_ulonglong(0),
+            None,
+        )
+    if not fn.value:
+        raise RestoreError(f"the driver has no {name}")
+    return ctypes.CFUNCTYPE(restype, *argtypes)(fn.value)
+
+
+class KernelFinder:
+    """The driver calls that find a kernel, and the images this process holds (`libs`): those it
+    loaded (read from its own trace), and those loaded from the artifact along the way."""
+
+    def __init__(self, b: Backend, art: Artifact, own: Trace) -> None:
+        self.b, self.art = b, art
+        self.libs: Images = {}
+        for e in own.of(R.Load, Ev.LOAD):
+            if e.result == 0:
+                self.libs.setdefault(e.sha256, (e.handle, e.is_library))
+        ptr, fn_ptr = POINTER(c_void_p), [POINTER(c_void_p), c_void_p, c_char_p]
+        self.get_by_stub = b._fn("cudaGetFuncBySymbol", c_int, [c_void_p, c_void_p])
+        self.name_of = driver_fn(b, "cuFuncGetName", 12030, c_int, [POINTER(c_char_p), c_void_p])
+        self.lib_kernel = driver_fn(b, "cuLibraryGetKernel", 12000, c_int, fn_ptr)
+        self.mod_func = driver_fn(b, "cuModuleGetFunction", 2000, c_int, fn_ptr)
+        # NOTE: a library gives a CUkernel; graph nodes and cuFuncSetAttribute take a CUfunction.
+        self.as_func = driver_fn(b, "cuKernelGetFunction", 12000, c_int, [ptr, c_void_p])
+        self.load_data = driver_fn(
+            b,
+            "cuLibraryLoadData",
+            12000,
+            c_int,
+            [ptr, c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint],
+        )
+        self.set_attr = driver_fn(b, "cuFuncSetAttribute", 9000, c_int, [c_void_p, c_int, c_int])
+
+    def find(self, fn: dict[str, Any]) -> tuple[c_void_p, str]:
+        """The CUfunction of the plan's function FN, and how it was found."""
+        f = c_void_p()
+        method = self._by_stub(fn, f) or self._in_loaded(fn, f)
+        if method:
+            return f, method
+        why = self._from_saved(fn, f)
+        if why is None:
+            return f, "saved image"
+        raise RestoreError(
+            f"kernel {fn['name']} (image {fn['sha256'][:12]}) cannot be found: no exported "
+            f"symbol names it, no loaded image holds it, and {why}"
+        )
+
+    def _by_stub(self, fn: dict[str, Any], f: c_void_p) -> str:
+        if not fn["symbol"]:
+            return ""
+        try:
+            stub = self.b.symbol(fn["symbol"])
+        except AttributeError:
+            stub = 0
+        got = c_char_p()
+        found = (
+            stub
+            and self.get_by_stub(ctypes.byref(f), c_void_p(stub)) == 0
+            and self.name_of(ctypes.byref(got), f) == 0
+            and got.value == fn["name"].encode()
+        )
+        return "exported stub" if found else ""
+
+    def _in_loaded(self, fn: dict[str, Any], f: c_void_p) -> str:
+        if fn["sha256"] not in self.libs:
+            return ""
+        handle, is_lib = self.libs[fn["sha256"]]
+        look = self.lib_kernel if is_lib else self.mod_func
+        if look(ctypes.byref(f), c_void_p(handle), fn["name"].encode()) == 0 and (
+            not is_lib or self.as_func(ctypes.byref(f), f) == 0
+        ):
+            return "loaded image"
+        return ""
+
+    def _from_saved(self, fn: dict[str, Any], f: c_void_p) -> str | None:
+        """None once found in the image the artifact saved; else why not."""
+        sha = fn["sha256"]
+        image = self.art.image(sha)
+        if not image:
+            return "no image of it was saved"
+        lib = c_void_p()
+        code = self.load_data(ctypes.byref(lib), image, None, None, 0, None, None, 0)
+        if code:
+            name, message = self.b.error_name(code), self.b.last_message()
+            return f"its saved image does not load ({name}: {message})"
+        if (
+            self.lib_kernel(ctypes.byref(f), lib, fn["name"].encode()) == 0
+            and self.as_func(ctypes.byref(f), f) == 0
+        ):
+            self.libs[sha] = (int(lib.value or 0), True)
+            return None
+        return "its saved image does not hold it"
+
+
+def find_kernels(
+    finder: KernelFinder, funcs: list[dict[str, Any]]
+) -> tuple[np.ndarray, Counter[str]]:
+    """The plan's functions as CUfunctions, their attributes re-applied; how many each way."""
+    out = np.zeros(len(funcs), np.uint64)
+    methods: Counter[str] = Counter()
+    for i, fn in enumerate(funcs):
+        f, method = finder.find(fn)
+        for attr, value in fn["attrs"]:
+            if finder.set_attr(f, attr, value):
+                raise RestoreError(
+                    f"kernel {fn['name']}: re-applying attribute {attr}={value} failed"
+                )
+        out[i] = f.value or 0
+        methods[method] += 1
+    return out, methods
+
+
+def global_addresses(b: Backend, globals_: list[dict[str, Any]], libs: Images) -> np.ndarray:
+    """Where each of the plan's module globals lives in this process, by its index."""
+    size = max((g["index"] for g in globals_), default=-1) + 1
+    base = np.zeros(size, np.uint64)
+    argtypes = [POINTER(c_uint64), POINTER(c_size_t), c_void_p, c_char_p]
+    lib_global = driver_fn(b, "cuLibraryGetGlobal", 12000, c_int, argtypes)
+    mod_global = driver_fn(b, "cuModuleGetGlobal", 3020, c_int, argtypes)
+    for g in globals_:
+        handle, is_lib = libs.get(g["sha256"], (0, True))
+        addr, n = c_uint64(), c_size_t()
+        look = lib_global if is_lib else mod_global
+        if not handle or look(
+            ctypes.byref(addr), ctypes.byref(n), c_void_p(handle), g["name"].encode()
+        ):
+            raise RestoreError(f"module global {g['name']} (image {g['sha256'][:12]}) not found")
+        base[g["index"]] = addr.value
+    return base
