@@ -13,7 +13,6 @@ from medusa.child import exit_on_sigterm
 from medusa.commands.options import (
     engine_choice,
     engine_options,
-    engine_settings,
     refuse_reference_options,
 )
 
@@ -87,6 +86,7 @@ def materialize(
     from medusa.artifact.seal import load_private_key
     from medusa.artifact.store import load_artifact
     from medusa.cuda.backend import NoDeviceError, load_backend
+    from medusa.engine.artifact_settings import engine_settings
     from medusa.engine.config import EngineConfig
     from medusa.engine.loader import locate_model
     from medusa.materialize.analysis import MaterializeError
@@ -150,7 +150,7 @@ def materialize(
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise click.ClickException(_no_space(e)) from None
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR) and e.filename:
-            raise click.ClickException(_cannot_write(e.filename, e.strerror)) from None
+            raise click.ClickException(_cannot_write(e.filename, e.strerror or str(e))) from None
         raise
     click.echo(describe(art))
     t = summary["timings"]

@@ -62,17 +62,6 @@ def engine_options(f):  # type: ignore[no-untyped-def]
     return f
 
 
-def engine_settings(params: dict[str, Any]) -> dict[str, Any]:
-    """The EngineConfig fields among a command's parameters, as EngineConfig takes them."""
-    from medusa.engine.config import EngineConfig
-
-    names = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
-    out = {k: v for k, v in params.items() if k in names}
-    if out.get("capture_sizes") is None:
-        out.pop("capture_sizes", None)
-    return out
-
-
 def given_on_command_line(ctx: click.Context, names: Iterable[str]) -> set[str]:
     """The parameters among `names` the user set (not left at their default)."""
     explicit = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)

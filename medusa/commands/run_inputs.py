@@ -59,8 +59,14 @@ def engine_config(
 ) -> EngineConfig:
     """The engine's settings: with --artifact, the model and the graphs' settings are the
     artifact's (a flag given with another value is refused, unless --allow-fallback)."""
-    from medusa.commands.options import engine_option_name, engine_settings, given_on_command_line
-    from medusa.engine.artifact_settings import ArtifactSettings, SettingConflict, resolve
+    from medusa.commands.options import engine_option_name, given_on_command_line
+    from medusa.engine.artifact_settings import (
+        ArtifactSettings,
+        SettingConflict,
+        Wording,
+        engine_settings,
+        resolve,
+    )
     from medusa.engine.config import EngineConfig
     from medusa.engine.loader import ModelError
 
@@ -73,10 +79,8 @@ def engine_config(
     explicit = given_on_command_line(click.get_current_context(), settings)
     art = ArtifactSettings.read(artifact, trust) if artifact else None
     try:
-        model, settings = resolve(
-            art, model, settings, explicit, allow_fallback=allow_fallback,
-            flag=engine_option_name, fallback="--allow-fallback",
-        )  # fmt: skip
+        words = Wording(engine_option_name, "MODEL", "--allow-fallback")
+        model, settings = resolve(art, model, settings, explicit, words, allow_fallback)
         return EngineConfig(model=model, **settings)
     except SettingConflict as e:
         raise click.UsageError(str(e)) from None

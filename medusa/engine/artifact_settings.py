@@ -6,11 +6,12 @@ with another value is refused before anything starts, unless a fallback start is
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from medusa.artifact import ArtifactError, read_manifest
+from medusa.engine.config import EngineConfig, default_capture_sizes
 from medusa.errors import RefusedError
 from medusa.restore.compat import CONFIG_KEYS
 
@@ -57,21 +58,36 @@ class ArtifactSettings:
             if k in self.engine and _typed(k, v) != self.engine[k]
         ]
 
-    def refusal(self, name: str, given: Any, recorded: Any, flag: str, fallback: str) -> str:
+    def refusal(self, name: str, given: Any, recorded: Any, words: Wording) -> str:
         """One line: the setting, both values, and the ways out."""
+        where, flag = words.setting(name), "--" + name.replace("_", "-")
+        again = flag if given is True else f"{flag} {show(given)}"
         return (
-            f"{flag} {show(given)}: the artifact {self.path} was materialized with {name} "
-            f"{show(recorded)}; drop {flag} (the artifact's {show(recorded)} is used), or "
-            f"materialize again with {flag} {show(given)} (or pass {fallback} to start the "
-            "normal way with it)"
+            f"{where} {show(given)}: the artifact {self.path} was materialized with {name} "
+            f"{show(recorded)}; drop {where} (the artifact's {show(recorded)} is used), or "
+            f"materialize again with {again}{words.or_fallback()}"
         )
 
     def summary(self) -> str:
         """The settings a start from this artifact runs with, as `medusa inspect` prints them."""
         model = self.model or "smollm2 (the default)"
         weights = "its weight store" if self.store else "the model file"
-        shown = ", ".join(f"{k} {show(v)}" for k, v in self.engine.items())
-        return f"model {model}, loaded from {weights}; {shown}"
+        shown = {**self.engine}
+        if shown.get("capture_sizes") == () and "max_num_seqs" in shown:
+            sizes = ",".join(map(str, default_capture_sizes(shown["max_num_seqs"])))
+            shown["capture_sizes"] = f"default ({sizes})"
+        settings = ", ".join(f"{k} {show(v)}" for k, v in shown.items())
+        return f"model {model}, loaded from {weights}\n{' ' * 12}{settings}"
+
+
+def engine_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The EngineConfig fields among a command's parameters (`medusa run`'s, say), as
+    EngineConfig takes them: capture_sizes not given is left to its default."""
+    names = {f.name for f in fields(EngineConfig)} - {"model"}
+    out = {k: v for k, v in params.items() if k in names}
+    if out.get("capture_sizes") is None:
+        out.pop("capture_sizes", None)
+    return out
 
 
 def _typed(name: str, value: Any) -> Any:
@@ -89,30 +105,44 @@ def show(value: Any) -> str:
     return str(value)
 
 
+@dataclass(frozen=True)
+class Wording:
+    """How the caller names what was given: a setting (`--max-num-seqs`, or
+    `models.a.engine.max_num_seqs`), the model, and the option that starts the normal way
+    instead of refusing, where there is one."""
+
+    setting: Callable[[str], str]
+    model: str
+    fallback: str | None = None
+
+    def or_fallback(self) -> str:
+        return (
+            f" (or pass {self.fallback} to start the normal way with it)" if self.fallback else ""
+        )
+
+
 def resolve(
     art: ArtifactSettings | None,
     model: str | None,
     settings: dict[str, Any],
     explicit: set[str],
-    *,
+    words: Wording,
     allow_fallback: bool = False,
-    flag: Callable[[str], str] = str,
-    fallback: str = "allow_fallback",
 ) -> tuple[str | None, dict[str, Any]]:
     """The model and engine settings a start from `art` runs with: the artifact's where the
     user gave none (`explicit`: the names given), the user's otherwise. A given one that the
-    artifact decides otherwise is refused (SettingConflict naming `flag(name)`, both values and
-    the ways out; `fallback`: the option that allows it) unless `allow_fallback`: then the
-    given ones are used and the start falls back to the normal way."""
+    artifact decides otherwise is refused (SettingConflict naming it as `words` do, both values
+    and the ways out) unless `allow_fallback`: then the given ones are used, and the start
+    finds the artifact unfit and starts the normal way."""
     if art is None:
         return model, settings
-    refusals = [art.refusal(k, v, r, flag(k), fallback) for k, v, r in
-                art.conflicts({k: settings[k] for k in explicit if k in settings})]  # fmt: skip
+    given = {k: settings[k] for k in explicit if k in settings}
+    refusals = [art.refusal(k, v, r, words) for k, v, r in art.conflicts(given)]
     if model is not None and not same_model(model, art):
         refusals.insert(0, (
-            f"MODEL {model}: the artifact {art.path} was materialized for "
-            f"{art.model or 'smollm2 (the default)'}; drop MODEL (the artifact's is used), or "
-            f"materialize {model} (or pass {fallback} to start the normal way with it)"
+            f"{words.model} {model}: the artifact {art.path} was materialized for "
+            f"{art.model or 'smollm2 (the default)'}; drop {words.model} (the artifact's is "
+            f"used), or materialize {model}{words.or_fallback()}"
         ))  # fmt: skip
     if refusals and not allow_fallback:
         raise SettingConflict("; ".join(refusals))
