@@ -177,7 +177,7 @@ def _model(path: Path, name: str, m: Any) -> ModelConfig:
     if bad:
         raise ConfigError(f"{where}: unknown field(s) {sorted(bad)}")
     artifact = _artifact(path, where, m.get("artifact"))
-    model, engine = _engine(where, m, artifact)
+    model, engine = _engine(path, name, m, artifact)
     lo = _int(where, m, "min_instances", 0, 0)
     hi = _int(where, m, "max_instances", max(1, lo), 1)
     if hi < lo:
@@ -221,7 +221,9 @@ def _artifact(path: Path, where: str, artifact: str | None) -> str | None:
     return artifact
 
 
-def _engine(where: str, m: dict[str, Any], artifact: str | None) -> tuple[str | None, dict]:
+def _engine(
+    path: Path, name: str, m: dict[str, Any], artifact: str | None
+) -> tuple[str | None, dict[str, Any]]:
     """The model and the `engine:` settings, checked by building the EngineConfig they make;
     with an artifact, its model and the settings it decides (medusa.engine.artifact_settings),
     one given otherwise refused."""
@@ -229,6 +231,7 @@ def _engine(where: str, m: dict[str, Any], artifact: str | None) -> tuple[str | 
     from medusa.engine.config import EngineConfig
     from medusa.engine.loader import ModelError
 
+    where, entry = f"{path}: models.{name}", f"models.{name}"
     engine = m.get("engine", {}) or {}
     known = sorted(f.name for f in fields(EngineConfig) if f.name != "model")
     if not isinstance(engine, dict) or set(engine) - set(known):
@@ -238,11 +241,11 @@ def _engine(where: str, m: dict[str, Any], artifact: str | None) -> tuple[str | 
         engine = {**engine, "capture_sizes": tuple(engine["capture_sizes"])}
     try:
         art = ArtifactSettings.read(artifact) if artifact else None
-        words = Wording(lambda name: f"{where}.engine.{name}", f"{where}.model")
+        words = Wording(lambda key: f"{entry}.engine.{key}", f"{entry}.model")
         model, settings = resolve(art, m.get("model"), dict(engine), set(engine), words)
         EngineConfig(model=model, **settings)
     except SettingConflict as e:
-        raise ConfigError(str(e)) from None
+        raise ConfigError(f"{path}: {e}") from None
     except ModelError as e:
         raise ConfigError(f"{where}.model: {e}") from None
     except (TypeError, ValueError) as e:
