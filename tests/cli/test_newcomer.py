@@ -177,7 +177,9 @@ def test_vllm_arguments_follow_the_double_dash():
     res = CliRunner().invoke(main, ["run", "--engine", "vllm", "--tensor-parallel-size", "2"])
     assert res.exit_code == 2 and "No such option '--tensor-parallel-size'" in res.output
     usage = " ".join(CliRunner().invoke(main, ["run", "-h"]).output.split())
-    assert "arguments after -- go to vllm serve: medusa run --engine vllm MODEL -- --seed 3" in usage
+    assert (
+        "arguments after -- go to vllm serve: medusa run --engine vllm MODEL -- --seed 3" in usage
+    )
 
 
 @pytest.mark.e2e
@@ -312,6 +314,9 @@ def test_the_gateway_takes_the_artifacts_settings_from_artifact_alone(tmp_path, 
     assert m.engine["weights"] == "host" and m.engine["max_num_seqs"] == 4
     assert m.worker_args()[:2] == ["--artifact", str(host_artifact)]
     assert "--max-num-seqs" in m.worker_args() and "host" in m.worker_args()
+    # on an elastic slice the worker needs kv_memory elastic: it starts the normal way, as before
+    shared = m.worker_args({"kv_memory": "elastic"})
+    assert "--allow-fallback" in shared and shared[shared.index("--kv-memory") + 1] == "elastic"
     cfg.write_text(f"models:\n  m: {{artifact: {host_artifact}, engine: {{max_num_seqs: 8}}}}\n")
     with pytest.raises(ConfigError) as e:
         load_config(cfg)

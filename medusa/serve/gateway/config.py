@@ -43,13 +43,22 @@ class ModelConfig:
     engine: dict[str, Any] = field(default_factory=dict)
     weaving: WeavingConfig = WeavingConfig()  # offload attention to idle workers (Weaver)
 
-    def worker_args(self) -> list[str]:
+    def worker_args(self, overrides: dict[str, Any] | None = None) -> list[str]:
         """`medusa run` arguments; with an artifact, `engine` holds its settings too (passed
-        as given: they match what the worker reads from the artifact itself)."""
+        as given: they match what the worker reads from the artifact itself). `overrides`: what
+        the slice needs (kv_memory: elastic); one the artifact decides otherwise makes the
+        worker start the normal way (--allow-fallback), as it did before the artifact decided."""
+        from medusa.restore.compat import CONFIG_KEYS
+
+        settings = {**self.engine, **(overrides or {})}
         args = [self.model] if self.model else []
         if self.artifact:
             args += ["--artifact", self.artifact]
-        for k, v in sorted(self.engine.items()):
+            if any(
+                self.engine.get(k) != v for k, v in (overrides or {}).items() if k in CONFIG_KEYS
+            ):
+                args.append("--allow-fallback")
+        for k, v in sorted(settings.items()):
             flag = "--" + k.replace("_", "-")
             if isinstance(v, bool):
                 args += [flag if v else flag.replace("--", "--no-", 1)] if k in _BOTH else []
