@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from medusa.engine.hybrid_gemm import DEFAULT_TILES, Tiles, split_columns
+
 C2C_BW = 450e9  # bytes/s per direction, shared by every slice of the superchip
 GH200_PEAK_FLOPS = 989e12  # dense bf16, whole GPU (132 SMs)
 
@@ -32,28 +34,8 @@ GH200_MIG = {
 }
 
 
-@dataclass(frozen=True)
-class Tiles:
-    bm: int = 64  # output-stationary tile (rows of O)
-    bn: int = 64  # output-stationary tile (columns of O)
-    bk: int = 64
-    wbm: int = 64  # weight-stationary: the M step swept under a resident W tile
-    wbn: int = 64
-    wbk: int = 64
-
-
-DEFAULT_TILES = Tiles()
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def split_columns(n: int, alpha: float) -> int:
-    """Columns the output-stationary path takes: floor(alpha * N)."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha={alpha}: must be in [0, 1]")
-    return int(alpha * n)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from medusa.c2c.model import C2C_BW, SliceProfile, Tiles, gemm_time, gemm_traffic
+from medusa.c2c.model import C2C_BW, SliceProfile, gemm_time, gemm_traffic
+from medusa.engine.hybrid_gemm import Tiles
 from medusa.errors import PlacementError
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ except ImportError as e:  # the c2c extra
         f"HybridGEMM in Triton needs torch and triton ({e}): pip install 'medusa-coldstart[c2c]'"
     ) from None
 
-from medusa.c2c.model import DEFAULT_TILES, Tiles, split_columns
+from medusa.engine.hybrid_gemm import DEFAULT_TILES, Tiles, split_columns
 
 
 @triton.jit

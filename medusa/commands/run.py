@@ -191,6 +191,9 @@ def run(
     if (artifact or pool) and not medusa_env.TRACE.get():
         reexec_under_recorder()
     exit_on_sigterm()  # NOTE: so that what this process made in /tmp goes with it
+    from medusa import plugins
+
+    plugins.register()  # the research systems an engine's config may name, for every engine here
     if pool:
         serve_pool(where, limits, given, prepare, max_request_bytes, prepare_artifacts)
         return

@@ -38,13 +38,12 @@ class Batch:
 
 
 class BatchBuilder:
-    """ModelRunner's batches; ModelRunner.__init__ sets what is declared here."""
+    """The model runner's step inputs (ModelRunner.batches), built on the host."""
 
-    config: EngineConfig
-    dev: Device
-    ws: dict[str, Buffer]
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
 
-    def _sampling(self, seqs: list[Sequence]) -> list[tuple[float, float, int]]:
+    def sampling(self, seqs: list[Sequence]) -> list[tuple[float, float, int]]:
         return [
             (
                 s.params.temperature,
@@ -71,7 +70,13 @@ class BatchBuilder:
         bs = self.config.block_size
         return [table[p // bs] * bs + p % bs for p in positions]
 
-    def _prefill_batch(self, prompts, tables, sampling, starts=None) -> Batch:  # type: ignore[no-untyped-def]
+    def prefill(
+        self,
+        prompts: list[list[int]],
+        tables: list[list[int]],
+        sampling: list[tuple[float, float, int]],
+        starts: list[int] | None = None,
+    ) -> Batch:
         """A prefill of token runs; run i sits at positions starts[i] .. starts[i] + len - 1 (a
         chunk of a longer prompt whose earlier tokens are in the cache already)."""
         lens = [len(p) for p in prompts]
@@ -98,13 +103,15 @@ class BatchBuilder:
             seeds=seeds,
         )
 
-    def _decode_batch(
+    def decode(
         self, seqs: list[Sequence], size: int, remote: Container[int] = frozenset()
     ) -> Batch:
+        """A decode step of `seqs` padded to `size` rows; rows `remote` attend elsewhere (no
+        slot, no local attention: Weaver)."""
         n = len(seqs)
         bt, temp, top_p, seeds = self._meta(
             size, [[] if i in remote else s.block_table for i, s in enumerate(seqs)],
-            self._sampling(seqs),
+            self.sampling(seqs),
         )  # fmt: skip
         pos = [len(s) - 1 for s in seqs] + [0] * (size - n)
         lens = [0 if i in remote else len(s) for i, s in enumerate(seqs)] + [0] * (size - n)
@@ -123,7 +130,7 @@ class BatchBuilder:
             seeds=seeds,
         )
 
-    def _padding_batch(self, size: int) -> Batch:
+    def padding(self, size: int) -> Batch:
         return Batch(
             ids=np.zeros(size, np.int32),
             positions=np.zeros(size, np.int32),
@@ -137,17 +144,12 @@ class BatchBuilder:
             seeds=np.zeros(size, np.uint64),
         )
 
-    def _upload(self, b: Batch) -> None:
-        for name in (
-            "ids",
-            "positions",
-            "slots",
-            "block_tables",
-            "seq_lens",
-            "query_start",
-            "last_rows",
-            "temperature",
-            "top_p",
-            "seeds",
-        ):
-            self.dev.upload(self.ws[name], getattr(b, name))
+
+UPLOADED = ("ids", "positions", "slots", "block_tables", "seq_lens", "query_start", "last_rows",
+            "temperature", "top_p", "seeds")  # fmt: skip
+
+
+def upload(dev: Device, ws: dict[str, Buffer], b: Batch) -> None:
+    """The batch's arrays into the workspace buffers of the same names."""
+    for name in UPLOADED:
+        dev.upload(ws[name], getattr(b, name))

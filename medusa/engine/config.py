@@ -57,6 +57,7 @@ class EngineConfig:
             "every layer's start value."
         },
     )
+    # with weights="host": the alpha controller adjusts alpha per interval (C2C's step hook)
     tune_alpha: bool = field(
         default=False,
         metadata={"help": "With weights host: tune alpha online (C2CServe Algorithm 2)."},
@@ -120,6 +121,12 @@ class EngineConfig:
         if self.enforce_eager:
             return ()
         return tuple(sorted(set(self.capture_sizes or default_capture_sizes(self.max_num_seqs))))
+
+    @property
+    def step_hooks(self) -> tuple[str, ...]:
+        """The step hooks (medusa.engine.step_hooks) an engine of this config makes, by the name
+        their factories are registered under."""
+        return ("alpha_tuner",) if self.tune_alpha else ()
 
     @property
     def max_blocks_per_seq(self) -> int:

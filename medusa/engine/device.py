@@ -11,10 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from medusa.c2c.hybrid import launch_shape
-from medusa.c2c.model import Tiles
 from medusa.cuda import CudaError, load_backend
 from medusa.cuda.backend import Backend, Dim3
+from medusa.engine.hybrid_gemm import Tiles, launch_shape
 
 # Kernel signatures (as csrc/kernels/cpu/engine.c registers them): p pointer, i int, f float.
 KERNELS = {

@@ -1,5 +1,6 @@
-"""The engine: start-up in the stages real engines have (each timed and logged), then continuous
-batching over the scheduler and the model runner."""
+"""The engine: start-up in the stages real engines have (each timed and logged: its StartUp,
+medusa.engine.startup), then continuous batching over the scheduler and the model runner, with the
+step hooks other systems take part through (medusa.engine.step_hooks)."""
 
 from __future__ import annotations
 
@@ -8,41 +9,29 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from medusa.engine.alpha_tuner import AlphaTuner
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
+from medusa.engine.kv_cache import kv_cache_class
 from medusa.engine.loader import ModelSource
-from medusa.engine.model_runner import ModelRunner
 from medusa.engine.sampling import SamplingParams
 from medusa.engine.scheduler import Scheduler
-from medusa.engine.sequence import Sequence
-from medusa.engine.startup import StartUp, _reason, without_gc
+from medusa.engine.sequence import Sequence, StepOutput
+from medusa.engine.startup import StartUp, without_gc
+from medusa.engine.step_hooks import Step, StepHook, step_hook_factory
 from medusa.engine.tokenizer import IncrementalDecoder, Tokenizer
-from medusa.restore import Restorer
-from medusa.trace import control as trace
 from medusa.weights import WeightStore
 
 if TYPE_CHECKING:
     from medusa.artifact import Artifact
-    from medusa.engine.weaving import HotWeaving, WeavingLink
     from medusa.engine.weight_load import WeightLoad
 
 log = logging.getLogger("medusa.engine.startup")
 
 
-@dataclass
-class StepOutput:
-    seq: Sequence
-    token: int
-    text: str  # the text this token completed (may be "" mid-character)
-    finished: bool
-
-
-class LLMEngine(StartUp):
+class LLMEngine:
     @without_gc
     def __init__(
         self,
@@ -56,7 +45,6 @@ class LLMEngine(StartUp):
         device: Device | None = None,
         store: str | Path | WeightStore | None = None,
         store_checked: str = "",
-        weaving: WeavingLink | None = None,
         restore_since: int = 0,
     ) -> None:
         """artifact: a directory, or an Artifact loaded and checked ahead (a pooled worker's).
@@ -65,94 +53,55 @@ class LLMEngine(StartUp):
         (by default the artifact's, if it has one), or one opened ahead. store_checked: the
         descriptor number, in this process's parent (the gateway), of a sealed copy of the store
         it checked in full (MEDUSA_STORE_CHECKED, medusa.weights.sealed): if it holds this
-        store's header, the weights come from it and nothing is hashed again. weaving: offload
-        part of the decode batch's attention to a receiver through the region it names
-        (medusa.engine.weaving). restore_since: this process's trace sequence number this
-        engine's start-up began after (another engine lives on in the process:
-        medusa.restore.Restorer's `since`)."""
+        store's header, the weights come from it and nothing is hashed again. restore_since:
+        this process's trace sequence number this engine's start-up began after (another engine
+        lives on in the process: medusa.restore.Restorer's `since`). The plug-ins the config
+        names (kv_memory, step_hooks) must be registered (medusa.plugins)."""
+        kv_cache_class(config.kv_memory)  # NOTE: a plug-in not registered fails before any work
+        hook_factories = [step_hook_factory(name) for name in config.step_hooks]
         self.config = config
-        self.timings: dict[str, float] = {}
-        self.kv_profile: dict[str, int] = {}
-        self.restored = False
-        self.restore_error: str | None = None
-        self.store: WeightStore | None = None
-        self.store_error: str | None = None  # why a weight store was not used
-        self.restorer: Restorer | None = None
-        self._require = require_artifact
-        self._store_checked = store_checked
-        self._restore_since = restore_since
-        t0 = time.perf_counter()
-        loaded = self._load_artifact(artifact, trust)
-        with self._stage("runtime_init"):
-            self.device = device or Device()
-            self.store = self._open_store(store, loaded)
-            self.source = self._model_source(source)
-            self.spec = self.source.spec
-        art = self._check_artifact(loaded)
-        self.runner = ModelRunner(config, self.spec, self.device)
-        with self._stage("weights_alloc"):
-            self.runner.allocate_weights(self.store)
-        self._loading: WeightLoad | None = None  # a store's copy, running beside what follows
-        with self._stage("weights_load"):
-            self._load_weights()
-        try:
-            with self._stage("tokenizer"):
-                self.tokenizer: Tokenizer = self._tokenizer()
-            with self._stage("workspace"):
-                self.runner.allocate_workspace()
-            # NOTE: waited for here, outside the restore's fallback (a failed copy fails the start;
-            # it must never pass for a failed restore), and before any kernel runs: the restore's
-            # trigger runs a layer to load hidden kernels, and it reads weights.
-            if art is None or not self._gate_weights():
-                self._weights_ready()
-            if art is not None:
-                try:
-                    self._restore(art, validate)
-                    self.restored = True
-                except Exception as e:  # NOTE: any failure, of any type: undo it, fall back
-                    self._fall_back(f"restore failed: {_reason(e)}", require_artifact)
-                    self.runner.free_kv()
-            if not self.restored:
-                self.runner.settle_weights()
-                self._start_normally()
-        except BaseException:
-            if self._loading is not None:  # NOTE: no copy may outlive a failed start
-                self._loading.wait_quietly()
-            raise
-        trace.mark("ready")
-        self.timings["total"] = time.perf_counter() - t0
-        num_blocks = self.runner.num_blocks
-        log.info(
-            "engine.startup total: %.2f s (%d KV blocks, %d graphs%s)",
-            self.timings["total"],
-            num_blocks,
-            len(self.runner.graphs),
-            ", restored" if self.restored else "",
-        )
+        self.startup = StartUp(config, require=require_artifact, store_checked=store_checked,
+                               restore_since=restore_since)  # fmt: skip
+        self.startup.run(source, artifact, trust, device, store, validate)
+        s = self.startup
+        self.device, self.source, self.spec, self.runner = s.device, s.source, s.spec, s.runner
+        self.tokenizer = s.tokenizer
+        self.timings = s.timings  # NOTE: the same dict: a store's load may settle while serving
+        self.kv_profile, self.restorer = s.kv_profile, s.restorer
+        self.restored, self.restore_error, self.restore_methods = (
+            s.restored, s.restore_error, s.restore_methods)  # fmt: skip
         if self.runner.kv_cache is None:
             raise RuntimeError("the KV cache was not allocated")
         self.blocks = self.runner.kv_cache.blocks
         self.scheduler = Scheduler(config, self.blocks, self.tokenizer.eos_ids)
-        self.weaving: HotWeaving | None = None
-        if weaving is not None:
-            self.pair(weaving)
         self._rng = random.Random(config.seed)
         self._decoders: dict[int, IncrementalDecoder] = {}
-        self.tuner = AlphaTuner(config, self.spec) if config.tune_alpha else None
+        self.hooks: list[StepHook] = []
+        for make in hook_factories:
+            self.add_hook(make(self))
+
+    # ---- what the start-up may still change while serving (a store's load settling) ----
+    @property
+    def store(self) -> WeightStore | None:
+        return self.startup.store
+
+    @property
+    def store_error(self) -> str | None:
+        """Why a weight store was not used."""
+        return self.startup.store_error
+
+    @property
+    def _loading(self) -> WeightLoad | None:
+        """A store's copy still running (served while loading, not settled yet)."""
+        return self.startup._loading
 
     def shutdown(self) -> None:
         """Frees the engine's device memory (another engine can then start in this process)."""
-        if getattr(self, "weaving", None) is not None:
-            self.unpair()
-        if self._loading is not None:  # NOTE: served while loading, and never settled
-            self._loading.wait_quietly()
-            self._loading = None
+        for hook in reversed(getattr(self, "hooks", [])):
+            self.remove_hook(hook)
+        self.startup.wait_for_load()  # NOTE: served while loading, and never settled
         self.runner.release()
-        if self.restorer is not None:
-            self.restorer.release(graphs=False)
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        self.startup.close()
         gc.unfreeze()  # NOTE: what the start-up froze (without_gc) can be collected again
 
     def __enter__(self) -> LLMEngine:
@@ -165,27 +114,34 @@ class LLMEngine(StartUp):
     def num_kv_blocks(self) -> int:
         return self.blocks.num_blocks
 
-    # ---- Weaver ----
-    def pair(self, link: WeavingLink) -> None:
-        """Between steps: offloads `link.ratio` of the sequences prefilled from now on to the
-        receiver that opens `link.region` (created here)."""
-        if self.weaving is not None:
-            raise RuntimeError(f"already paired through {self.weaving.region.path}")
-        from medusa.engine.weaving import HotWeaving  # NOTE: here, not at every start (14 ms)
+    # ---- step hooks (medusa.engine.step_hooks) ----
+    def add_hook(self, hook: StepHook) -> None:
+        """Between steps: `hook` takes part in the steps from the next one on."""
+        if hook.decodes and any(h.decodes for h in self.hooks):
+            raise RuntimeError(f"{type(hook).__name__}: another step hook runs the decode steps")
+        hook.attach(self)
+        self.hooks.append(hook)
 
-        self.weaving = HotWeaving(link, self.runner, self.blocks)
-        self.weaving.attach(self.scheduler.requeue)
-        self.scheduler.blocks = self.weaving.blocks
+    def remove_hook(self, hook: StepHook) -> None:
+        """Between steps: detaches `hook` (nothing if it is not attached)."""
+        if hook in self.hooks:
+            self.hooks.remove(hook)
+            hook.detach()
 
-    def unpair(self) -> None:
-        """Between steps: the offloaded sequences' KV comes back (medusa.engine.weaving) and the
-        region is removed."""
-        if self.weaving is None:
-            return
-        self.weaving.unpair()
-        self.weaving.close()
-        self.scheduler.blocks = self.blocks
-        self.weaving = None
+    @property
+    def polls_when_idle(self) -> bool:
+        """Whether a hook has work while the engine has no request: call poll_idle meanwhile."""
+        return any(h.polls_when_idle for h in self.hooks)
+
+    def poll_idle(self) -> None:
+        for hook in list(self.hooks):
+            if hook.polls_when_idle:
+                hook.poll_idle()
+        self._remove_finished_hooks()
+
+    def _remove_finished_hooks(self) -> None:
+        for hook in [h for h in self.hooks if h.finished]:
+            self.remove_hook(hook)
 
     # ---- requests ----
     @property
@@ -238,16 +194,32 @@ class LLMEngine(StartUp):
                 self.blocks.trim()  # NOTE: an idle model's pages go back to the device at once
             return []
         t0 = time.perf_counter()
-        if self.weaving is not None and not is_prefill:
-            woven = self.weaving.decode(seqs)
-            if woven is None:  # the receiver is lost: its sequences are requeued, step again
+        decoder = next((h for h in self.hooks if h.decodes), None)
+        if decoder is not None and not is_prefill:
+            decoded = decoder.decode(seqs)
+            if decoded is None:  # the hook requeued the step's sequences: schedule again
                 return []
-            tokens = woven
+            tokens = decoded
         else:
             tokens = self.runner.execute(seqs, is_prefill)
-        if self.tuner is not None:
-            n = sum(len(s) for s in seqs) if is_prefill else len(seqs)
-            self.tuner.observe(n, time.perf_counter() - t0, self.runner.alphas)
+        seconds = time.perf_counter() - t0
+        num_tokens = sum(len(s) for s in seqs) if is_prefill else len(seqs)
+        outs = self._outputs(seqs, tokens, is_prefill)
+        step = Step(seqs, is_prefill, outs, num_tokens, seconds)
+        for hook in list(self.hooks):
+            hook.after_step(step)
+        self._remove_finished_hooks()
+        if self.has_unfinished():
+            self.blocks.refill()
+        else:
+            self.blocks.trim()
+        return outs
+
+    def _outputs(
+        self, seqs: list[Sequence], tokens: list[int], is_prefill: bool
+    ) -> list[StepOutput]:
+        """The step's tokens given to their sequences: their text, and which finished (a stop
+        string included)."""
         got, finished_seqs = self.scheduler.postprocess(seqs, tokens, is_prefill)
         finished = {s.seq_id for s in finished_seqs}
         sampled = {s.seq_id for s in got}
@@ -265,12 +237,6 @@ class LLMEngine(StartUp):
             if done:
                 self._decoders.pop(seq.seq_id, None)
             outs.append(StepOutput(seq, tok, text, done))
-        if self.weaving is not None:
-            self.weaving.after_step([o.seq for o in outs if is_prefill and not o.finished])
-        if self.has_unfinished():
-            self.blocks.refill()
-        else:
-            self.blocks.trim()
         return outs
 
     def generate(

@@ -1,7 +1,7 @@
 """Owns all device work: weights (medusa.engine.runner_weights), activations, the KV cache, the
-forward pass and decode graphs; batches are built in medusa.engine.batches. Allocations happen in
-one fixed order for a given configuration, so that a recording of one start-up lines up with the
-next."""
+forward pass (medusa.engine.forward) and decode graphs; batches are built in
+medusa.engine.batches. Allocations happen in one fixed order for a given configuration, so that a
+recording of one start-up lines up with the next."""
 
 from __future__ import annotations
 
@@ -9,26 +9,27 @@ from collections.abc import Callable, Container
 
 import numpy as np
 
-from medusa.engine.batches import Batch, BatchBuilder
+from medusa.engine.batches import Batch, BatchBuilder, upload
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
-from medusa.engine.forward import Forward
+from medusa.engine.forward import Forward, workspace_sizes
 from medusa.engine.kv_cache import KVCache, make_kv_cache
-from medusa.engine.runner_weights import F32, RunnerWeights
+from medusa.engine.layer_gate import LayerGate
+from medusa.engine.runner_weights import RunnerWeights
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
-from medusa.weights.loader import StagingRing
 
 
-class ModelRunner(RunnerWeights, BatchBuilder, Forward):
+class ModelRunner:
+    """The objects it owns: `weights` (RunnerWeights), `batches` (BatchBuilder), `forward`
+    (Forward), the workspace buffers `ws`, the KV cache and the decode graphs."""
+
     def __init__(self, config: EngineConfig, spec: ModelSpec, device: Device) -> None:
-        self.config, self.spec, self.dev = config, spec, device
-        self.weights: dict[str, Buffer] = {}
-        self.rope_table: Buffer | None = None  # float32 [rot_dim / 2]: RoPE's frequencies
-        self._mapped: set[str] = set()  # weights that point into a registered store mapping
-        self._registered: int | None = None  # the store mapping's host address, registered
-        self._ring: StagingRing | None = None
-        self.ws: dict[str, Buffer] = {}
+        self.config, self.spec, self._dev = config, spec, device
+        self.weights = RunnerWeights(config, spec, device)
+        self.batches = BatchBuilder(config)
+        self.ws: dict[str, Buffer] = {}  # NOTE: filled and emptied in place: forward reads it
+        self.forward = Forward(config, spec, self.weights, self.ws, device)
         self.kv: Buffer | None = None
         self.kv_cache: KVCache | None = None
         self.num_blocks = 0
@@ -36,38 +37,38 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
         self.graph_out: dict[int, Buffer] = {}
         self._own_graph_out: list[Buffer] = []
         self.segments: dict[int, list[int]] = {}  # batch size -> a woven step's graph execs
-        self.gate = None
-        self._settle: Callable[[], None] | None = None
-        self.unusable: str | None = None  # why the weights may not be read (a failed settle)
+
+    @property
+    def dev(self) -> Device:
+        return self._dev
+
+    @dev.setter
+    def dev(self, device: Device) -> None:
+        """Another device for all of the runner's work from now on (one that wraps this one:
+        Weaver's polling device, a timing one)."""
+        self._dev = self.weights.dev = self.forward.dev = device
+
+    @property
+    def gate(self) -> LayerGate | None:
+        """While a store's weights arrive (serve while loading): RunnerWeights.gate."""
+        return self.weights.gate
+
+    @property
+    def alphas(self) -> list[float]:
+        """HybridGEMM's per-layer split, changed in place between steps (C2C's tuner)."""
+        return self.weights.alphas
+
+    @property
+    def block_bytes(self) -> int:
+        return self.forward.block_bytes
+
+    def settle_weights(self) -> None:
+        self.weights.settle()
 
     # ---- start-up stages ----
     def allocate_workspace(self) -> None:
-        c, s = self.config, self.spec
-        t, n = c.max_num_batched_tokens, c.max_num_seqs
-        sizes = {
-            "ids": t * 4,
-            "positions": t * 4,
-            "slots": t * 4,
-            "x": t * s.hidden_size * F32,
-            "h": t * s.hidden_size * F32,
-            "qkv": t * s.qkv_size * F32,
-            "attn": t * s.q_size * F32,
-            "gate_up": t * 2 * s.intermediate_size * F32,
-            "act": t * s.intermediate_size * F32,
-            "block_tables": n * c.max_blocks_per_seq * 4,
-            "seq_lens": n * 4,
-            "query_start": (n + 1) * 4,
-            "last_rows": n * 4,
-            "last": n * s.hidden_size * F32,
-            "last_h": n * s.hidden_size * F32,
-            "logits": n * s.vocab_size * F32,
-            "temperature": n * 4,
-            "top_p": n * 4,
-            "seeds": n * 8,
-            "tokens": n * 4,
-            "proj": t * s.hidden_size * F32,  # HybridGEMM output before a residual add
-        }
-        self.ws = {k: self.dev.alloc(v) for k, v in sizes.items()}
+        sizes = workspace_sizes(self.config, self.spec)
+        self.ws.update({k: self.dev.alloc(v) for k, v in sizes.items()})
 
     def profile_kv_blocks(self) -> tuple[int, dict[str, int]]:
         """Runs a forward pass at the largest batch, measures what it leaves free, and returns the
@@ -79,8 +80,8 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
         tmp = self.dev.alloc(sum(blocks) * self.block_bytes)  # a throwaway cache for the pass
         starts = np.cumsum([0] + blocks)
         tables = [list(range(starts[i], starts[i + 1])) for i in range(n)]
-        batch = self._prefill_batch([[0] * x for x in lens], tables, [(0.0, 1.0, 0)] * n)
-        self._run(batch, tmp, self.ws["tokens"])
+        batch = self.batches.prefill([[0] * x for x in lens], tables, [(0.0, 1.0, 0)] * n)
+        self.run_batch(batch, tmp, self.ws["tokens"])
         self.dev.synchronize()
         free, total = self.dev.mem_info()
         self.dev.free(tmp)
@@ -109,12 +110,12 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
         for size in sorted(self.config.graph_sizes, reverse=True):
             out = self.graph_out[size] = self.dev.alloc(size * 4)
             self._own_graph_out.append(out)
-            batch = self._padding_batch(size)
+            batch = self.batches.padding(size)
             self._upload(batch)
-            self._forward(batch.num_tokens, size, self.kv, out)  # warm-up: lazy modules load here
+            self.forward.run(batch.num_tokens, size, self.kv, out)  # warm-up: lazy modules load
             self.dev.synchronize()
             self.dev.begin_capture()
-            self._forward(batch.num_tokens, size, self.kv, out)
+            self.forward.run(batch.num_tokens, size, self.kv, out)
             graph = self.dev.end_capture()
             self.graphs[size] = self.dev.instantiate(graph)
 
@@ -122,8 +123,8 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
         """The triggering step of a restore: the first layer of a decode step, eagerly, so that
         libraries which load their kernels on first use (mblas, like cuBLAS) do so."""
         size = min(self.config.graph_sizes, default=1)
-        self._upload(self._padding_batch(size))
-        self._gated(lambda: self._forward(size, size, self.kv, self.ws["tokens"], num_layers=1))
+        self._upload(self.batches.padding(size))
+        self.weights.gated(lambda: self.forward.run(size, size, self.kv, self.ws["tokens"], 1))
         self.dev.synchronize()
 
     def adopt_graphs(self, execs: list[int], outs: list[int], sizes: list[int]) -> None:
@@ -139,15 +140,15 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
             raise RuntimeError("the KV cache is not allocated yet")
         bs = self.config.block_size
         with self.kv_cache.scratch_block() as block:  # NOTE: never a live sequence's block
-            batch = self._padding_batch(size)
+            batch = self.batches.padding(size)
             batch.ids[:] = np.arange(size) + 17
             batch.seq_lens[:] = 1
             batch.block_tables[:, 0] = block
             batch.slots[:] = block * bs + np.arange(size) % bs
-            eager = self._run(batch, self.kv, self.ws["tokens"])
+            eager = self.run_batch(batch, self.kv, self.ws["tokens"])
             eager_logits = self.last_logits(size).copy()
-            self.settle_weights()
-            self._check_usable()
+            self.weights.settle()
+            self.weights.check_usable()
             self._upload(batch)
             self.dev.replay(self.graphs[size])
             self.dev.synchronize()
@@ -170,9 +171,7 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
     def release(self) -> None:
         """Frees everything this runner allocated (graphs, KV cache, workspace, weights)."""
         self.drop_segments()
-        if self.gate is not None:  # NOTE: the engine waits for the load before this frees
-            self.gate.close()
-            self.gate, self._settle = None, None
+        self.weights.close_gate()  # NOTE: the engine waits for the load before this frees
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
         # NOTE: restored graphs' output buffers belong to the restorer, not to this runner.
@@ -180,26 +179,26 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
         bufs = [*self._own_graph_out, *self.ws.values()]
         for buf in bufs:
             self.dev.free(buf)
-        self.release_weights()
-        self.graphs, self.graph_out, self.ws = {}, {}, {}
-        self._own_graph_out = []
+        self.weights.release()
+        self.graphs, self.graph_out, self._own_graph_out = {}, {}, []
+        self.ws.clear()
 
     # ---- steps ----
     def execute(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         if is_prefill:
-            batch = self._prefill_batch(
+            batch = self.batches.prefill(
                 [s.token_ids[s.num_computed : s.num_computed + s.chunk] for s in seqs],
                 [s.block_table for s in seqs],
-                self._sampling(seqs),
+                self.batches.sampling(seqs),
                 [s.num_computed for s in seqs],
             )
-            return self._run(batch, self.kv, self.ws["tokens"])[: len(seqs)]
+            return self.run_batch(batch, self.kv, self.ws["tokens"])[: len(seqs)]
         size = next((g for g in sorted(self.graphs) if g >= len(seqs)), None)
-        batch = self._decode_batch(seqs, size or len(seqs))
+        batch = self.batches.decode(seqs, size or len(seqs))
         if size is None:
-            return self._run(batch, self.kv, self.ws["tokens"])[: len(seqs)]
-        self.settle_weights()
-        self._check_usable()
+            return self.run_batch(batch, self.kv, self.ws["tokens"])[: len(seqs)]
+        self.weights.settle()
+        self.weights.check_usable()
         self._upload(batch)
         self.dev.replay(self.graphs[size])
         self.dev.synchronize()
@@ -213,13 +212,13 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
         replays the step's segments (captured at the first such step), else runs eagerly."""
         size = next((g for g in sorted(self.graphs) if g >= len(seqs)), None)
         if size is None:
-            batch = self._decode_batch(seqs, len(seqs), remote)
-            return self._run(batch, self.kv, self.ws["tokens"], after_attention)
-        self.settle_weights()
-        self._check_usable()
+            batch = self.batches.decode(seqs, len(seqs), remote)
+            return self.run_batch(batch, self.kv, self.ws["tokens"], after_attention)
+        self.weights.settle()
+        self.weights.check_usable()
         if size not in self.segments:
             self.segments[size] = self._capture_segments(size)
-        self._upload(self._decode_batch(seqs, size, remote))
+        self._upload(self.batches.decode(seqs, size, remote))
         *layers, last = self.segments[size]
         for i, exec_ in enumerate(layers):
             self.dev.replay(exec_)
@@ -237,10 +236,10 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
             execs.append(self.dev.instantiate(self.dev.end_capture()))
             self.dev.begin_capture()
 
-        self._upload(self._padding_batch(size))
+        self._upload(self.batches.padding(size))
         self.dev.synchronize()
         self.dev.begin_capture()
-        self._forward(size, size, self.kv, self.graph_out[size], after_attention=cut)
+        self.forward.run(size, size, self.kv, self.graph_out[size], after_attention=cut)
         execs.append(self.dev.instantiate(self.dev.end_capture()))
         return execs
 
@@ -254,7 +253,10 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
         v = self.spec.vocab_size
         return self.dev.download(self.ws["logits"], np.float32, num_seqs * v).reshape(num_seqs, v)
 
-    def _run(
+    def _upload(self, batch: Batch) -> None:
+        upload(self.dev, self.ws, batch)
+
+    def run_batch(
         self,
         batch: Batch,
         kv: Buffer | None,
@@ -266,10 +268,11 @@ class ModelRunner(RunnerWeights, BatchBuilder, Forward):
                 f"{batch.num_tokens} tokens in one step exceed max_num_batched_tokens="
                 f"{self.config.max_num_batched_tokens}"
             )
+        """One step of `batch`, eagerly: its sampled tokens (written to `out` on the device)."""
         self._upload(batch)
-        self._gated(lambda: self._forward(batch.num_tokens, batch.num_seqs, kv, out,
-                                          after_attention=after_attention))  # fmt: skip
+        self.weights.gated(lambda: self.forward.run(batch.num_tokens, batch.num_seqs, kv, out,
+                                                    after_attention=after_attention))  # fmt: skip
         self.dev.synchronize()
-        if self.gate is not None and self.gate.complete:
-            self.settle_weights()
+        if self.weights.gate is not None and self.weights.gate.complete:
+            self.weights.settle()
         return self.dev.download(out, np.int32, batch.num_seqs).tolist()

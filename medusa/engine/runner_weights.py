@@ -21,22 +21,23 @@ F32 = 4
 
 
 class RunnerWeights:
-    """ModelRunner's weight stages; ModelRunner.__init__ sets what is declared here."""
+    """The model runner's weights (ModelRunner.weights), on its device; `dev` changes with the
+    runner's (ModelRunner.dev)."""
 
-    config: EngineConfig
-    spec: ModelSpec
-    dev: Device
-    weights: dict[str, Buffer]
-    rope_table: Buffer | None  # float32 [rot_dim / 2]: RoPE's frequencies
-    alphas: list[float]
-    _mapped: set[str]  # weights that point into a registered store mapping
-    _registered: int | None  # the store mapping's host address, registered
-    _ring: StagingRing | None
-    gate: LayerGate | None  # while a store's weights arrive (serve while loading)
-    _settle: Callable[[], None] | None
-    unusable: str | None  # why the weights may not be read (a failed settle)
+    def __init__(self, config: EngineConfig, spec: ModelSpec, device: Device) -> None:
+        self.config, self.spec, self.dev = config, spec, device
+        self.buffers: dict[str, Buffer] = {}  # weight name -> its memory
+        self.rope_table: Buffer | None = None  # float32 [rot_dim / 2]: RoPE's frequencies
+        # Per-layer HybridGEMM split (the alpha controller may change them between steps).
+        self.alphas: list[float] = []
+        self._mapped: set[str] = set()  # weights that point into a registered store mapping
+        self._registered: int | None = None  # the store mapping's host address, registered
+        self._ring: StagingRing | None = None
+        self.gate: LayerGate | None = None  # while a store's weights arrive (serve while loading)
+        self._settle: Callable[[], None] | None = None
+        self.unusable: str | None = None  # why the weights may not be read (a failed settle)
 
-    def allocate_weights(self, store: WeightStore | None = None) -> None:
+    def allocate(self, store: WeightStore | None = None) -> None:
         """On the device, or (weights="host") the projections and the embedding in host-mapped
         memory, read over C2C by HybridGEMM; norms stay on the device either way. With a store
         and weights="host", the 2-D weights are the store's own pages: its whole (shared,
@@ -54,15 +55,14 @@ class RunnerWeights:
         for name, shape in self.spec.weight_shapes().items():
             nbytes = int(np.prod(shape)) * F32
             if name in offsets:
-                self.weights[name] = Buffer(offsets[name], nbytes)
+                self.buffers[name] = Buffer(offsets[name], nbytes)
                 self._mapped.add(name)
             elif host and len(shape) == 2:
-                self.weights[name] = self.dev.host_alloc(nbytes)
+                self.buffers[name] = self.dev.host_alloc(nbytes)
             else:
-                self.weights[name] = self.dev.alloc(nbytes)
+                self.buffers[name] = self.dev.alloc(nbytes)
         self.rope_table = self.dev.alloc(self.spec.rope.rot_dim // 2 * F32)
-        # Per-layer HybridGEMM split (the alpha controller may change them between steps).
-        self.alphas = [self.config.alpha] * (self.spec.num_layers + 1)
+        self.alphas[:] = [self.config.alpha] * (self.spec.num_layers + 1)  # NOTE: in place
 
     @contextmanager
     def staging(self) -> Iterator[None]:
@@ -99,7 +99,7 @@ class RunnerWeights:
         self._settle = settle
         return self.gate
 
-    def settle_weights(self) -> None:
+    def settle(self) -> None:
         """Every weight in (or the model file's, if the store's load failed): no more gating.
         If settling fails (--require-artifact, an unreadable model file), the weights are part
         copied: every later forward pass or replay raises instead of reading them."""
@@ -112,17 +112,17 @@ class RunnerWeights:
                 self.unusable = f"the weights are not all in ({type(e).__name__}: {e})"
                 raise
 
-    def _check_usable(self) -> None:
+    def check_usable(self) -> None:
         if self.unusable is not None:
             raise RuntimeError(f"{self.unusable}; start the engine again")
 
-    def _gated(self, run: Callable[[], None]) -> None:
+    def gated(self, run: Callable[[], None]) -> None:
         try:
             run()
         except WeightsNotIn:
             # NOTE: what ran of this step read only checked chunks, but the store is given up:
             # every weight comes from the model file, and the step runs again from its start.
-            self.settle_weights()
+            self.settle()
             run()
 
     def finish_store_load(self, load: WeightLoad) -> None:
@@ -132,13 +132,13 @@ class RunnerWeights:
     def _copied(self) -> dict[str, int]:
         """The weights a store load copies (name -> device address): all but those that point
         into the registered store mapping."""
-        return {n: b.ptr for n, b in self.weights.items() if n not in self._mapped}
+        return {n: b.ptr for n, b in self.buffers.items() if n not in self._mapped}
 
     def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> None:
         if self._ring is None:
             raise RuntimeError("load_weights runs inside staging()")
         for name, arr in weights:
-            buf = self.weights[name]
+            buf = self.buffers[name]
             if arr.size * F32 != buf.nbytes:  # NOTE: never past a buffer, whatever the source
                 raise ValueError(
                     f"weight {name}: {arr.size * F32} bytes for a buffer of {buf.nbytes}: the "
@@ -157,13 +157,19 @@ class RunnerWeights:
         """Whether weights point into a registered store mapping (weights="host" with a store)."""
         return self._registered is not None
 
-    def release_weights(self) -> None:
-        """Frees the weights (and unregisters a mapped store); allocate_weights may run again."""
-        for name, buf in self.weights.items():
+    def close_gate(self) -> None:
+        """Stops gating (the engine waited for the load first)."""
+        if self.gate is not None:
+            self.gate.close()
+            self.gate, self._settle = None, None
+
+    def release(self) -> None:
+        """Frees the weights (and unregisters a mapped store); allocate may run again."""
+        for name, buf in self.buffers.items():
             if name not in self._mapped:
                 self.dev.free(buf)
         if self._registered is not None:
             self.dev.host_unregister(self._registered)
         if self.rope_table is not None:
             self.dev.free(self.rope_table)
-        self.weights, self._mapped, self._registered, self.rope_table = {}, set(), None, None
+        self.buffers, self._mapped, self._registered, self.rope_table = {}, set(), None, None

@@ -1,7 +1,8 @@
-"""One request's token sequence and its place in the paged KV cache."""
+"""One request's token sequence, its place in the paged KV cache, and what a step gives it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum, auto
 from itertools import count
 
@@ -46,3 +47,13 @@ class Sequence:
 
     def num_blocks(self, block_size: int) -> int:
         return -(-len(self) // block_size)
+
+
+@dataclass
+class StepOutput:
+    """A sequence's token from one step."""
+
+    seq: Sequence
+    token: int
+    text: str  # the text this token completed (may be "" mid-character)
+    finished: bool

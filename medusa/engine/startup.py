@@ -1,12 +1,13 @@
 """The engine's start-up paths, in the stages real engines have (each timed and logged): a
 restore from an artifact, or the normal way (profile the KV cache, capture graphs); the weights'
-stages are in medusa.engine.startup_weights. LLMEngine runs them."""
+stages are in medusa.engine.startup_weights. LLMEngine makes one and runs it."""
 
 from __future__ import annotations
 
 import functools
 import gc
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -15,22 +16,109 @@ from typing import Any, TypeVar
 import numpy as np
 
 from medusa.artifact import Artifact, load_artifact
+from medusa.engine.config import EngineConfig
+from medusa.engine.device import Device
+from medusa.engine.kv_cache import kv_cache_class
+from medusa.engine.loader import ModelSource
+from medusa.engine.model_runner import ModelRunner
 from medusa.engine.startup_weights import WeightStartUp
+from medusa.engine.tokenizer import Tokenizer
 from medusa.errors import MedusaError
 from medusa.restore import RestoreError, Restorer
 from medusa.restore.compat import check_compatible, device_fingerprint
+from medusa.trace import control as trace
+from medusa.weights import WeightStore
 
 log = logging.getLogger("medusa.engine.startup")
 
 
 class StartUp(WeightStartUp):
-    """What LLMEngine.__init__ sets before it calls these."""
+    """One engine's start-up (LLMEngine.startup): `run` builds the device, the weights' source,
+    the runner and the tokenizer, restored or started the normal way; what it found (timings,
+    restore_error, store_error, ...) stays here, and a store's load may settle after it, while
+    the engine serves."""
 
-    kv_profile: dict[str, int]
-    restore_error: str | None
-    restore_methods: dict[str, int]
-    restorer: Restorer | None
-    _restore_since: int
+    def __init__(
+        self, config: EngineConfig, *, require: bool, store_checked: str, restore_since: int
+    ) -> None:
+        super().__init__(config, require=require, store_checked=store_checked)
+        self.kv_profile: dict[str, int] = {}
+        self.restored = False
+        self.restore_error: str | None = None
+        self.restore_methods: dict[str, int] = {}
+        self.restorer: Restorer | None = None
+        self._restore_since = restore_since
+
+    def run(
+        self,
+        source: ModelSource | None,
+        artifact: str | Path | Artifact | None,
+        trust: str | Path | None,
+        device: Device | None,
+        store: str | Path | WeightStore | None,
+        validate: bool,
+    ) -> None:
+        """The stages, in order (LLMEngine's arguments)."""
+        t0 = time.perf_counter()
+        loaded = self._load_artifact(artifact, trust)
+        with self._stage("runtime_init"):
+            self.device = device or Device()
+            self.store = self._open_store(store, loaded)
+            self.source = self._model_source(source)
+            self.spec = self.source.spec
+        art = self._check_artifact(loaded)
+        self.runner = ModelRunner(self.config, self.spec, self.device)
+        with self._stage("weights_alloc"):
+            self.runner.weights.allocate(self.store)
+        with self._stage("weights_load"):
+            self._load_weights()
+        try:
+            self._after_weights(art, validate)
+        except BaseException:
+            if self._loading is not None:  # NOTE: no copy may outlive a failed start
+                self._loading.wait_quietly()
+            raise
+        trace.mark("ready")
+        self.timings["total"] = time.perf_counter() - t0
+        log.info("engine.startup total: %.2f s (%d KV blocks, %d graphs%s)",
+                 self.timings["total"], self.runner.num_blocks, len(self.runner.graphs),
+                 ", restored" if self.restored else "")  # fmt: skip
+
+    def _after_weights(self, art: Artifact | None, validate: bool) -> None:
+        with self._stage("tokenizer"):
+            self.tokenizer: Tokenizer = self._tokenizer()
+        with self._stage("workspace"):
+            self.runner.allocate_workspace()
+        # NOTE: waited for here, outside the restore's fallback (a failed copy fails the start;
+        # it must never pass for a failed restore), and before any kernel runs: the restore's
+        # trigger runs a layer to load hidden kernels, and it reads weights.
+        if art is None or not self._gate_weights():
+            self._weights_ready()
+        if art is not None:
+            try:
+                self._restore(art, validate)
+                self.restored = True
+            except Exception as e:  # NOTE: any failure, of any type: undo it, fall back
+                self._fall_back(f"restore failed: {_reason(e)}", self._require)
+                self.runner.free_kv()
+        if not self.restored:
+            self.runner.weights.settle()
+            self._start_normally()
+
+    def wait_for_load(self) -> None:
+        """Waits for a store's load that never settled (served while loading), its outcome
+        unused: before the runner frees the buffers it copies into."""
+        if self._loading is not None:
+            self._loading.wait_quietly()
+            self._loading = None
+
+    def close(self) -> None:
+        """Frees what the start-up holds beside the runner (the restorer's memory, the store)."""
+        if self.restorer is not None:
+            self.restorer.release(graphs=False)
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
     def _start_normally(self) -> None:
         with self._stage("kv_profile"):
@@ -108,13 +196,13 @@ class StartUp(WeightStartUp):
                         )
 
     def _check_kv_memory(self, kv: dict[str, int]) -> None:
-        """A static cache needs all of its memory free now; an elastic one only reserves its
-        range, and maps what the ledger (or the device) gives as requests come."""
+        """A static cache needs all of its memory free now; an elastic one (maps_on_demand) only
+        reserves its range, and maps what the ledger (or the device) gives as requests come."""
         need = kv["num_blocks"] * self.runner.block_bytes
         free, _ = self.device.mem_info()
         if need <= free:
             return
-        if self.config.kv_memory == "elastic":
+        if kv_cache_class(self.config.kv_memory).maps_on_demand:
             log.warning(
                 "the artifact's KV cache was %.0f MiB and %.0f MiB are free: starting elastic, "
                 "requests queue while pages are short",

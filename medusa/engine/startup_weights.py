@@ -30,18 +30,21 @@ log = logging.getLogger("medusa.engine.startup")
 
 
 class WeightStartUp:
-    """What LLMEngine.__init__ sets before it calls these."""
+    """The weight stages of a start-up (StartUp builds on them). `run` sets device, source and
+    runner before they are called."""
 
-    config: EngineConfig
-    timings: dict[str, float]
-    store: WeightStore | None
-    store_error: str | None
     device: Device
     source: ModelSource
     runner: ModelRunner
-    _require: bool
-    _store_checked: str
-    _loading: WeightLoad | None
+
+    def __init__(self, config: EngineConfig, *, require: bool, store_checked: str) -> None:
+        self.config = config
+        self.timings: dict[str, float] = {}
+        self.store: WeightStore | None = None
+        self.store_error: str | None = None  # why a weight store was not used
+        self._require = require
+        self._store_checked = store_checked
+        self._loading: WeightLoad | None = None  # a store's copy, running beside what follows
 
     def _open_store(
         self, path: str | Path | WeightStore | None, art: Artifact | None
@@ -104,8 +107,8 @@ class WeightStartUp:
             model = self._model_file()
             self._store_failed(str(e))
             self.source = model
-            with self.runner.staging():
-                self.runner.load_weights(model.weights())
+            with self.runner.weights.staging():
+                self.runner.weights.load_weights(model.weights())
             return model.tokenizer()
 
     def _load_weights(self) -> None:
@@ -114,17 +117,17 @@ class WeightStartUp:
         ones are checked now, since a bad store there changes the allocations the restore
         replays. A model file loads now."""
         if self.store is not None:
-            if not self.runner.maps_store:
-                self._loading = self.runner.start_store_load(self.store)
+            if not self.runner.weights.maps_store:
+                self._loading = self.runner.weights.start_store_load(self.store)
                 return
             try:
-                with self.runner.staging():
-                    self.runner.load_store(self.store)
+                with self.runner.weights.staging():
+                    self.runner.weights.load_store(self.store)
                 return
             except WeightStoreError as e:
                 self._store_failed(str(e))
-        with self.runner.staging():
-            self.runner.load_weights(self._model_file().weights())
+        with self.runner.weights.staging():
+            self.runner.weights.load_weights(self._model_file().weights())
 
     def _gate_weights(self) -> bool:
         """Serve while loading (config.serve_while_loading), before a restore: instead of waiting
@@ -141,13 +144,15 @@ class WeightStartUp:
             return False
         from medusa.engine.layer_gate import WeightsNotIn
 
-        gate = self.runner.gate_weights(self._loading, self.store, settle=self._weights_ready)
+        gate = self.runner.weights.gate_weights(
+            self._loading, self.store, settle=self._weights_ready
+        )
         with self._stage("weights_first_layer"):
             try:
                 gate.embedding()
                 gate.layer(0)
             except WeightsNotIn:  # the load's own error, and the fallback, come with settling
-                self.runner.settle_weights()
+                self.runner.weights.settle()
         return True
 
     def _weights_ready(self) -> None:
@@ -160,13 +165,13 @@ class WeightStartUp:
         during = "first_request_" if "total" in self.timings else ""
         try:
             with self._stage(during + "weights_wait"):
-                self.runner.finish_store_load(load)
+                self.runner.weights.finish_store_load(load)
             self._loading = None
         except WeightStoreError as e:
             self._loading = None
             self._store_failed(str(e))
-            with self._stage(during + "weights_fallback"), self.runner.staging():
-                self.runner.load_weights(self._model_file().weights())
+            with self._stage(during + "weights_fallback"), self.runner.weights.staging():
+                self.runner.weights.load_weights(self._model_file().weights())
         finally:
             self.timings[during + "weights_copy"] = load.seconds
 
@@ -185,14 +190,14 @@ class WeightStartUp:
         log.warning("weight store not used, loading the model file: %s", reason)
         if self.store is None:
             return
-        if getattr(self, "runner", None) is not None and self.runner.maps_store:
+        if getattr(self, "runner", None) is not None and self.runner.weights.maps_store:
             log.warning(
                 "weights=host: the model file's weights are allocated one by one instead of the "
                 "store's one registration, so a restore of graphs recorded with the store will "
                 "be refused and the engine captures them"
             )
-            self.runner.release_weights()
-            self.runner.allocate_weights(None)
+            self.runner.weights.release()
+            self.runner.weights.allocate(None)
         self.store.close()
         self.store = None
 

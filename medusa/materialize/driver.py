@@ -31,9 +31,11 @@ SHIFT_BYTES = (2 << 20) + 4096  # held before the first allocation of the second
 
 ENGINE_SCRIPT = """
 import json, sys
+from medusa import plugins
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.restore.compat import device_fingerprint
+plugins.register()  # what the config may name (kv_memory="elastic")
 e = LLMEngine(EngineConfig(**json.loads(sys.argv[1])), store=sys.argv[3] or None)
 if e.store_error:
     sys.exit("the weight store was not used: " + e.store_error)

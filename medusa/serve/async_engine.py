@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from medusa.engine.config import EngineConfig
@@ -21,7 +20,7 @@ from medusa.errors import EngineDeadError
 
 log = logging.getLogger("medusa.serve")
 T = TypeVar("T")
-IDLE_POLL = 0.5e-3  # seconds between polls of a receiving engine with nothing of its own to run
+IDLE_POLL = 0.5e-3  # seconds between idle polls of an engine's step hooks (a Weaver receiver)
 
 
 @dataclass
@@ -57,7 +56,6 @@ class AsyncEngine:
         self.error: str | None = None
         self.ready = threading.Event()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.receiver: Any = None  # medusa.engine.weaving_cold.ColdWeaving, while serving one
         self._by_seq: dict[int, _Request] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="medusa-engine", daemon=True)
@@ -84,7 +82,7 @@ class AsyncEngine:
         eng = self.engine
         while not self._stop.is_set():
             failed = self.error is not None
-            self._drain(block=failed or (not eng.has_unfinished() and self.receiver is None))
+            self._drain(block=failed or not (eng.has_unfinished() or eng.polls_when_idle))
             if failed:
                 continue
             if eng.has_unfinished():
@@ -95,34 +93,14 @@ class AsyncEngine:
                     continue
                 for out in outs:
                     self._dispatch(out)
-            elif self.receiver is not None:  # NOTE: a hot engine waits on these polls
+            elif eng.polls_when_idle:  # NOTE: another engine may wait on these (a Weaver receiver)
                 try:
-                    self.receiver.device.poll()
+                    eng.poll_idle()
                 except Exception as e:  # noqa: BLE001 - as a failed step: told, and /health
                     self._fail(e, "serving a Weaver region failed")
                     continue
                 time.sleep(IDLE_POLL)
-            if self.receiver is not None and self.receiver.stopped:
-                self.stop_receiving()
-        self.stop_receiving()
-        eng.shutdown()
-
-    def receive(self, region: str | Path, num_blocks: int, dir_fd: int | None = None) -> None:
-        """On the engine thread: serve a hot engine's region (Weaver) between this engine's
-        kernels, with `num_blocks` KV blocks of this device for its offloaded sequences.
-        dir_fd: the region's directory, opened (region is a name there)."""
-        from medusa.engine.weaving_cold import ColdWeaving
-
-        if self.receiver is not None:
-            raise RuntimeError(f"already serving {self.receiver.region.path}")
-        if self.engine is None:
-            raise RuntimeError("the engine has not started")
-        self.receiver = ColdWeaving(self.engine, region, num_blocks, dir_fd=dir_fd)
-
-    def stop_receiving(self) -> None:
-        if self.receiver is not None:
-            self.receiver.close()
-            self.receiver = None
+        eng.shutdown()  # NOTE: its step hooks first (a Weaver receiver stops serving)
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """fn(engine) on the engine thread, between steps; its result, or its exception."""

@@ -9,10 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 from medusa.engine.llm_engine import LLMEngine
-from medusa.engine.weaving import WeavingLink
 from medusa.serve.async_engine import AsyncEngine
 from medusa.serve.protocol import APIError
 from medusa.serve.serving import require_ready
+from medusa.weaver import cold as cold_side
+from medusa.weaver import hot as hot_side
+from medusa.weaver.offload import WeavingLink
 from medusa.weaver.region import RegionError
 from medusa.weaver.region_dir import RegionDir
 
@@ -37,18 +39,18 @@ class ServingWeaving:
 
     async def offload(self, region: str, ratio: float) -> dict[str, Any]:
         link = WeavingLink(self.regions.where(region), ratio, dir_fd=self.regions.fd)
-        await self._run(lambda e: e.pair(link))
+        await self._run(lambda e: hot_side.pair(e, link))
         return self.state()
 
     async def receive(self, region: str, blocks: int) -> dict[str, Any]:
         where = self.regions.where(region)
-        await self._run(lambda e: self.engine.receive(where, blocks, self.regions.fd))
+        await self._run(lambda e: cold_side.receive(e, where, blocks, self.regions.fd))
         return self.state()
 
     async def unpair(self) -> dict[str, Any]:
         def both(e: LLMEngine) -> None:
-            e.unpair()
-            self.engine.stop_receiving()
+            hot_side.unpair(e)
+            cold_side.stop_receiving(e)
 
         await self._run(both)
         return self.state()
@@ -58,7 +60,7 @@ class ServingWeaving:
         return {**out, **(await self._run(self._choice))}
 
     def _choice(self, e: LLMEngine) -> dict[str, Any]:
-        from medusa.engine.weaving_profile import free_bytes, measure
+        from medusa.weaver.profile import free_bytes, measure
 
         if self._profile is None:
             self._profile = measure(e.runner).to_json()
@@ -66,8 +68,9 @@ class ServingWeaving:
 
     def state(self) -> dict[str, Any]:
         """What this worker offloads (hot) or serves (cold)."""
-        e, r = self.engine.engine, self.engine.receiver
-        w = e.weaving if e is not None else None
+        e = self.engine.engine
+        w = hot_side.hot_weaving(e) if e is not None else None
+        r = cold_side.cold_weaving(e) if e is not None else None
         hot = None
         if w is not None:
             hot = {"region": str(w.region.path), "ratio": w.ratio, "receiving": w.receiving,

@@ -225,6 +225,7 @@ def _start_follower(artifact: str | Path, plan: str | Path, sock: Path, work: Pa
 def follow(artifact: str, plan: str, sock: str) -> None:
     """Device 1: restore the artifact, then run this side of each graph the server launches,
     until the server goes away."""
+    from medusa import plugins
     from medusa.artifact.store import load_artifact
     from medusa.child import die_with_parent
     from medusa.engine.config import EngineConfig
@@ -234,6 +235,7 @@ def follow(artifact: str, plan: str, sock: str) -> None:
     from medusa.trace import read_trace
 
     die_with_parent()
+    plugins.register()  # what the artifact's engine config may name
     manifest = load_artifact(Path(artifact)).manifest
     e = LLMEngine(EngineConfig(**manifest["engine"]), artifact=artifact, require_artifact=True)
     assert e.restorer is not None

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from medusa import plugins
 from medusa.artifact.store import load_artifact
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
@@ -102,6 +103,7 @@ class Side:
 
 
 def main() -> None:
+    plugins.register()  # what the artifact's engine config may name
     ap = argparse.ArgumentParser()
     ap.add_argument("artifact")
     ap.add_argument("trace")

@@ -22,8 +22,10 @@ DEFAULT_KV_BYTES = 64 << 20  # enough for the probe's decode step; no profiling 
 
 SCRIPT = """
 import json, sys
+from medusa import plugins
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
+plugins.register()  # what the config may name (kv_memory="elastic")
 e = LLMEngine(EngineConfig(**json.loads(sys.argv[1])), store=sys.argv[3] or None)
 if e.store_error:
     sys.exit("the weight store was not used: " + e.store_error)

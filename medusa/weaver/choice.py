@@ -27,7 +27,7 @@ W = TypeVar("W")
 
 @dataclass(frozen=True)
 class WeavingProfile:
-    """A worker's times, measured on its device (medusa.engine.weaving_profile)."""
+    """A worker's times, measured on its device (medusa.weaver.profile)."""
 
     ops: tuple[float, ...]  # seconds per kernel of a one-sequence eager decode step
     attention: float  # seconds of one layer's attention at max_num_seqs sequences

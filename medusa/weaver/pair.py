@@ -21,7 +21,8 @@ from pathlib import Path
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
-from medusa.engine.weaving import WeavingLink
+from medusa.weaver.hot import pair
+from medusa.weaver.offload import WeavingLink
 from medusa.weaver.region import RECEIVER_PID
 
 COLD_PROMPT = "Write a sentence about the sea."
@@ -34,7 +35,7 @@ def engine_config(model: str | None) -> EngineConfig:
 
 def serve(region: str, model: str | None, blocks: int) -> None:
     """The cold side: its own request runs while it serves the region, until the hot one stops."""
-    from medusa.engine.weaving_cold import ColdWeaving
+    from medusa.weaver.cold import ColdWeaving
 
     engine = LLMEngine(engine_config(model))
     weaving = ColdWeaving(engine, region, blocks)
@@ -79,20 +80,19 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.serve, args.cold_model, args.blocks)
         return 0
     region = Path(tempfile.mkdtemp(prefix="weaver-", dir="/dev/shm")) / "region"
-    hot = LLMEngine(engine_config(args.model), weaving=WeavingLink(region, args.ratio))
+    hot = LLMEngine(engine_config(args.model))
+    w = pair(hot, WeavingLink(region, args.ratio))
     cmd = [sys.executable, "-m", "medusa.weaver.pair", "--serve", str(region)]
     cmd += ["--blocks", str(args.blocks)]
     cmd += ["--cold-model", args.cold_model] if args.cold_model else []
     cold = subprocess.Popen(cmd)
     try:
-        while hot.weaving.region.counter(RECEIVER_PID) == 0:  # type: ignore[union-attr]
+        while w.region.counter(RECEIVER_PID) == 0:
             if cold.poll() is not None:
                 print("the cold engine exited before serving", file=sys.stderr)
                 return 1
             time.sleep(0.05)
         tokens, secs = generate(hot, args.prompts, args.max_tokens)
-        w = hot.weaving
-        assert w is not None
         for p, t in zip(args.prompts, tokens, strict=True):
             print(f"hot: {p!r} -> {hot.tokenizer.decode(t)!r}")
         n, lost = sum(map(len, tokens)), w.error or "no"

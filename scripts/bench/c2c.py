@@ -14,7 +14,8 @@ import copy
 import numpy as np
 
 from medusa.c2c.link_simulator import DEFAULT_MODELS, DEFAULT_SLICES, Policy, bursty_trace, simulate
-from medusa.c2c.model import GH200_MIG, Tiles, gemm_traffic
+from medusa.c2c.model import GH200_MIG, gemm_traffic
+from medusa.engine.hybrid_gemm import Tiles
 
 
 def main() -> None:

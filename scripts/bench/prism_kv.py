@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from medusa.prism.lockstep import PAGE, Load, Trace, run_pair
+from lockstep import PAGE, Load, Trace, run_pair  # scripts/bench/, next to this file
 
 BASE = {"max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 512}
 

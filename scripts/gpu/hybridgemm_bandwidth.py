@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from medusa.c2c.hybrid import hybrid_gemm
-from medusa.c2c.model import Tiles
 from medusa.cuda import load_backend
+from medusa.engine.hybrid_gemm import Tiles
 
 M, N, K = 64, 8192, 4096  # a decode batch of 64 through an 8192 x 4096 fp16 projection
 TILES = Tiles(bm=64, bn=64, bk=64, wbm=64, wbn=32, wbk=64)

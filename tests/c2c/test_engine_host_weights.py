@@ -29,12 +29,18 @@ def _engine(**kw) -> tuple[LLMEngine, int]:
     return e, free_before - free_after
 
 
-def test_host_weights_answer_like_device_weights_and_leave_the_device_empty():
+@pytest.fixture(scope="module")
+def device_path() -> tuple[list[str], int]:
+    """The answers with the weights on the device, and the device memory that engine used."""
     with_device, used_device = _engine()
     try:
-        want = with_device.generate(PROMPTS, SamplingParams(max_tokens=10), chat=True)
+        return with_device.generate(PROMPTS, SamplingParams(max_tokens=10), chat=True), used_device
     finally:
         with_device.shutdown()
+
+
+def test_host_weights_answer_like_device_weights_and_leave_the_device_empty(device_path):
+    want, used_device = device_path
     for alpha in (0.0, 1.0):
         host, used_host = _engine(weights="host", alpha=alpha)
         try:
@@ -44,6 +50,25 @@ def test_host_weights_answer_like_device_weights_and_leave_the_device_empty():
         assert got == want
         # weights (540 MB in fp32) moved off the device: only norms, workspace and KV remain
         assert used_device - used_host > 500 << 20
+
+
+def test_a_tuned_engine_moves_alpha_between_steps_and_answers_the_same(device_path):
+    """tune_alpha: C2C's alpha tuner, a step hook medusa.plugins registers, sets the engine's
+    alpha after its first interval of steps; the answers do not depend on alpha."""
+    from medusa import plugins
+    from medusa.c2c.alpha_tuner import AlphaTuner
+
+    plugins.register()
+    tuned, _ = _engine(weights="host", alpha=0.5, tune_alpha=True)
+    try:
+        got = tuned.generate(PROMPTS, SamplingParams(max_tokens=10), chat=True)
+        (tuner,) = [h for h in tuned.hooks if isinstance(h, AlphaTuner)]
+        alphas = list(tuned.runner.alphas)
+    finally:
+        tuned.shutdown()
+    assert got == device_path[0]
+    assert len(tuner.history) >= 1  # 10 steps: an interval of 8 went by
+    assert alphas == [tuner.history[0]] * len(alphas)
 
 
 def test_bad_weight_placement_is_refused():
@@ -56,8 +81,8 @@ def test_bad_weight_placement_is_refused():
 def test_the_alpha_tuner_follows_the_utilisations_it_sees():
     from dataclasses import replace
 
+    from medusa.c2c.alpha_tuner import AlphaTuner
     from medusa.c2c.telemetry import ModelTelemetry
-    from medusa.engine.alpha_tuner import AlphaTuner
     from medusa.engine.loader import open_model
 
     spec = open_model().spec

@@ -8,9 +8,10 @@ import ctypes
 import numpy as np
 import pytest
 
-from medusa.c2c.hybrid import hybrid_gemm, launch_shape
-from medusa.c2c.model import Tiles, gemm_traffic
+from medusa.c2c.hybrid import hybrid_gemm
+from medusa.c2c.model import gemm_traffic
 from medusa.cuda import load_backend
+from medusa.engine.hybrid_gemm import Tiles, launch_shape
 
 
 @pytest.fixture(scope="module")

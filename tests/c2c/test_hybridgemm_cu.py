@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medusa.c2c.hybrid import MAX_SHARED, launch_shape
-from medusa.c2c.model import Tiles
+from medusa.engine.hybrid_gemm import MAX_SHARED, Tiles, launch_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"

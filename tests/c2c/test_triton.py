@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 SCRIPT = r"""
 import itertools, json
 import numpy as np, torch
-from medusa.c2c.model import Tiles
+from medusa.engine.hybrid_gemm import Tiles
 from medusa.c2c.triton_gemm import hybrid_gemm_triton
 tiles = Tiles(bm=16, bn=16, bk=16, wbm=16, wbn=16, wbk=32)
 errors = {}

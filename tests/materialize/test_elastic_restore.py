@@ -20,10 +20,12 @@ ELASTIC = {**CONFIG, "kv_memory": "elastic", "kv_cache_memory": KV_BYTES}
 
 COMPARE = """
 import json, os, sys, tempfile
+from medusa import plugins
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
 from medusa.prism.ledger import PageLedger
+plugins.register()
 cfg = EngineConfig(**json.loads(sys.argv[1]))
 ledger = os.path.join(tempfile.mkdtemp(), "ledger")
 PageLedger.create(ledger, 64, 2 << 20)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from medusa import plugins
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
@@ -25,6 +26,7 @@ def model(tmp_path_factory):
 
 
 def engine(model, kv_memory, **kw):
+    plugins.register()  # kv_memory="elastic"
     cfg = EngineConfig(model=model, max_model_len=256, max_num_seqs=4, kv_memory=kv_memory,
                        kv_cache_memory=16 * PAGE, **kw)  # fmt: skip
     return LLMEngine(cfg)

@@ -9,7 +9,8 @@ import json
 from click.testing import CliRunner
 
 from medusa.cli import main
-from medusa.prism.sharing_simulator import attainment, catalog, trace
+from medusa.prism.catalog import catalog, trace
+from medusa.prism.sharing_simulator import attainment
 
 
 def test_prism_sustains_more_load_on_fewer_devices():

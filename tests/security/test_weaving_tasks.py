@@ -14,6 +14,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from medusa.engine.config import EngineConfig
+from medusa.engine.step_hooks import StepHook
 from medusa.serve.api_server import create_app
 from medusa.serve.async_engine import AsyncEngine
 from medusa.weaver.region import APPEND, ATTEND, FETCH, RELEASE, ExchangeRegion, Geometry
@@ -75,18 +76,15 @@ def test_bad_tasks_are_refused_before_they_touch_device_memory(tmp_path: Path) -
         w.stop()
 
 
-class _FailingReceiver:
-    """A receiver whose poll fails as a device fault would (cudaErrorIllegalAddress)."""
+class _FailingReceiver(StepHook):
+    """A receiver whose idle poll fails as a device fault would (cudaErrorIllegalAddress)."""
 
-    stopped = False
+    @property
+    def polls_when_idle(self) -> bool:
+        return True
 
-    class device:  # noqa: N801 - the attribute AsyncEngine polls
-        @staticmethod
-        def poll() -> None:
-            raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access")
-
-    def close(self) -> None:
-        pass
+    def poll_idle(self) -> None:
+        raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access")
 
 
 def test_a_receiver_whose_idle_poll_fails_fails_health_and_requests(tmp_path: Path) -> None:
@@ -98,7 +96,8 @@ def test_a_receiver_whose_idle_poll_fails_fails_health_and_requests(tmp_path: Pa
     client = TestClient(create_app(engine, "tiny", token=""))
     try:
         assert engine.ready.wait(120) and client.get("/health").status_code == 200
-        engine.receiver = _FailingReceiver()  # what /weaving/receive installs, between steps
+        assert engine.engine is not None  # as /weaving/receive installs a receiver:
+        engine.engine.add_hook(_FailingReceiver())
         deadline = time.monotonic() + 30
         while client.get("/health").status_code == 200 and time.monotonic() < deadline:
             time.sleep(0.05)

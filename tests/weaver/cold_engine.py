@@ -12,10 +12,11 @@ import json
 import sys
 import time
 
+from medusa import plugins
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
-from medusa.engine.weaving_cold import ColdWeaving
+from medusa.weaver.cold import ColdWeaving
 from medusa.weaver.region import TASK
 
 COLD_PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100, 3, 100, 3, 7, 7, 1]]
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--elastic", action="store_true")
     ap.add_argument("--hold", action="store_true")
     args = ap.parse_args()
+    plugins.register()  # --elastic
     engine = LLMEngine(cold_config(args.model, "elastic" if args.elastic else "static"))
     weaving = ColdWeaving(engine, args.region, args.blocks, block_size=4)
     deadline = time.monotonic() + 60

@@ -16,14 +16,16 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from medusa import plugins
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
 from medusa.engine.llm_engine import LLMEngine, StepOutput
 from medusa.engine.sampling import SamplingParams
 from medusa.engine.sequence import Sequence
-from medusa.engine.weaving import WeavingLink
-from medusa.engine.weaving_cold import ColdWeaving
 from medusa.prism.ledger import PageLedger
+from medusa.weaver.cold import ColdWeaving
+from medusa.weaver.hot import HotWeaving, hot_weaving, pair, unpair
+from medusa.weaver.offload import WeavingLink
 from medusa.weaver.receiver import WeaverReceiver
 from medusa.weaver.region import RECEIVER_PID, ExchangeRegion, Geometry
 from tests.engine.tiny_models import write_gguf
@@ -84,9 +86,19 @@ def start_cold(
     )  # fmt: skip
 
 
+def paired(config: EngineConfig, link: WeavingLink) -> LLMEngine:
+    pair(hot := LLMEngine(config), link)
+    return hot
+
+
+def woven(hot: LLMEngine) -> HotWeaving:
+    assert (w := hot_weaving(hot)) is not None, "the hot engine is not paired"
+    return w
+
+
 def wait_for_receiver(hot: LLMEngine, proc: subprocess.Popen[str] | None) -> None:
     deadline = time.monotonic() + 60
-    while hot.weaving.region.counter(RECEIVER_PID) == 0:  # type: ignore[union-attr]
+    while woven(hot).region.counter(RECEIVER_PID) == 0:
         assert proc is None or proc.poll() is None, "the cold engine exited before serving"
         assert time.monotonic() < deadline, "the cold engine did not start serving in 60 s"
         time.sleep(0.05)
@@ -96,14 +108,14 @@ def wait_for_receiver(hot: LLMEngine, proc: subprocess.Popen[str] | None) -> Non
 def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models, expected, ratio):
     hot_model, cold_model = models
     region = tmp_path / "weaver"
-    hot = LLMEngine(hot_config(hot_model), weaving=WeavingLink(region, ratio, timeout=10.0))
+    hot = paired(hot_config(hot_model), WeavingLink(region, ratio, timeout=10.0))
     proc = start_cold(region, cold_model)
     try:
         wait_for_receiver(hot, proc)
         logits: list[bytes] = []
         got = run(hot, logits=logits)
-        w = hot.weaving
-        assert w is not None and w.error is None
+        w = woven(hot)
+        assert w.error is None
         assert w.num_offloaded == int(len(PROMPTS) * ratio)
         assert bool(hot.runner.segments) == (ratio > 0)  # woven steps replayed graph segments
         hot.shutdown()  # releases what the receiver holds and stops the pairing
@@ -123,7 +135,7 @@ def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models,
 def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, models, expected):
     hot_model, cold_model = models
     region = tmp_path / "weaver"
-    hot = LLMEngine(hot_config(hot_model), weaving=WeavingLink(region, 0.45, timeout=10.0))
+    hot = paired(hot_config(hot_model), WeavingLink(region, 0.45, timeout=10.0))
     proc = start_cold(region, cold_model)
     times: list[float] = []
 
@@ -136,8 +148,8 @@ def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, mod
     try:
         wait_for_receiver(hot, proc)
         got = run(hot, kill_after_decoding)
-        w = hot.weaving
-        assert w is not None and w.error is not None
+        w = woven(hot)
+        assert w.error is not None
         assert "exited" in w.error and "must be recomputed" in w.error
         assert w.num_recomputed == w.num_offloaded == 3
         assert (
@@ -152,13 +164,13 @@ def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, mod
 
 def test_until_a_receiver_opens_the_region_nothing_is_offloaded(tmp_path, models, expected):
     with LLMEngine(hot_config(models[0])) as hot:
-        hot.pair(WeavingLink(tmp_path / "weaver", 1.0, timeout=0.5))
+        pair(hot, WeavingLink(tmp_path / "weaver", 1.0, timeout=0.5))
         assert run(hot) == expected[0]
-        w = hot.weaving
-        assert w is not None and w.num_prefilled == len(PROMPTS)
+        w = woven(hot)
+        assert w.num_prefilled == len(PROMPTS)
         assert w.num_offloaded == 0 and w.error is None
         t0 = time.monotonic()
-        hot.unpair()  # no receiver to stop: no wait for one
+        unpair(hot)  # no receiver to stop: no wait for one
         assert time.monotonic() - t0 < 0.5 and not (tmp_path / "weaver").exists()
 
 
@@ -167,37 +179,36 @@ def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, m
     and decodes them locally from there, bit for bit as if they had never left."""
     hot_model, cold_model = models
     region = tmp_path / "weaver"
-    hot = LLMEngine(hot_config(hot_model), weaving=WeavingLink(region, 1.0, timeout=10.0))
+    hot = paired(hot_config(hot_model), WeavingLink(region, 1.0, timeout=10.0))
     proc = start_cold(region, cold_model)
-    paired = [hot.weaving]
+    pairing = [hot_weaving(hot)]
 
     def unpair_after_decoding(step: int, outs: list[StepOutput]) -> None:
         if step == 4:
-            hot.unpair()
+            unpair(hot)
             assert not region.exists()
 
     try:
         wait_for_receiver(hot, proc)
         logits: list[bytes] = []
         got = run(hot, unpair_after_decoding, logits)
-        w = paired[0]
-        assert w is not None and hot.weaving is None and w.error is None and w.unpaired
+        w = pairing[0]
+        assert w is not None and hot_weaving(hot) is None and w.error is None and w.unpaired
         assert w.num_taken_back == w.num_offloaded == len(PROMPTS) and w.num_recomputed == 0
         out, _ = proc.communicate(timeout=60)  # unpair stopped the receiver: the cold one ends
     finally:
         proc.kill()
         proc.wait()
         hot.shutdown()
-    want_hot, want_cold, want_logits = expected
-    assert got == want_hot and logits == want_logits
-    assert json.loads(out)["tokens"] == want_cold
+    assert got == expected[0] and logits == expected[2]
+    assert json.loads(out)["tokens"] == expected[1]
 
 
 def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, expected):
     """An offloaded sequence is aborted between steps and the receiver stops polling: the release
     before the next decode step finds it lost, and the other offloaded sequences are recomputed."""
     region = tmp_path / "weaver"
-    hot = LLMEngine(hot_config(models[0]), weaving=WeavingLink(region, 1.0, timeout=1.0))
+    hot = paired(hot_config(models[0]), WeavingLink(region, 1.0, timeout=1.0))
     polling = threading.Event()
     polling.set()
 
@@ -223,8 +234,8 @@ def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, e
     try:
         wait_for_receiver(hot, None)
         got = run(hot, abort_one)
-        w = hot.weaving
-        assert w is not None and w.error is not None and "has not polled" in w.error
+        w = woven(hot)
+        assert w.error is not None and "has not polled" in w.error
         assert w.num_recomputed == len(PROMPTS) - 1
     finally:
         hot.shutdown()
@@ -246,7 +257,7 @@ def test_a_receiver_on_elastic_kv_draws_ledger_pages_and_gives_them_back(
     pairing's end gives the row back. The hot logits stay bit-identical."""
     ledger = PageLedger.create(tmp_path / "ledger", 64, 2 << 20)
     region = tmp_path / "weaver"
-    hot = LLMEngine(hot_config(models[0]), weaving=WeavingLink(region, 1.0, timeout=10.0))
+    hot = paired(hot_config(models[0]), WeavingLink(region, 1.0, timeout=10.0))
     proc = start_cold(region, models[1], "--elastic", "--hold",
                       env={"MEDUSA_KV_LEDGER": str(ledger.path)})  # fmt: skip
     pages: list[int | None] = []
@@ -254,11 +265,10 @@ def test_a_receiver_on_elastic_kv_draws_ledger_pages_and_gives_them_back(
         wait_for_receiver(hot, proc)
         logits: list[bytes] = []
         got = run(hot, lambda step, outs: pages.append(weaver_pages(ledger)), logits)
-        assert hot.weaving is not None and hot.weaving.error is None
-        assert hot.weaving.num_offloaded == len(PROMPTS)
+        assert woven(hot).error is None and woven(hot).num_offloaded == len(PROMPTS)
         assert max(p or 0 for p in pages) >= 1  # held while the sequences decode there
         assert weaver_pages(ledger) == 0  # all finished: their pages went back, still paired
-        hot.unpair()
+        unpair(hot)
         assert proc.stdout is not None
         cold = json.loads(proc.stdout.readline())  # the cold engine closed its receiver
         assert weaver_pages(ledger) is None  # the row is gone with the pairing
@@ -268,15 +278,15 @@ def test_a_receiver_on_elastic_kv_draws_ledger_pages_and_gives_them_back(
         proc.kill()
         proc.wait()
         hot.shutdown()
-    want_hot, want_cold, want_logits = expected
-    assert got == want_hot and logits == want_logits
-    assert cold["tokens"] == want_cold
+    assert got == expected[0] and logits == expected[2]
+    assert cold["tokens"] == expected[1]
 
 
 def test_an_elastic_receiver_with_no_pages_free_refuses(tmp_path, models, monkeypatch):
     ledger = PageLedger.create(tmp_path / "ledger", 8, 2 << 20)
     monkeypatch.setenv("MEDUSA_KV_LEDGER", str(ledger.path))
     region = ExchangeRegion.create(tmp_path / "weaver", Geometry(2, 4, 2, 64, 8, 128))
+    plugins.register()  # kv_memory="elastic"
     with LLMEngine(cold_config(models[1], "elastic")) as cold:
         hog = PageLedger(ledger.path)
         hog.join("another model")

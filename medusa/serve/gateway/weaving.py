@@ -1,6 +1,6 @@
 """Weaver's pairing in the gateway: a model whose models.yaml entry has `weaving: {enabled: true}`
 (hot) borrows the device of an idle warm worker of a model without it (cold) for part of its
-decode attention (medusa.engine.weaving; the workers' /weaving endpoints).
+decode attention (medusa.weaver.hot; the workers' /weaving endpoints).
 
 Every autoscaler tick:
 - unpair first: a pair whose cold worker got busy (as many requests in flight as its model's

@@ -1,7 +1,8 @@
-"""Online tuning of HybridGEMM's alpha for an engine whose weights stay on the host: after each
-interval of steps, the controller sees the C2C and HBM utilisations (GPM counters on a GH200, the
-performance model elsewhere) and the new alpha takes effect at the next step, a request boundary
-for every sequence in it."""
+"""Online tuning of HybridGEMM's alpha for an engine whose weights stay on the host (tune_alpha), a
+step hook of the engine (medusa.engine.step_hooks, registered as "alpha_tuner" by medusa.plugins):
+after each interval of steps, the controller sees the C2C and HBM utilisations (GPM counters on a
+GH200, the performance model elsewhere) and the new alpha takes effect at the next step, a request
+boundary for every sequence in it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from medusa.c2c.controller import AlphaController
 from medusa.c2c.model import GH200_MIG, Traffic, gemm_traffic
 from medusa.c2c.telemetry import ModelTelemetry, telemetry_for
 from medusa.engine.config import EngineConfig
+from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.spec import ModelSpec
+from medusa.engine.step_hooks import Step, StepHook
 
 
-class AlphaTuner:
+class AlphaTuner(StepHook):
     def __init__(
         self, config: EngineConfig, spec: ModelSpec, *, interval: int = 8, tpot_target: float = 0.1
     ) -> None:
@@ -24,6 +27,17 @@ class AlphaTuner:
         self.controller = AlphaController(alpha=config.alpha)
         self._steps, self._seconds, self._traffic = 0, 0.0, Traffic(0, 0, 0, 0)
         self.history: list[float] = []
+        self._alphas: list[float] = []  # the engine's, per layer, once attached
+
+    @classmethod
+    def for_engine(cls, engine: LLMEngine) -> AlphaTuner:
+        return cls(engine.config, engine.spec)
+
+    def attach(self, engine: LLMEngine) -> None:
+        self._alphas = engine.runner.alphas
+
+    def after_step(self, step: Step) -> None:
+        self.observe(step.num_tokens, step.seconds, self._alphas)
 
     def _step_traffic(self, tokens: int, alpha: float) -> Traffic:
         s = self.spec

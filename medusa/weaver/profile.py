@@ -2,7 +2,7 @@
 on its own device once, between two steps:
 
 - `ops`: the seconds of each kernel of an eager decode step of one sequence. A paired cold engine
-  decodes eagerly and polls after each kernel (medusa.engine.weaving_cold), so these are the
+  decodes eagerly and polls after each kernel (medusa.weaver.cold), so these are the
   operators T_i a hot worker's task can land in;
 - `attention`: the seconds of one layer's attention over `max_num_seqs` sequences of one block
   each, the hot side's K + N at its batch (a share `ratio` of it goes to the receiver).
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from medusa.engine.device import Device
-from medusa.engine.kv_cache import ElasticKV
 from medusa.engine.model_runner import ModelRunner
+from medusa.prism.kv_cache import ElasticKV
 from medusa.weaver.choice import WeavingProfile
 
 ATTENTION = "paged_attention_kernel"
@@ -56,8 +56,8 @@ def measure(runner: ModelRunner) -> WeavingProfile:
     by kernel, and max_num_seqs sequences for the attention."""
     if runner.kv_cache is None or runner.kv is None:
         raise RuntimeError("the KV cache is not allocated yet")
-    plain = runner.dev
-    plain = getattr(plain, "device", plain)  # a paired cold engine's PollingDevice: unwrapped
+    given = runner.dev
+    plain = getattr(given, "device", given)  # a paired cold engine's PollingDevice: unwrapped
     bs, wide = runner.config.block_size, runner.config.max_num_seqs
     timing = _TimingDevice(plain)
     runner.dev = timing  # type: ignore[assignment]
@@ -66,7 +66,7 @@ def measure(runner: ModelRunner) -> WeavingProfile:
             one = _step(runner, timing, 1, block, bs)
             many = _step(runner, timing, wide, block, bs)
     finally:
-        runner.dev = plain
+        runner.dev = given  # NOTE: a paired cold engine polls again after each kernel
     attention = [t for name, t in many if name == ATTENTION]
     return WeavingProfile(tuple(t for _, t in one), float(np.mean(attention)) if attention else 0.0)
 
@@ -74,13 +74,13 @@ def measure(runner: ModelRunner) -> WeavingProfile:
 def _step(
     runner: ModelRunner, timing: _TimingDevice, size: int, block: int, bs: int
 ) -> list[tuple[str, float]]:
-    batch = runner._padding_batch(size)
+    batch = runner.batches.padding(size)
     batch.seq_lens[:] = bs  # every row attends over the scratch block's bs tokens
     batch.positions[:] = bs - 1
     batch.block_tables[:, 0] = block
     batch.slots[:] = block * bs + bs - 1
     timing.times = []
-    runner._run(batch, runner.kv, runner.ws["tokens"])
+    runner.run_batch(batch, runner.kv, runner.ws["tokens"])
     return timing.times
 
 

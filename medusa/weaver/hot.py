@@ -1,5 +1,6 @@
-"""Weaver in the hot engine: part of the decode batch's attention, with those sequences' KV, runs
-on a receiver (a cold model's worker, `medusa.engine.weaving_cold`) through an exchange region.
+"""Weaver in the hot engine, a step hook of it (medusa.engine.step_hooks) that `pair` adds and
+`unpair` removes: part of the decode batch's attention, with those sequences' KV, runs on a
+receiver (a cold model's worker, `medusa.weaver.cold`) through an exchange region.
 
 - Assignment is fixed after prefill: the i-th sequence whose prompt completes is offloaded when
   floor((i + 1) r) > floor(i r), `assign_offload`'s rule over the stream of prefilled sequences,
@@ -24,98 +25,62 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from medusa.engine.block_manager import Blocks
-from medusa.engine.config import EngineConfig
-from medusa.engine.model_runner import ModelRunner
+from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sequence import Sequence
-from medusa.engine.spec import ModelSpec
-from medusa.weaver.region import RECEIVER_PID, ExchangeRegion, Geometry
-from medusa.weaver.sender import TIMEOUT, ReceiverLost, WeaverError, WeaverSender
+from medusa.engine.step_hooks import Step, StepHook
+from medusa.weaver.offload import OffloadBlocks, WeavingLink, region_geometry
+from medusa.weaver.region import RECEIVER_PID, ExchangeRegion
+from medusa.weaver.sender import ReceiverLost, WeaverError, WeaverSender
 
-log = logging.getLogger("medusa.engine.weaving")
-
-
-@dataclass(frozen=True)
-class WeavingLink:
-    """A hot engine's side of a pairing: the region file it creates (the receiver opens it) and
-    the share of its sequences to offload."""
-
-    region: str | Path
-    ratio: float
-    timeout: float = TIMEOUT  # seconds without the receiver's heartbeat before it counts as lost
-    dir_fd: int | None = None  # the region's directory, opened: region is a name there
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.ratio <= 1.0:
-            raise ValueError(f"weaving ratio {self.ratio}: must be within [0, 1]")
-        if self.timeout <= 0:
-            raise ValueError(f"weaving timeout {self.timeout}: must be positive seconds")
+log = logging.getLogger("medusa.weaver.hot")
 
 
-def region_geometry(spec: ModelSpec, config: EngineConfig) -> Geometry:
-    """Room for a decode step of every sequence, or one whole sequence's KV (a prefill handed over,
-    or a sequence handed back)."""
-    rows = max(config.max_model_len, config.max_num_seqs)
-    s = spec
-    return Geometry(
-        s.num_layers, s.num_heads, s.num_kv_heads, s.head_dim, config.max_num_seqs, rows
-    )
+def pair(engine: LLMEngine, link: WeavingLink) -> HotWeaving:
+    """Between steps: offloads `link.ratio` of the sequences `engine` prefills from now on to the
+    receiver that opens `link.region` (created here)."""
+    paired = hot_weaving(engine)
+    if paired is not None:
+        raise RuntimeError(f"already paired through {paired.region.path}")
+    hot = HotWeaving(link, engine)
+    engine.add_hook(hot)
+    return hot
 
 
-class OffloadBlocks:
-    """The scheduler's block manager as the offload sees it: an offloaded sequence holds no local
-    blocks, so it can always append; freeing it (finished, aborted, preempted) queues its release
-    on the receiver."""
-
-    def __init__(self, inner: Blocks, offloaded: set[int], released: list[int]) -> None:
-        self.inner, self._offloaded, self._released = inner, offloaded, released
-
-    def __getattr__(self, name: str) -> Any:  # block_size, num_blocks, num_free_blocks, trim, ...
-        return getattr(self.inner, name)
-
-    def deallocate(self, seq: Sequence) -> None:
-        if seq.seq_id in self._offloaded:
-            self._offloaded.discard(seq.seq_id)
-            self._released.append(seq.seq_id)
-        else:
-            self.inner.deallocate(seq)
-
-    def can_append(self, seq: Sequence) -> bool:
-        return seq.seq_id in self._offloaded or self.inner.can_append(seq)
-
-    def may_append(self, seq: Sequence) -> None:
-        if seq.seq_id not in self._offloaded:
-            self.inner.may_append(seq)
+def unpair(engine: LLMEngine) -> None:
+    """Between steps: the offloaded sequences' KV comes back and the region is removed."""
+    hot = hot_weaving(engine)
+    if hot is not None:
+        engine.remove_hook(hot)
 
 
-class HotWeaving:
-    def __init__(self, link: WeavingLink, runner: ModelRunner, blocks: Blocks) -> None:
-        self.runner, self.ratio = runner, link.ratio
-        self.geometry = region_geometry(runner.spec, runner.config)
+def hot_weaving(engine: LLMEngine) -> HotWeaving | None:
+    """The engine's pairing as the hot side, if it has one."""
+    return next((h for h in engine.hooks if isinstance(h, HotWeaving)), None)
+
+
+class HotWeaving(StepHook):
+    decodes = True
+
+    def __init__(self, link: WeavingLink, engine: LLMEngine) -> None:
+        self.engine, self.runner, self.ratio = engine, engine.runner, link.ratio
+        self.geometry = region_geometry(engine.spec, engine.config)
         self.region = ExchangeRegion.create(link.region, self.geometry, dir_fd=link.dir_fd)
         self.sender = WeaverSender(self.region, link.timeout)
         self.offloaded: set[int] = set()  # sequences whose KV and attention are the receiver's
         self._seqs: dict[int, Sequence] = {}
         self._released: list[int] = []
-        self.blocks = OffloadBlocks(blocks, self.offloaded, self._released)
-        self._requeue: Callable[[Sequence], None] | None = None
+        self.blocks = OffloadBlocks(engine.blocks, self.offloaded, self._released)
+        # How to put a sequence back in the waiting queue, to be prefilled again.
+        self._requeue: Callable[[Sequence], None] = engine.scheduler.requeue
         self.num_prefilled = 0  # sequences whose prompt completed, offloaded or not
         self.num_offloaded = 0
         self.num_recomputed = 0
         self.num_taken_back = 0
         self.error: str | None = None  # why offloading stopped
         self.unpaired = False
-
-    def attach(self, requeue: Callable[[Sequence], None]) -> None:
-        """How to put a sequence back in the waiting queue, to be prefilled again (the scheduler's
-        `requeue`)."""
-        self._requeue = requeue
 
     @property
     def active(self) -> bool:
@@ -126,11 +91,21 @@ class HotWeaving:
         """Active, and the receiver has opened the region."""
         return self.active and self.region.counter(RECEIVER_PID) != 0
 
-    # ---- the engine's hooks ----
-    def after_step(self, prefilled: list[Sequence]) -> None:
-        """After each step: releases finished sequences on the receiver and offloads those of
-        `prefilled` (prompt complete, not finished) that the ratio picks."""
+    # ---- the engine's step hooks ----
+    def attach(self, engine: LLMEngine) -> None:
+        engine.scheduler.blocks = self.blocks
+
+    def detach(self) -> None:
+        """Unpairs (the offloaded sequences come back), then ends the pairing."""
+        self.unpair()
+        self.close()
+        self.engine.scheduler.blocks = self.blocks.inner
+
+    def after_step(self, step: Step) -> None:
+        """After each step: releases finished sequences on the receiver and offloads the prefilled
+        ones (prompt complete, not finished) that the ratio picks."""
         self.flush()
+        prefilled = [o.seq for o in step.outputs if step.is_prefill and not o.finished]
         for seq in prefilled:
             i, self.num_prefilled = self.num_prefilled, self.num_prefilled + 1
             if self.receiving and int((i + 1) * self.ratio) > int(i * self.ratio):
@@ -293,7 +268,5 @@ class HotWeaving:
 
     def _recompute(self, sid: int) -> None:
         """Sequence `sid` (no longer offloaded, no local KV) goes back to be prefilled again."""
-        if self._requeue is None:
-            raise RuntimeError("HotWeaving.attach was not called")
         self._requeue(self._seqs.pop(sid))
         self.num_recomputed += 1

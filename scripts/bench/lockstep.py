@@ -6,7 +6,7 @@ The scenario Prism is for: model A serves a short burst and goes idle at round T
 surges. Under a static split B never has more than half the slice's KV; with elastic KV and one
 page ledger, A's pages go back the moment it idles and B maps them. `run_pair` reports, per round
 and worker, what the ledger says next to what the live blocks need, so a caller can check that
-they agree at every step."""
+they agree at every step. (scripts/bench/prism_kv.py and tests/prism/test_two_workers.py run it.)"""
 
 from __future__ import annotations
 
@@ -55,10 +55,12 @@ def _worker(conn: Connection, config: dict[str, Any], ledger: str | None) -> Non
     """A worker process: one engine, answering the parent's commands until "stop"."""
     if ledger:
         os.environ["MEDUSA_KV_LEDGER"] = ledger
+    from medusa import plugins
     from medusa.engine.config import EngineConfig
     from medusa.engine.llm_engine import LLMEngine
     from medusa.engine.sampling import SamplingParams
 
+    plugins.register()  # kv_memory="elastic"
     engine = LLMEngine(EngineConfig(**config))
     conn.send("ready")
     while True:

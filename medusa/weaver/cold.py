@@ -1,5 +1,7 @@
-"""Weaver in the cold engine: while it serves its own model, it polls a hot engine's exchange region
-at its kernel boundaries and runs the offloaded attention there (`WeaverReceiver`).
+"""Weaver in the cold engine, a step hook of it (medusa.engine.step_hooks) while it receives:
+while it serves its own model, it polls a hot engine's exchange region at its kernel boundaries,
+and between requests when it has none (the hook's idle poll), and runs the offloaded attention
+there (`WeaverReceiver`).
 
 The model runner's device is wrapped so that every eager kernel, GEMM and graph launch is followed
 by one poll. simcuda has no host nodes (no cuLaunchHostFunc, no cuGraphAddHostNode), so a decode
@@ -18,11 +20,36 @@ from pathlib import Path
 from typing import Any
 
 from medusa.engine.device import Device
-from medusa.engine.kv_cache import ElasticKV
 from medusa.engine.llm_engine import LLMEngine
+from medusa.engine.step_hooks import StepHook
+from medusa.prism.kv_cache import ElasticKV
 from medusa.weaver.kv import ElasticOffloadedKV, OffloadedKV, StaticOffloadedKV
 from medusa.weaver.receiver import WeaverReceiver
 from medusa.weaver.region import ExchangeRegion
+
+
+def receive(
+    engine: LLMEngine, region: str | Path, num_blocks: int, dir_fd: int | None = None
+) -> ColdWeaving:
+    """Between steps: `engine` serves a hot engine's region between its own kernels, with
+    `num_blocks` KV blocks of its device for the offloaded sequences, until the hot one ends the
+    pairing or stop_receiving. dir_fd: the region's directory, opened (region is a name there)."""
+    serving = cold_weaving(engine)
+    if serving is not None:
+        raise RuntimeError(f"already serving {serving.region.path}")
+    return ColdWeaving(engine, region, num_blocks, dir_fd=dir_fd)
+
+
+def stop_receiving(engine: LLMEngine) -> None:
+    """Between steps: stops serving the region (what the receiver held is lost)."""
+    serving = cold_weaving(engine)
+    if serving is not None:
+        serving.close()
+
+
+def cold_weaving(engine: LLMEngine) -> ColdWeaving | None:
+    """The region `engine` serves as the cold side, if it serves one."""
+    return next((h for h in engine.hooks if isinstance(h, ColdWeaving)), None)
 
 
 class PollingDevice:
@@ -66,11 +93,12 @@ class PollingDevice:
         return self.device.end_capture()
 
 
-class ColdWeaving:
+class ColdWeaving(StepHook):
     """Makes `engine` (started) the receiver of the region at `path`: `num_blocks` KV blocks of
     `block_size` tokens (the hot model's layers and heads) of its device hold the offloaded
     sequences, pages of its elastic KV's budget if it has one (medusa.weaver.kv). Ends with
-    `close`, which gives the engine its plain device back and the blocks' memory."""
+    `close` (or the engine's shutdown), which gives the engine its plain device back and the
+    blocks' memory."""
 
     def __init__(
         self,
@@ -96,10 +124,32 @@ class ColdWeaving:
             self.region.close()
             raise
         self.device = PollingDevice(engine.device, self.receiver)
+        self._per_kernel = per_kernel
+        self._graphs: dict[int, int] = {}
+        engine.add_hook(self)
+
+    def attach(self, engine: LLMEngine) -> None:
         engine.runner.dev = self.device  # type: ignore[assignment]
         self._graphs = dict(engine.runner.graphs)
-        if per_kernel:  # eager decode: a poll after every kernel, none after whole graphs
+        if self._per_kernel:  # eager decode: a poll after every kernel, none after whole graphs
             engine.runner.graphs.clear()
+
+    def detach(self) -> None:
+        self.engine.runner.dev = self.device.device
+        self.engine.runner.graphs.update(self._graphs)
+        self.receiver.close()
+        self.region.close()
+
+    @property
+    def polls_when_idle(self) -> bool:
+        return not self.stopped
+
+    def poll_idle(self) -> None:
+        self.device.poll()
+
+    @property
+    def finished(self) -> bool:
+        return self.stopped
 
     def _offloaded_kv(self, num_blocks: int, bs: int) -> OffloadedKV:
         """The receiver's blocks: drawn from the engine's elastic KV pages and ledger if it has
@@ -132,11 +182,8 @@ class ColdWeaving:
             if self.engine.has_unfinished():
                 self.engine.step()
             else:
-                self.device.poll()
+                self.engine.poll_idle()
                 time.sleep(idle)
 
     def close(self) -> None:
-        self.engine.runner.dev = self.device.device
-        self.engine.runner.graphs.update(self._graphs)
-        self.receiver.close()
-        self.region.close()
+        self.engine.remove_hook(self)
