@@ -12,14 +12,21 @@ from medusa.commands.options import trust_option
 @click.command(short_help="Print what an artifact holds.")
 @click.argument("artifact", type=click.Path(file_okay=False))
 def inspect(artifact: str) -> None:
-    """Print an artifact: model, device, KV size, graphs, relocations, kernels, files."""
+    """Print an artifact: model, device, KV size, graphs, relocations, kernels, files, and the
+    settings `medusa run --artifact` takes from it."""
     from medusa.artifact import ArtifactError, load_artifact
     from medusa.artifact.inspect import describe
+    from medusa.engine.artifact_settings import ArtifactSettings
 
     try:
         click.echo(describe(load_artifact(Path(artifact))))
     except ArtifactError as e:
         raise click.ClickException(str(e)) from None
+    settings = ArtifactSettings.read(artifact)
+    if settings is not None:
+        click.echo(f"  runs with {settings.summary()}")
+        click.echo("            (medusa run --artifact takes these; a flag with another value is "
+                   "refused)")  # fmt: skip
 
 
 @click.command(short_help="Check an artifact's integrity.")

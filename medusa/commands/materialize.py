@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import errno
+import os
+import tempfile
 from pathlib import Path
 
 import click
 
 from medusa.child import exit_on_sigterm
-from medusa.commands.options import engine_choice, engine_options, refuse_reference_options
+from medusa.commands.options import (
+    engine_choice,
+    engine_options,
+    refuse_reference_options,
+)
 
 
 @click.command(
     short_help="Record a start-up once and write an artifact.",
-    context_settings={"show_default": True, "ignore_unknown_options": True},
+    context_settings={"show_default": True},
 )
 @click.argument("model", required=False)
 @engine_choice(
@@ -80,6 +86,7 @@ def materialize(
     from medusa.artifact.seal import load_private_key
     from medusa.artifact.store import load_artifact
     from medusa.cuda.backend import NoDeviceError, load_backend
+    from medusa.engine.artifact_settings import engine_settings
     from medusa.engine.config import EngineConfig
     from medusa.engine.loader import locate_model
     from medusa.engine.materialize import materialize_engine
@@ -102,6 +109,7 @@ def materialize(
             vargs = [model, *argv] if model else list(argv)
             name = Path(vargs[0]).name if vargs else "model"
             target = Path(out or f"artifacts/vllm-{name}-{kind}")
+            check_writable(target)
             summary = materialize_vllm(vargs, target, kind, echo)
         elif command:
             if check_accesses:
@@ -115,16 +123,19 @@ def materialize(
                     "--command needs a program: medusa materialize --command -- CMD"
                 )
             target = Path(out or f"artifacts/command-{kind}")
+            check_writable(target)
             summary = materialize_command(argv_list, target, kind, echo, skip_phase)
         else:
             if argv:
                 raise click.UsageError(
-                    f"unexpected arguments {' '.join(argv)} (did you mean --command?)"
+                    f"unexpected arguments {' '.join(argv)}: to materialize a program, pass "
+                    f"--command -- {' '.join(argv)}"
                 )
             locate_model(model)
-            config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
+            config = EngineConfig(model=model, **engine_settings(engine))
             name = Path(model).stem if model else "smollm2"
             target = Path(out or f"artifacts/{name}-{kind}")
+            check_writable(target)
             check = None
             if check_accesses:
                 from medusa.tessera.record import pointer_check
@@ -137,15 +148,36 @@ def materialize(
     except (MaterializeError, ValueError, NoDeviceError) as e:  # ArtifactError is a ValueError
         raise click.ClickException(str(e)) from None
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise click.ClickException(_no_space(e)) from None
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise click.ClickException(_no_space(e)) from None
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR) and e.filename:
+            raise click.ClickException(_cannot_write(e.filename, e.strerror or str(e))) from None
+        raise
     click.echo(describe(art))
     t = summary["timings"]
     click.echo(
         f"  size      {summary['bytes'] / 1024:.0f} KiB; stages: "
         + ", ".join(f"{k} {v:.2f}s" for k, v in t.items())
     )
+
+
+def check_writable(out: Path) -> None:
+    """--out where this user cannot make it: refused before the recording, naming the path
+    (tried by making a directory there and removing it: permissions, a read-only or a special
+    file system, a file in the way)."""
+    where = out.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise click.ClickException(_cannot_write(out, f"{where} is not a directory"))
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".medusa-write-check-", dir=where))
+    except OSError as e:
+        raise click.ClickException(_cannot_write(out, f"{where}: {e.strerror or e}")) from None
+
+
+def _cannot_write(out: str | Path, why: str) -> str:
+    return f"--out {out}: cannot write there ({why}); pass --out a directory you can write"
 
 
 def _no_space(e: OSError) -> str:

@@ -2,78 +2,70 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import click
 
 from medusa.serve import MAX_BODY_BYTES
 
 
+class _Sizes(click.ParamType):
+    """Comma-separated positive integers: `--capture-sizes 1,2,4`."""
+
+    name = "N,N,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        try:
+            sizes = tuple(int(v) for v in str(value).split(",") if v.strip())
+        except ValueError:
+            self.fail(f"{value!r}: give batch sizes separated by commas, e.g. 1,2,4", param, ctx)
+        if not sizes or min(sizes) < 1:
+            self.fail(f"{value!r}: give batch sizes of at least 1, e.g. 1,2,4", param, ctx)
+        return sizes
+
+
+def engine_option_name(name: str) -> str:
+    """The command-line flag of an EngineConfig field: max_num_seqs -> --max-num-seqs."""
+    return "--" + name.replace("_", "-")
+
+
+def _engine_option(f: dataclasses.Field[Any], kind: Any) -> Callable[[Any], Any]:
+    flag, help, default = engine_option_name(f.name), f.metadata["help"], f.default
+    if kind is bool:
+        return click.option(flag, is_flag=True, default=default, help=help)
+    if kind == bool | None:
+        no = flag.replace("--", "--no-", 1)
+        return click.option(f"{flag}/{no}", default=None, help=help, show_default=False)
+    choices = f.metadata.get("choices")
+    if choices:
+        return click.option(flag, type=click.Choice(choices), default=default, help=help)
+    if kind == tuple[int, ...]:
+        return click.option(flag, type=_Sizes(), default=None, help=help, show_default=False)
+    base = {int: int, float: float, str: str, int | None: int, float | None: float}[kind]
+    return click.option(flag, type=base, default=default, help=help)
+
+
 def engine_options(f):  # type: ignore[no-untyped-def]
-    """The engine settings `run` and `materialize` share (they must match to restore)."""
-    opts = [
-        click.option(
-            "--max-num-seqs", default=8, type=int, help="Sequences decoded together at most."
-        ),
-        click.option("--max-model-len", default=2048, type=int, help="Prompt + completion tokens."),
-        click.option("--max-num-batched-tokens", default=512, type=int, help="Tokens in one step."),
-        click.option(
-            "--gpu-memory-utilization", default=0.9, type=float, help="Device memory fraction."
-        ),
-        click.option(
-            "--kv-cache-memory",
-            default=None,
-            type=int,
-            help="KV-cache bytes; skips the profiling pass.",
-        ),
-        click.option(
-            "--kv-memory",
-            type=click.Choice(["static", "elastic"]),
-            default="static",
-            help="elastic: reserve the KV range and map 2 MiB pages as requests need them, drawn "
-            "from the device's page ledger (MEDUSA_KV_LEDGER) that workers sharing a device use; "
-            "an idle model gives its pages back at once.",
-        ),
-        click.option("--enforce-eager", is_flag=True, help="Do not capture decode graphs."),
-        click.option("--seed", default=0, type=int, help="Seed for requests that bring none."),
-        click.option(
-            "--max-prefill-chunk",
-            default=None,
-            type=int,
-            help="Prefill long prompts in chunks of at most this many tokens.",
-        ),
-        click.option(
-            "--weights",
-            type=click.Choice(["device", "host"]),
-            default="device",
-            help="host: projection weights stay in host-mapped memory (HybridGEMM).",
-        ),
-        click.option(
-            "--alpha",
-            default=0.0,
-            type=float,
-            help="With --weights host: HybridGEMM's output-stationary share of columns.",
-        ),
-        click.option(
-            "--tune-alpha",
-            is_flag=True,
-            help="With --weights host: tune alpha online (C2CServe Algorithm 2).",
-        ),
-        click.option(
-            "--serve-while-loading/--no-serve-while-loading",
-            default=None,
-            help="Restoring with a weight store: be ready before the weights are all in; each "
-            "layer of the first steps waits for its own weights (default: on a GPU, not on "
-            "simcuda, where the copy and the forward pass share the CPU, and not with "
-            "--require-artifact, which fails a bad store at start).",
-        ),
-        click.option(
-            "--slice-profile",
-            default="7g.96gb",
-            help="The GH200 MIG profile alpha tuning models utilisation for.",
-        ),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
+    """The engine's settings as options, one per EngineConfig field (MODEL is an argument):
+    `run` and `materialize` share them (they must match to restore)."""
+    from medusa.engine.config import EngineConfig
+
+    kinds = typing.get_type_hints(EngineConfig)
+    for field in reversed(dataclasses.fields(EngineConfig)):
+        if field.name != "model":
+            f = _engine_option(field, kinds[field.name])(f)
     return f
+
+
+def given_on_command_line(ctx: click.Context, names: Iterable[str]) -> set[str]:
+    """The parameters among `names` the user set (not left at their default)."""
+    explicit = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    return {n for n in names if ctx.get_parameter_source(n) in explicit}
 
 
 def engine_choice(help: str):  # type: ignore[no-untyped-def]

@@ -20,6 +20,7 @@ from medusa.commands.run_inputs import (
     check_partition,
     check_pool_inputs,
     check_run_inputs,
+    engine_config,
     fit_limits,
     setup_logging,
     where_to_listen,
@@ -30,12 +31,12 @@ from medusa.commands.run_vllm import run_vllm
 
 @click.command(
     short_help="Serve a model with an OpenAI-compatible API.",
-    context_settings={"show_default": True, "ignore_unknown_options": True},
+    context_settings={"show_default": True},
 )
 @click.argument("model", required=False)
 @engine_choice(
     "medusa: the reference engine; vllm: `vllm serve` with the medusa plugin "
-    "(arguments after -- go to vllm serve)."
+    "(arguments after -- go to vllm serve: medusa run --engine vllm MODEL -- --seed 3)."
 )
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option("--port", default=8000, type=int, help="Port to listen on.")
@@ -60,12 +61,20 @@ from medusa.commands.run_vllm import run_vllm
     "--artifact",
     type=click.Path(file_okay=False),
     default=None,
-    help="Restore start-up from this artifact (medusa materialize makes it).",
+    help="Restore start-up from this artifact (medusa materialize makes it). The artifact "
+    "decides the model and the settings that shape its graphs (medusa inspect DIR prints them): "
+    "none needs repeating, and one given with another value is refused.",
 )
 @click.option(
     "--require-artifact",
     is_flag=True,
     help="Exit with the reason instead of starting normally when the artifact is unusable.",
+)
+@click.option(
+    "--allow-fallback",
+    is_flag=True,
+    help="With --artifact: use the MODEL and settings given even where the artifact was "
+    "materialized with others, and start the normal way then (instead of refusing them).",
 )
 @trust_option
 @click.option(
@@ -135,6 +144,7 @@ def run(
     demo: str | None,
     artifact: str | None,
     require_artifact: bool,
+    allow_fallback: bool,
     trust: str | None,
     validate: bool,
     partition: str | None,
@@ -154,29 +164,28 @@ def run(
     reason (an artifact that exists but does not fit falls back to a normal start).
     """
     from medusa.child import die_with_parent
-    from medusa.engine.config import EngineConfig
 
     die_with_parent()
     setup_logging(verbose, quiet=demo is not None)
     if engine_name == "vllm":
         refuse_reference_options(
             [*engine, "served_model_name", "demo", "validate", "uds", "fd", "max_connections",
-             "header_timeout", "body_timeout"],
+             "header_timeout", "body_timeout", "allow_fallback"],
             "medusa run --engine vllm --artifact DIR -- --seed 3",
         )  # fmt: skip
         run_vllm(model, artifact, list(argv), host, port, require_artifact, trust)
     if argv:
         raise click.UsageError(
-            f"unexpected arguments {' '.join(argv)} (only --engine vllm takes them)"
+            f"unexpected arguments {' '.join(argv)}: only --engine vllm takes arguments (after --)"
         )
     if pool:
         check_pool_inputs(model, artifact, prepare)
+    config = engine_config(model, artifact, trust, engine, allow_fallback, require_artifact)
     try:
-        config = EngineConfig(model=model, **engine)  # type: ignore[arg-type]
         limits, given = connection_limits(max_connections, header_timeout, body_timeout)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    check_run_inputs(model, artifact)
+    check_run_inputs(config.model, artifact)
     where = where_to_listen(host, port, uds, fd, demo)
     check_partition(partition, artifact, pool)
     if (artifact or pool) and not medusa_env.TRACE.get():
@@ -189,7 +198,7 @@ def run(
         serve_pool(where, limits, given, prepare, max_request_bytes, prepare_artifacts)
         return
     serve(
-        config, model, where, served_model_name, demo, artifact,
+        config, config.model, where, served_model_name, demo, artifact,
         require_artifact, validate, trust=trust, max_request_bytes=max_request_bytes,
         partition=partition, partition_timeout=partition_timeout, limits=fit_limits(limits, given),
     )  # fmt: skip

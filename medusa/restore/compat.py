@@ -6,14 +6,15 @@ from typing import Any
 
 from medusa.restore.errors import RestoreError
 
-# Engine settings that change what start-up allocates or captures.
+# Engine settings that change what a restored start-up allocates or captures: `medusa run
+# --artifact` takes them from the artifact (medusa.engine.artifact_settings). Not
+# gpu_memory_utilization: it sizes a profiled KV cache, and a restore takes the artifact's.
 CONFIG_KEYS = (
     "weights",
     "max_num_seqs",
     "max_model_len",
     "max_num_batched_tokens",
     "block_size",
-    "gpu_memory_utilization",
     "enforce_eager",
     "capture_sizes",
     "kv_memory",

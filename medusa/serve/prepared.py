@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
+from medusa.engine.artifact_settings import ArtifactSettings, Wording, engine_settings, resolve
 from medusa.engine.config import EngineConfig
 from medusa.weights.store import RACY_SECONDS, file_identity
 
 if TYPE_CHECKING:
     from medusa.engine.loader import ModelSource
     from medusa.engine.tokenizer import Tokenizer
-
-ENGINE_FIELDS = {f.name for f in fields(EngineConfig)} - {"model"}
 
 
 class PreparedSource:
@@ -92,10 +91,17 @@ class Assignment:
         p = ctx.params
         if p.get("engine_name") != "medusa" or p.get("argv") or p.get("pool"):
             raise ValueError("a pooled worker serves the reference engine: drop --engine/--pool")
-        self.model: str | None = p["model"]
         self.artifact: str | None = p["artifact"]
-        self.served_name = p["served_model_name"] or self.model or "smollm2"
         self.require, self.validate, self.trust = p["require_artifact"], p["validate"], p["trust"]
-        self.config = EngineConfig(
-            model=self.model, **{k: v for k, v in p.items() if k in ENGINE_FIELDS}
-        )
+        settings = engine_settings(p)
+        # NOTE: as `medusa run --artifact` does: the artifact decides what shapes its graphs
+        model, settings = resolve(
+            ArtifactSettings.read(self.artifact, self.trust) if self.artifact else None,
+            p["model"], settings,
+            {k for k in settings if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE},
+            Wording(lambda name: "--" + name.replace("_", "-"), "MODEL", "--allow-fallback"),
+            p["allow_fallback"],
+        )  # fmt: skip
+        self.model: str | None = model
+        self.served_name = p["served_model_name"] or self.model or "smollm2"
+        self.config = EngineConfig(model=self.model, **settings)

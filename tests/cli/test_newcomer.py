@@ -156,3 +156,175 @@ def test_a_benchmark_asked_for_help_prints_it_instead_of_running():
     )
     assert res.returncode == 0 and res.stdout.startswith("usage:")
     assert "median" not in res.stdout.split("\n\n", 1)[0]  # the usage line, not a result table
+
+
+# --- the command line behaves as click users expect -------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "materialize"])
+def test_a_mistyped_option_is_named_with_the_closest_real_one(command):
+    from click.testing import CliRunner
+
+    from medusa.cli import main
+
+    res = CliRunner().invoke(main, [command, "--max-seqs", "4"])
+    assert res.exit_code == 2
+    assert "No such option '--max-seqs'" in res.output and "--max-num-seqs" in res.output
+
+
+def test_vllm_arguments_follow_the_double_dash():
+    from click.testing import CliRunner
+
+    from medusa.cli import main
+
+    res = CliRunner().invoke(main, ["run", "--engine", "vllm", "--tensor-parallel-size", "2"])
+    assert res.exit_code == 2 and "No such option '--tensor-parallel-size'" in res.output
+    usage = " ".join(CliRunner().invoke(main, ["run", "-h"]).output.split())
+    assert (
+        "arguments after -- go to vllm serve: medusa run --engine vllm MODEL -- --seed 3" in usage
+    )
+
+
+@pytest.mark.e2e
+def test_materialize_into_an_unwritable_place_says_where_in_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    res = run_medusa("materialize", "--out", str(blocker / "art"))
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"Error: --out {blocker / 'art'}: cannot write there ({blocker} is not a directory); "
+        "pass --out a directory you can write"
+    ]
+
+
+@pytest.mark.e2e
+def test_gateway_on_a_busy_port_is_refused_before_anything_starts(tmp_path):
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  m: {}\nslices: [{name: s0, memory_gb: 2, sms: 8}]\nwarm_pool: 1\n"
+    )
+    with _listening() as other:
+        port = other.getsockname()[1]
+        res = run_medusa("gateway", "--config", str(tmp_path / "models.yaml"), "--port", str(port))
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [f"Error: port {port} is in use; pass --port"]
+
+
+# --- models.yaml: typed, unknown keys refused, slices inline or in a file ---------------------
+
+
+def test_models_yaml_takes_slices_inline_or_from_a_file(tmp_path):
+    from medusa.serve.gateway.config import load_config
+    from medusa.serve.gateway.slices import simulated_slices
+
+    inline = tmp_path / "inline.yaml"
+    inline.write_text(
+        "models:\n  m: {}\nslices: [{name: s0, memory_gb: 2, sms: 8}, {profile: 1g.12gb}]\n"
+    )
+    (tmp_path / "slices.yaml").write_text(
+        "slices: [{name: s0, memory_gb: 2, sms: 8}, {profile: 1g.12gb}]\n"
+    )
+    listed = tmp_path / "file.yaml"
+    listed.write_text("models:\n  m: {}\nslices: slices.yaml\n")
+    for cfg in (inline, listed):
+        found = simulated_slices(load_config(cfg).slices)
+        assert [(s.id, s.kind) for s in found] == [("s0", "2gb.8sm"), ("sim1", "1g.12gb")]
+
+
+def test_an_unknown_engine_setting_in_models_yaml_names_it_and_the_known_ones(tmp_path):
+    from medusa.serve.gateway.config import ConfigError, load_config
+
+    cfg = tmp_path / "models.yaml"
+    cfg.write_text("models:\n  m: {engine: {max_seqs: 4}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg)
+    assert "models.m.engine: unknown setting(s) ['max_seqs']; known: [" in str(e.value)
+    assert "'max_num_seqs'" in str(e.value) and "'block_size'" in str(e.value)
+    cfg.write_text("models:\n  m: {engine: {block_size: 12}}\n")
+    with pytest.raises(ConfigError, match=r"models\.m\.engine: block_size=12: use a power of two"):
+        load_config(cfg)
+    cfg.write_text(
+        "models:\n  m: {engine: {block_size: 32, capture_sizes: [1, 2], kv_memory: elastic,"
+        " serve_while_loading: true, enforce_eager: false}}\n"
+    )
+    args = load_config(cfg).models["m"].worker_args()
+    assert args == ["--block-size", "32", "--capture-sizes", "1,2", "--kv-memory", "elastic",
+                    "--serve-while-loading"]  # fmt: skip
+
+
+# --- the artifact decides ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def host_artifact(tmp_path_factory) -> Path:
+    """The issue's example: `medusa materialize --weights host --max-num-seqs 4 --out a`."""
+    out = tmp_path_factory.mktemp("unit") / "a"
+    res = run_medusa("materialize", "--weights", "host", "--max-num-seqs", "4", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+@pytest.mark.e2e
+def test_run_artifact_restores_with_the_artifacts_settings_and_no_flag(host_artifact):
+    res = run_medusa("run", "--artifact", str(host_artifact), "--demo", "hi",
+                     "--port", str(_free_port()), MEDUSA_LOG_LEVEL="INFO")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "assistant: " in res.stdout and "graph_restore" in res.stdout
+    assert ", restored)" in res.stderr and "artifact not used" not in res.stderr
+
+
+@pytest.mark.e2e
+def test_a_flag_the_artifact_decides_otherwise_is_refused_before_start_up(host_artifact):
+    res = run_medusa("run", "--artifact", str(host_artifact), "--demo", "hi",
+                     "--max-num-seqs", "8", "--port", str(_free_port()))  # fmt: skip
+    assert res.returncode == 2 and res.stdout == ""
+    assert (
+        f"Error: --max-num-seqs 8: the artifact {host_artifact} was materialized with "
+        "max_num_seqs 4; drop --max-num-seqs (the artifact's 4 is used), or materialize again "
+        "with --max-num-seqs 8 (or pass --allow-fallback to start the normal way with it)"
+    ) in res.stderr
+    same = run_medusa("run", "--artifact", str(host_artifact), "--weights", "device",
+                      "--port", str(_free_port()))  # fmt: skip
+    assert same.returncode == 2 and "--weights device: the artifact" in same.stderr
+
+
+@pytest.mark.e2e
+def test_allow_fallback_starts_the_normal_way_with_the_flags_given(host_artifact):
+    res = run_medusa("run", "--artifact", str(host_artifact), "--demo", "hi", "--allow-fallback",
+                     "--enforce-eager", "--port", str(_free_port()))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "assistant: " in res.stdout and "graph_restore" not in res.stdout
+    assert (
+        "artifact not used, starting the normal way: engine configuration mismatch: "
+        "enforce_eager=True here, False when materialized" in res.stderr
+    )
+
+
+@pytest.mark.e2e
+def test_inspect_prints_the_settings_the_artifact_runs_with(host_artifact):
+    res = run_medusa("inspect", str(host_artifact))
+    assert res.returncode == 0, res.stderr
+    assert "runs with model smollm2 (the default), loaded from its weight store" in res.stdout
+    assert "weights host, max_num_seqs 4, max_model_len 2048," in res.stdout
+
+
+@pytest.mark.e2e
+def test_the_gateway_takes_the_artifacts_settings_from_artifact_alone(tmp_path, host_artifact):
+    from medusa.serve.gateway.config import ConfigError, load_config
+
+    cfg = tmp_path / "models.yaml"
+    cfg.write_text(f"models:\n  m: {{artifact: {host_artifact}}}\n")
+    m = load_config(cfg).models["m"]
+    assert m.engine["weights"] == "host" and m.engine["max_num_seqs"] == 4
+    assert m.worker_args()[:2] == ["--artifact", str(host_artifact)]
+    assert "--max-num-seqs" in m.worker_args() and "host" in m.worker_args()
+    # on an elastic slice the worker needs kv_memory elastic: it starts the normal way, as before
+    shared = m.worker_args({"kv_memory": "elastic"})
+    assert "--allow-fallback" in shared and shared[shared.index("--kv-memory") + 1] == "elastic"
+    cfg.write_text(f"models:\n  m: {{artifact: {host_artifact}, engine: {{max_num_seqs: 8}}}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg)
+    assert str(e.value).startswith(
+        f"{cfg}: models.m.engine.max_num_seqs 8: the artifact {host_artifact} was materialized "
+        "with max_num_seqs 4; drop models.m.engine.max_num_seqs (the artifact's 4 is used), or "
+        "materialize again with --max-num-seqs 8"
+    )

@@ -233,7 +233,7 @@ def test_a_worker_that_cannot_start_is_tried_a_few_times_then_refused_with_its_r
     )
     (tmp_path / "models.yaml").write_text(f"""
 models:
-  broken: {{engine: {{max_num_seqs: 0}}, start_attempts: 2, failure_cooldown: 4}}
+  broken: {{engine: {{gpu_memory_utilization: 0.01}}, start_attempts: 2, failure_cooldown: 4}}
   ok: {{artifact: {engine_artifact}, engine: {ENGINE}}}
 slices: slices.yaml
 """)
@@ -245,9 +245,9 @@ slices: slices.yaml
         err = r.json()["error"]
         assert err["code"] == "model_start_failed"
         assert "failed to start 2 times" in err["message"]
-        assert "max_num_seqs=0: must be at least 1" in err["message"]  # the worker's stderr
+        assert "raise gpu_memory_utilization (0.01)" in err["message"]  # the worker's stderr
         (entry,) = [m for m in httpx.get(f"{base}/v1/models").json()["data"] if m["id"] == "broken"]
-        assert entry["state"] == "failed" and "max_num_seqs=0" in entry["error"]
+        assert entry["state"] == "failed" and "gpu_memory_utilization" in entry["error"]
         again = httpx.post(f"{base}/v1/chat/completions", json={"model": "broken", **CHAT})
         assert again.status_code == 503 and time.time() - t0 < 30
         time.sleep(4)  # the cool-down: the next request may try again

@@ -149,10 +149,10 @@ def test_a_host_weight_model_is_mapped_once_by_the_gateway_for_all_its_workers(
     (tmp_path / "slices.yaml").write_text(
         "slices:\n  - {name: s0, memory_gb: 8}\n  - {name: s1, memory_gb: 8}\n"
     )
-    engine = ENGINE[:-1] + ", weights: host}"
+    # NOTE: no engine: block: the artifact's settings (weights: host among them) are the model's
     (tmp_path / "models.yaml").write_text(
-        f"models:\n  h: {{artifact: {host_artifact}, max_instances: 2, target: 1, "
-        f"engine: {engine}}}\nwarm_pool: 1\nslices: slices.yaml\n"
+        f"models:\n  h: {{artifact: {host_artifact}, max_instances: 2, target: 1}}\n"
+        "warm_pool: 1\nslices: slices.yaml\n"
     )
     proc, base = _start_gateway(str(tmp_path / "models.yaml"))
     try:

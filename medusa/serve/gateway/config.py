@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -11,20 +11,8 @@ import yaml
 from medusa.errors import RefusedError
 from medusa.weaver.config import WeavingConfig, parse_weaving
 
-ENGINE_KEYS = {
-    "max_prefill_chunk",
-    "tune_alpha",
-    "slice_profile",
-    "weights",
-    "alpha",
-    "max_num_seqs",
-    "max_model_len",
-    "max_num_batched_tokens",
-    "gpu_memory_utilization",
-    "kv_cache_memory",
-    "enforce_eager",
-    "seed",
-}
+# bool settings whose option has a --no- form (the others are flags that only turn on)
+_BOTH = {"serve_while_loading"}
 
 
 class ConfigError(RefusedError, ValueError):
@@ -55,15 +43,29 @@ class ModelConfig:
     engine: dict[str, Any] = field(default_factory=dict)
     weaving: WeavingConfig = WeavingConfig()  # offload attention to idle workers (Weaver)
 
-    def worker_args(self) -> list[str]:
+    def worker_args(self, overrides: dict[str, Any] | None = None) -> list[str]:
+        """`medusa run` arguments; with an artifact, `engine` holds its settings too (passed
+        as given: they match what the worker reads from the artifact itself). `overrides`: what
+        the slice needs (kv_memory: elastic); one the artifact decides otherwise makes the
+        worker start the normal way (--allow-fallback), as it did before the artifact decided."""
+        from medusa.restore.compat import CONFIG_KEYS
+
+        settings = {**self.engine, **(overrides or {})}
         args = [self.model] if self.model else []
         if self.artifact:
             args += ["--artifact", self.artifact]
-        for k, v in sorted(self.engine.items()):
+            if any(
+                self.engine.get(k) != v for k, v in (overrides or {}).items() if k in CONFIG_KEYS
+            ):
+                args.append("--allow-fallback")
+        for k, v in sorted(settings.items()):
             flag = "--" + k.replace("_", "-")
             if isinstance(v, bool):
-                args += [flag] if v else []
-            else:
+                args += [flag if v else flag.replace("--", "--no-", 1)] if k in _BOTH else []
+                args += [flag] if v and k not in _BOTH else []
+            elif isinstance(v, list | tuple):
+                args += [flag, ",".join(map(str, v))] if v else []
+            elif v is not None:
                 args += [flag, str(v)]
         return args
 
@@ -80,7 +82,8 @@ class PrismSettings:
 @dataclass(frozen=True)
 class GatewayConfig:
     models: dict[str, ModelConfig]
-    slices: str | None = None  # topology file for simulated slices (CPU machines)
+    # simulated slices (CPU machines): a topology file, or its `slices:` list inline
+    slices: str | list[dict[str, Any]] | None = None
     api_keys: tuple[str, ...] = ()
     # pooled workers (warmed up, no model) per slice class; "*": every class
     warm_pool: dict[str, int] = field(default_factory=dict)
@@ -148,12 +151,9 @@ def load_config(path: str | Path) -> GatewayConfig:
     keys = raw.get("api_keys") or []
     if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
         raise ConfigError(f"{path}: api_keys: expected a list of non-empty strings")
-    slices = raw.get("slices")
-    if slices is not None:
-        slices = str(path.parent / slices) if not Path(slices).is_absolute() else slices
     return GatewayConfig(
         models,
-        slices,
+        _slices(path, raw.get("slices")),
         tuple(keys),
         _warm_pool(path, raw.get("warm_pool", 0)),
         _sharing(path, raw.get("sharing", {})),
@@ -185,7 +185,8 @@ def _model(path: Path, name: str, m: Any) -> ModelConfig:
     bad = set(m) - MODEL_KEYS
     if bad:
         raise ConfigError(f"{where}: unknown field(s) {sorted(bad)}")
-    artifact, engine = _artifact(path, where, m.get("artifact")), _engine(where, m)
+    artifact = _artifact(path, where, m.get("artifact"))
+    model, engine = _engine(path, name, m, artifact)
     lo = _int(where, m, "min_instances", 0, 0)
     hi = _int(where, m, "max_instances", max(1, lo), 1)
     if hi < lo:
@@ -198,7 +199,7 @@ def _model(path: Path, name: str, m: Any) -> ModelConfig:
     return ModelConfig(
         name=name,
         artifact=artifact,
-        model=m.get("model"),
+        model=model,
         min_instances=lo,
         max_instances=hi,
         target=_int(where, m, "target", 4, 1),
@@ -229,14 +230,48 @@ def _artifact(path: Path, where: str, artifact: str | None) -> str | None:
     return artifact
 
 
-def _engine(where: str, m: dict[str, Any]) -> dict[str, Any]:
+def _engine(
+    path: Path, name: str, m: dict[str, Any], artifact: str | None
+) -> tuple[str | None, dict[str, Any]]:
+    """The model and the `engine:` settings, checked by building the EngineConfig they make;
+    with an artifact, its model and the settings it decides (medusa.engine.artifact_settings),
+    one given otherwise refused."""
+    from medusa.engine.artifact_settings import ArtifactSettings, SettingConflict, Wording, resolve
+    from medusa.engine.config import EngineConfig
+    from medusa.engine.loader import ModelError
+
+    where, entry = f"{path}: models.{name}", f"models.{name}"
     engine = m.get("engine", {}) or {}
-    if not isinstance(engine, dict) or set(engine) - ENGINE_KEYS:
+    known = sorted(f.name for f in fields(EngineConfig) if f.name != "model")
+    if not isinstance(engine, dict) or set(engine) - set(known):
+        bad = sorted(set(engine) - set(known)) if isinstance(engine, dict) else engine
+        raise ConfigError(f"{where}.engine: unknown setting(s) {bad}; known: {known}")
+    if isinstance(engine.get("capture_sizes"), list):
+        engine = {**engine, "capture_sizes": tuple(engine["capture_sizes"])}
+    try:
+        art = ArtifactSettings.read(artifact) if artifact else None
+        words = Wording(lambda key: f"{entry}.engine.{key}", f"{entry}.model")
+        model, settings = resolve(art, m.get("model"), dict(engine), set(engine), words)
+        EngineConfig(model=model, **settings)
+    except SettingConflict as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except ModelError as e:
+        raise ConfigError(f"{where}.model: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}.engine: {e}") from None
+    return model, settings
+
+
+def _slices(path: Path, raw: Any) -> str | list[dict[str, Any]] | None:
+    """`slices: FILE` (relative to this file's directory) or the topology's list inline."""
+    if raw is None or isinstance(raw, list):
+        return raw
+    if not isinstance(raw, str):
         raise ConfigError(
-            f"{where}.engine: unknown setting(s) {sorted(set(engine) - ENGINE_KEYS)}"
-            f"; known: {sorted(ENGINE_KEYS)}"
+            f"{path}: slices: expected a topology file name or a list such as "
+            f"[{{profile: 1g.12gb}}, {{memory_gb: 8, sms: 26}}], got {raw!r}"
         )
-    return engine
+    return raw if Path(raw).is_absolute() else str(path.parent / raw)
 
 
 def _warm_pool(path: Path, raw: Any) -> dict[str, int]:

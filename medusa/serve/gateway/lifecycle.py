@@ -82,7 +82,7 @@ class WorkerLifecycle:
 
     def _args(self, model: str, slc: Slice) -> list[str]:
         cfg = self.models[model]
-        return [*cfg.worker_args(), *self.sharing.worker_args(slc), "--served-model-name", model]
+        return [*cfg.worker_args(self.sharing.worker_settings(slc)), "--served-model-name", model]
 
     # ---- starting ----
     def start(self, model: str, choice: Choice | None) -> Instance:

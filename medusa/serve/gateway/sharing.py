@@ -131,8 +131,9 @@ class Sharing:
         return not s.shared
 
     @staticmethod
-    def worker_args(s: Slice) -> list[str]:
-        return ["--kv-memory", "elastic"] if s.shared else []
+    def worker_settings(s: Slice) -> dict[str, Any]:
+        """The engine settings a worker on `s` needs whatever its model's are."""
+        return {"kv_memory": "elastic"} if s.shared else {}
 
     # ---- global placement ----
     def load(self, model: str) -> ModelLoad:

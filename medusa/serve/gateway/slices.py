@@ -33,11 +33,22 @@ class Slice:
     shared: bool = False  # sharing: elastic: several models' workers share it (then `busy` is moot)
 
 
-def simulated_slices(topology: str | Path) -> list[Slice]:
-    """topology: `slices: [{profile: 1g.12gb}, {name: s2, memory_gb: 8, sms: 26}, ...]`."""
-    raw = yaml.safe_load(Path(topology).read_text()) or {}
+def simulated_slices(topology: str | Path | list[Any]) -> list[Slice]:
+    """topology: a file holding `slices: [{profile: 1g.12gb}, {name: s2, memory_gb: 8, sms:
+    26}, ...]`, or that list itself (models.yaml's `slices:` inline)."""
+    if isinstance(topology, list):
+        listed, topology = topology, "slices"
+    else:
+        listed = (yaml.safe_load(Path(topology).read_text()) or {}).get("slices", [])
     out = []
-    for i, s in enumerate(raw.get("slices", [])):
+    gb: Any
+    sms: Any
+    for i, s in enumerate(listed):
+        if not isinstance(s, dict):
+            raise ValueError(
+                f"{topology}: slices[{i}]: expected a mapping such as {{profile: 1g.12gb}} or "
+                f"{{memory_gb: 8, sms: 26}}, got {s!r}"
+            )
         if "profile" in s:
             if s["profile"] not in GH200_PROFILES:
                 raise ValueError(
@@ -119,7 +130,7 @@ def _nvml_slice(h: Any) -> Slice:
     )
 
 
-def discover_slices(topology: str | None) -> list[Slice]:
+def discover_slices(topology: str | list[Any] | None) -> list[Slice]:
     if topology:
         return simulated_slices(topology)
     try:

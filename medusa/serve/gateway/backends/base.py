@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 from medusa.serve.gateway.config import GatewayConfig
 from medusa.serve.gateway.slice_ledger import SliceLedger
@@ -15,7 +16,7 @@ class WorkerBackend(abc.ABC):
     weaving = False  # its workers can pair for Weaver (they share a machine and a directory)
 
     @abc.abstractmethod
-    def discover(self, topology: str | None) -> list[Slice]:
+    def discover(self, topology: str | list[Any] | None) -> list[Slice]:
         """The slices workers can be placed on now (the list `refresh` keeps up to date)."""
 
     @abc.abstractmethod

@@ -9,6 +9,7 @@ second gateway of this user on them is refused."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from medusa import env
 from medusa.serve.gateway.backends.base import WorkerBackend
@@ -36,7 +37,7 @@ class LocalBackend(WorkerBackend):
             self._dir = PrivateDir()
         return self._dir
 
-    def discover(self, topology: str | None) -> list[Slice]:
+    def discover(self, topology: str | list[Any] | None) -> list[Slice]:
         slices = discover_slices(topology)
         self._claims = claim_devices(slices)
         return slices

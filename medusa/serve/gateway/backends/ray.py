@@ -138,7 +138,7 @@ class RayBackend(WorkerBackend):
         self._shipping = threading.Lock()  # one source actor, each artifact put once
         self._dir: PrivateDir | None = None  # the token of a cluster it starts
 
-    def discover(self, topology: str | None) -> list[Slice]:
+    def discover(self, topology: str | list[Any] | None) -> list[Slice]:
         # NOTE: the actors import medusa from where this process did (a checkout or the
         # installed package), as medusa.child's children do.
         runtime_env = {"env_vars": {"PYTHONPATH": ROOT}}
