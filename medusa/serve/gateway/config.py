@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from medusa.errors import RefusedError
+from medusa.serve.gateway.config_entry import ConfigError as ConfigError
+from medusa.serve.gateway.config_entry import artifact_dir, engine_settings
 from medusa.weaver.config import WeavingConfig, parse_weaving
 
 # bool settings whose option has a --no- form (the others are flags that only turn on)
 _BOTH = {"serve_while_loading"}
-
-
-class ConfigError(RefusedError, ValueError):
-    """models.yaml is not valid; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -185,8 +182,8 @@ def _model(path: Path, name: str, m: Any) -> ModelConfig:
     bad = set(m) - MODEL_KEYS
     if bad:
         raise ConfigError(f"{where}: unknown field(s) {sorted(bad)}")
-    artifact = _artifact(path, where, m.get("artifact"))
-    model, engine = _engine(path, name, m, artifact)
+    artifact = artifact_dir(path, where, m.get("artifact"))
+    model, engine = engine_settings(path, name, m, artifact)
     lo = _int(where, m, "min_instances", 0, 0)
     hi = _int(where, m, "max_instances", max(1, lo), 1)
     if hi < lo:
@@ -215,51 +212,6 @@ def _model(path: Path, name: str, m: Any) -> ModelConfig:
         engine=engine,
         weaving=weaving,
     )
-
-
-def _artifact(path: Path, where: str, artifact: str | None) -> str | None:
-    """A directory, relative to the config file's (first) or to the working directory."""
-    if artifact is None:
-        return None
-    if not (path.parent / artifact).is_dir() and not Path(artifact).is_dir():
-        raise ConfigError(
-            f"{where}.artifact: {artifact} is not a directory (medusa materialize makes one)"
-        )
-    if not Path(artifact).is_absolute() and (path.parent / artifact).is_dir():
-        return str((path.parent / artifact).resolve())
-    return artifact
-
-
-def _engine(
-    path: Path, name: str, m: dict[str, Any], artifact: str | None
-) -> tuple[str | None, dict[str, Any]]:
-    """The model and the `engine:` settings, checked by building the EngineConfig they make;
-    with an artifact, its model and the settings it decides (medusa.engine.artifact_settings),
-    one given otherwise refused."""
-    from medusa.engine.artifact_settings import ArtifactSettings, SettingConflict, Wording, resolve
-    from medusa.engine.config import EngineConfig
-    from medusa.engine.loader import ModelError
-
-    where, entry = f"{path}: models.{name}", f"models.{name}"
-    engine = m.get("engine", {}) or {}
-    known = sorted(f.name for f in fields(EngineConfig) if f.name != "model")
-    if not isinstance(engine, dict) or set(engine) - set(known):
-        bad = sorted(set(engine) - set(known)) if isinstance(engine, dict) else engine
-        raise ConfigError(f"{where}.engine: unknown setting(s) {bad}; known: {known}")
-    if isinstance(engine.get("capture_sizes"), list):
-        engine = {**engine, "capture_sizes": tuple(engine["capture_sizes"])}
-    try:
-        art = ArtifactSettings.read(artifact) if artifact else None
-        words = Wording(lambda key: f"{entry}.engine.{key}", f"{entry}.model")
-        model, settings = resolve(art, m.get("model"), dict(engine), set(engine), words)
-        EngineConfig(model=model, **settings)
-    except SettingConflict as e:
-        raise ConfigError(f"{path}: {e}") from None
-    except ModelError as e:
-        raise ConfigError(f"{where}.model: {e}") from None
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}.engine: {e}") from None
-    return model, settings
 
 
 def _slices(path: Path, raw: Any) -> str | list[dict[str, Any]] | None:
