@@ -42,18 +42,18 @@ if variant in ("gguf", "safetensors"):
     src = open_model(hf_dir if variant == "safetensors" else model or None)
     out["open"] = time.perf_counter() - t0
     r = ModelRunner(EngineConfig(), src.spec, dev)
-    r.allocate_weights()
-    with r.staging():
-        r.load_weights(src.weights())
+    r.weights.allocate()
+    with r.weights.staging():
+        r.weights.load_weights(src.weights())
 elif variant in ("store", "store-host"):
     store = open_store(store_path)
     if variant == "store-host":  # a worker's own sealed copy (the gateway's: no copy, no hash)
         store = seal_store(store, check=False)
     out["open"] = time.perf_counter() - t0
     r = ModelRunner(EngineConfig(weights="device" if variant == "store" else "host"), spec, dev)
-    r.allocate_weights(store)
-    with r.staging():
-        r.load_store(store)
+    r.weights.allocate(store)
+    with r.weights.staging():
+        r.weights.load_store(store)
 elif variant == "copy-pinned":  # the host-to-device floor: cudaMemcpy from pinned memory
     store = open_store(store_path)
     data = store.read(0, store.header.data_size)
