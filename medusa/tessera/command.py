@@ -81,9 +81,18 @@ def crosscheck_cmd(instrumented: Path, shifted: Path, strict: bool) -> None:
 
 
 @tessera.command("plan")
-@click.option("--batch", type=int, default=160, show_default=True)
-@click.option("--context", type=int, default=4096, show_default=True)
-@click.option("--objective", type=click.Choice(["throughput", "latency"]), default="throughput")
+@click.option(
+    "--batch", type=int, default=160, show_default=True, help="Sequences decoded together."
+)
+@click.option("--context", type=int, default=4096, show_default=True, help="Tokens per sequence.")
+@click.option(
+    "--objective",
+    type=click.Choice(["throughput", "latency"]),
+    default="throughput",
+    show_default=True,
+    help="throughput: minimize the pipeline period (the busiest device's compute or incoming "
+    "transfers); latency: minimize one step's kernel times plus the transfers between devices.",
+)
 def plan_cmd(batch: int, context: int, objective: str) -> None:
     """Plan Llama-3-8B decode over H100 + RTX Pro 6000 (roofline profiles)."""
     from medusa.tessera.planner import solve

@@ -66,7 +66,9 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m medusa.weaver.pair", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("prompts", nargs="*", default=["What is the capital of France?"])
     ap.add_argument("--model", help="the hot model (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--cold-model", help="the cold model (default: the hot one)")

@@ -328,3 +328,15 @@ def test_the_gateway_takes_the_artifacts_settings_from_artifact_alone(tmp_path, 
         "with max_num_seqs 4; drop models.m.engine.max_num_seqs (the artifact's 4 is used), or "
         "materialize again with --max-num-seqs 8"
     )
+
+
+# --- help reads as written ----------------------------------------------------------------------
+
+
+def test_a_python_m_program_names_itself_as_it_is_run():
+    res = subprocess.run(
+        [sys.executable, "-m", "medusa.weaver.pair", "--help"],
+        capture_output=True, text=True, timeout=60, env=without_medusa(os.environ),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: python -m medusa.weaver.pair ")
