@@ -159,13 +159,25 @@ class LLMEngine:
             raise ValueError(
                 f"the prompt has {len(prompt)} tokens; this engine takes at most "
                 f"{self.max_prompt_tokens} (max_model_len={self.config.max_model_len}, "
-                f"max_num_batched_tokens={self.config.max_num_batched_tokens})"
+                f"max_num_batched_tokens={self.config.max_num_batched_tokens}): {self._longer()}"
             )
         bad = [t for t in prompt if not 0 <= t < self.spec.vocab_size]
         if bad:
             raise ValueError(
                 f"token id {bad[0]} is outside the vocabulary (0..{self.spec.vocab_size - 1})"
             )
+
+    def _longer(self) -> str:
+        """How to start an engine that takes a longer prompt: chunked prefill (not a setting an
+        artifact decides) up to max_model_len, beyond that a longer max_model_len."""
+        c = self.config
+        if c.max_prefill_chunk is None and c.max_num_batched_tokens < c.max_model_len:
+            return (
+                f"start it with --max-prefill-chunk {c.max_num_batched_tokens} (models.yaml: "
+                f"engine: {{max_prefill_chunk: {c.max_num_batched_tokens}}}) to prefill prompts "
+                f"of up to {c.max_model_len - 1} tokens in chunks"
+            )
+        return "start it with a larger --max-model-len (models.yaml: engine: {max_model_len: N})"
 
     def add_request(self, prompt: list[int], params: SamplingParams) -> Sequence:
         self.check_prompt(prompt)

@@ -108,6 +108,21 @@ def test_demo_prints_the_answer_and_keeps_stderr_quiet():
     assert res.stderr == ""
 
 
+def test_a_long_prompt_is_refused_naming_the_flag_that_takes_it_and_that_flag_does():
+    long_prompt = "word " * 700  # over 511 tokens: one step's budget at default settings
+    args = ("run", "--demo", long_prompt, "--enforce-eager", "--port", str(_free_port()))
+    res = run_medusa(*args)
+    assert res.returncode == 1
+    assert (
+        "this engine takes at most 511 (max_model_len=2048, max_num_batched_tokens=512): start "
+        "it with --max-prefill-chunk 512 (models.yaml: engine: {max_prefill_chunk: 512}) to "
+        "prefill prompts of up to 2047 tokens in chunks" in res.stderr
+    )
+    chunked = run_medusa(*args, "--max-prefill-chunk", "512")
+    assert chunked.returncode == 0, chunked.stderr
+    assert "assistant:" in chunked.stdout
+
+
 def test_children_import_the_same_medusa_wherever_they_start(tmp_path):
     """A directory holding another `medusa` (a checkout, say) must not take over a child."""
     (tmp_path / "medusa").mkdir()
