@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from medusa.child import medusa_cli, python_code
-from tests.processes import without_medusa
+from tests.processes import GENERAL, materialize_general, without_medusa
 
 # Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
 pytestmark = pytest.mark.e2e
@@ -355,3 +355,21 @@ def test_a_python_m_program_names_itself_as_it_is_run():
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("usage: python -m medusa.weaver.pair ")
+
+
+def test_a_command_program_restores_under_medusa_trace_record_as_the_readme_says(tmp_path):
+    art = tmp_path / "art"
+    materialize_general(GENERAL, art)
+    bare = subprocess.run(
+        [sys.executable, str(GENERAL), "restore", str(art)],
+        capture_output=True, text=True, timeout=120, env=without_medusa(os.environ),
+    )  # fmt: skip
+    assert bare.returncode == 1
+    assert "start it with `medusa trace record --mode restore -o restore-%p.mtr -- COMMAND`" in (
+        bare.stderr
+    )
+    trace = str(tmp_path / "restore-%p.mtr")
+    res = run_medusa("trace", "record", "--mode", "restore", "-o", trace, "--",
+                     sys.executable, str(GENERAL), "restore", str(art))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[:2] == ["y", "24480.00"]  # what the recorded run computes
