@@ -130,9 +130,11 @@ def plan_cmd(batch: int, context: int, objective: str) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="For --how random.")
 def place_cmd(artifact: Path, out: Path, how: str, seed: int) -> None:
     """Place an artifact's decode graph nodes on two devices, for `medusa run --partition`."""
+    from medusa.progress import Progress
     from medusa.tessera.partition import make_placement
 
-    p = make_placement(artifact, out, how, seed)
+    with Progress(steps=2) as progress:
+        p = make_placement(artifact, out, how, seed, progress)
     nodes = ", ".join(str(len(g)) for g in p.graphs)
     click.echo(f"{out}: {how} placement of {len(p.graphs)} decode graphs ({nodes} nodes); "
                f"accesses recorded in {p.accesses}")  # fmt: skip
