@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from medusa.progress import Progress
+
 CHILD = """
 import ctypes, json, sys, threading, time
 t0 = time.perf_counter()
@@ -168,14 +170,17 @@ def main() -> None:
         ap.error(f"--variants {args.variants}: name some of {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory() as tmp:
         store, hf = Path(tmp) / "weights.store", Path(tmp) / "hf"
-        nbytes = write_store(store, args.model)
-        store.read_bytes()  # warm page cache, as a restarted worker finds it
+        progress = Progress()
+        with progress.step("writing the weight store"):
+            nbytes = write_store(store, args.model)
+            store.read_bytes()  # warm page cache, as a restarted worker finds it
         if "safetensors" in variants:
-            write_hf(hf, args.model)
-            (hf / "model.safetensors").read_bytes()
+            with progress.step("writing the safetensors checkpoint"):
+                write_hf(hf, args.model)
+                (hf / "model.safetensors").read_bytes()
         rows: dict[str, list[dict]] = {v: [] for v in variants}
-        for _ in range(args.repeat):  # round by round, so that every variant meets the same noise
-            for v in variants:
+        for i in range(args.repeat):  # round by round, so that every variant meets the same noise
+            for v in progress.track(variants, f"round {i + 1} of {args.repeat}: each variant"):
                 rows[v].append(run(v, store, hf, args.model))
     name = Path(args.model).name if args.model else "SmolLM2-135M"
     print(f"{name} weights: {nbytes / 2**20:.0f} MiB float32 on the device; "
