@@ -126,19 +126,45 @@ def _check_runner(runner: Any) -> None:
 def restore_into(runner: Any, artifact: str) -> int:
     """Builds the artifact's graphs into runner (a V2 GPUModelRunner); returns the bytes the
     restored graphs hold, as capture_model does."""
-    import torch
+    t0 = time.perf_counter()
+    art = _open_checked(artifact)
+    section = art.manifest["vllm"]
+    _check_config(runner, section)
+    _check_device(art.manifest.get("device", {}))
+    _check_runner(runner)
+    wrappers = cap.wrappers()
+    if [cap.wrapper_identity(w) for w in wrappers] != section["wrappers"]:
+        raise RestoreError(
+            f"this start-up built {len(wrappers)} piecewise graph wrappers, the recorded one "
+            f"{len(section['wrappers'])} (or in another order): the compiled model differs"
+        )
+
+    kv = runner.vllm_config.cache_config.kv_cache_memory_bytes
+    if kv != section["kv_cache_memory_bytes"]:
+        raise RestoreError(
+            f"this start-up sized the KV cache at {kv} bytes, the recorded one at "
+            f"{section['kv_cache_memory_bytes']}: its allocations cannot match the recorded ones"
+        )
+    return _build(runner, art, wrappers, t0)
+
+
+def _open_checked(artifact: str) -> Artifact:
+    """The artifact, with a vLLM section this vLLM can restore."""
     import vllm
 
-    t0 = time.perf_counter()
     try:
         art = open_artifact(artifact)
     except (ArtifactError, OSError) as e:
         raise RestoreError(str(e)) from e
-    section = art.manifest["vllm"]
     try:
-        check_section(section, vllm_version=vllm.__version__)
+        check_section(art.manifest["vllm"], vllm_version=vllm.__version__)
     except ValueError as e:
         raise RestoreError(str(e)) from e
+    return art
+
+
+def _check_config(runner: Any, section: dict[str, Any]) -> None:
+    """This start-up's vLLM settings and torch.compile cache are the recorded ones."""
     live = config_fingerprint(runner.vllm_config)
     for k, want in section["config"].items():
         if live.get(k) != want:
@@ -155,28 +181,17 @@ def restore_into(runner: Any, artifact: str) -> int:
                 f"the torch.compile cache {got['dir']} is not the one the graphs were recorded "
                 f"with ({want_cache['dir']}): its kernels may differ; materialize again"
             )
-    dev = art.manifest.get("device", {})
+
+
+def _check_device(dev: dict[str, Any]) -> None:
+    import torch
+
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     if dev.get("name") != props.name or dev.get("total_mem") != props.total_memory:
         raise RestoreError(
             f"device mismatch: this is a {props.name} with {props.total_memory} bytes, the "
             f"artifact is for a {dev.get('name')} with {dev.get('total_mem')}"
         )
-    _check_runner(runner)
-    wrappers = cap.wrappers()
-    if [cap.wrapper_identity(w) for w in wrappers] != section["wrappers"]:
-        raise RestoreError(
-            f"this start-up built {len(wrappers)} piecewise graph wrappers, the recorded one "
-            f"{len(section['wrappers'])} (or in another order): the compiled model differs"
-        )
-
-    kv = runner.vllm_config.cache_config.kv_cache_memory_bytes
-    if kv != section["kv_cache_memory_bytes"]:
-        raise RestoreError(
-            f"this start-up sized the KV cache at {kv} bytes, the recorded one at "
-            f"{section['kv_cache_memory_bytes']}: its allocations cannot match the recorded ones"
-        )
-    return _build(runner, art, wrappers, t0)
 
 
 def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
