@@ -197,10 +197,6 @@ def _check_device(dev: dict[str, Any]) -> None:
 def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
     """Restores the graphs into runner; on any failure undoes what it did before it re-raises."""
     import torch
-    from vllm.compilation.cuda_graph import CUDAGraphEntry
-    from vllm.config.compilation import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
-    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
     from vllm.v1.worker.workspace import lock_workspace
 
     section, mgr = art.manifest["vllm"], runner.cudagraph_manager
@@ -209,25 +205,7 @@ def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
     try:
         restorer = Restorer(art, load_backend("cuda"))
         result = restorer.restore(torch.cuda.current_stream().cuda_stream)
-        base = restorer.bases[0]
-        device = torch.device("cuda", torch.cuda.current_device())
-        enums = {"CUDAGraphMode": CUDAGraphMode}
-        for g in section["graphs"]:
-            graph = RestoredGraph(result.execs[g["graph"]], restorer.b)
-            if g["kind"] == "full":
-                mgr.graphs[descriptor_from_key(BatchExecutionDescriptor, g["key"], enums)] = graph
-            else:
-                bd = descriptor_from_key(BatchDescriptor, g["key"], enums)
-                wrappers[g["wrapper"]].concrete_cudagraph_entries[bd] = CUDAGraphEntry(
-                    batch_descriptor=bd,
-                    cudagraph=graph,
-                    output=build_output(g["output"], base, device),
-                )
-        outs = section["outputs"]
-        mgr.hidden_states = build_output(outs["hidden_states"], base, device)
-        mgr.aux_hidden_states = build_output(outs["aux_hidden_states"], base, device) or []
-        mgr.intermediate_tensors = build_output(outs["intermediate_tensors"], base, device)
-        mgr._graphs_captured = True
+        _install_graphs(section, mgr, wrappers, result.execs, restorer)
         plan = art.plan
         held = sum(a[3] for a in plan["allocs"] if a[0] in plan["skipped_phases"] and not a[4])
         # Last: a normal capture after an undo must still find the workspace unlocked.
@@ -245,6 +223,38 @@ def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
         dict(result.methods),
     )
     return held
+
+
+def _install_graphs(
+    section: dict[str, Any], mgr: Any, wrappers: list[Any], execs: list[int], restorer: Restorer
+) -> None:
+    """FULL graphs into the graph manager, PIECEWISE ones into their wrappers, and the manager's
+    output tensors over the restored memory."""
+    import torch
+    from vllm.compilation.cuda_graph import CUDAGraphEntry
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+    base = restorer.bases[0]
+    device = torch.device("cuda", torch.cuda.current_device())
+    enums = {"CUDAGraphMode": CUDAGraphMode}
+    for g in section["graphs"]:
+        graph = RestoredGraph(execs[g["graph"]], restorer.b)
+        if g["kind"] == "full":
+            mgr.graphs[descriptor_from_key(BatchExecutionDescriptor, g["key"], enums)] = graph
+        else:
+            bd = descriptor_from_key(BatchDescriptor, g["key"], enums)
+            wrappers[g["wrapper"]].concrete_cudagraph_entries[bd] = CUDAGraphEntry(
+                batch_descriptor=bd,
+                cudagraph=graph,
+                output=build_output(g["output"], base, device),
+            )
+    outs = section["outputs"]
+    mgr.hidden_states = build_output(outs["hidden_states"], base, device)
+    mgr.aux_hidden_states = build_output(outs["aux_hidden_states"], base, device) or []
+    mgr.intermediate_tensors = build_output(outs["intermediate_tensors"], base, device)
+    mgr._graphs_captured = True
 
 
 def _undo(mgr: Any, wrappers: list[Any], restorer: Restorer | None) -> None:
