@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from medusa.artifact.store import Artifact
 
 
 def describe(art: Artifact) -> str:
-    m, p = art.manifest, art.plan
+    m = art.manifest
+    lines = [*_header(art), *_kv(m), *_recording(m, art.plan), *_weights(m), "  files"]
+    for rel, f in sorted(m["files"].items()):
+        lines.append(f"    {rel:70} {f['size']:>10}  sha256 {f['sha256'][:16]}…")
+    return "\n".join(lines)
+
+
+def _header(art: Artifact) -> list[str]:
+    """What the artifact is: schema, digest, signer, model, device."""
+    m = art.manifest
     lines = [f"artifact {art.path}  (schema {m['schema']}, medusa {m['medusa_version']})"]
     lines.append(f"  digest    sha256:{art.seal.digest}")
     signed = f"by {art.signer} (medusa verify --trust KEY checks it)" if art.signer else "no"
@@ -19,49 +30,53 @@ def describe(art: Artifact) -> str:
             f"cc {'.'.join(map(str, d.get('cc', [])))}, driver {d.get('driver_version')}, "
             f"runtime {d.get('runtime_version')}"
         )
-    if "kv" in m:
-        kv = m["kv"]
+    return lines
+
+
+def _kv(m: dict[str, Any]) -> list[str]:
+    if "kv" not in m:
+        return []
+    kv = m["kv"]
+    lines = [
+        f"  kv cache  {kv['num_blocks']} blocks x {kv['block_bytes']} bytes "
+        f"= {kv['num_blocks'] * kv['block_bytes'] / 2**20:.0f} MiB (profiled)"
+    ]
+    if kv.get("memory") == "elastic":
         lines.append(
-            f"  kv cache  {kv['num_blocks']} blocks x {kv['block_bytes']} bytes "
-            f"= {kv['num_blocks'] * kv['block_bytes'] / 2**20:.0f} MiB (profiled)"
+            f"            elastic: {kv['reserve_bytes'] / 2**20:.0f} MiB reserved, pages of "
+            f"{kv['page_bytes'] >> 10} KiB mapped on demand, budget {kv['budget_pages']} pages"
         )
-        if kv.get("memory") == "elastic":
-            lines.append(
-                f"            elastic: {kv['reserve_bytes'] / 2**20:.0f} MiB reserved, pages of "
-                f"{kv['page_bytes'] >> 10} KiB mapped on demand, budget {kv['budget_pages']} pages"
-            )
-    g = m["graphs"]
-    lines.append(
-        f"  graphs    {g['count']} (keys {g['keys']}), {g['nodes']} nodes, "
-        f"{g['templates']} topology templates"
-    )
-    lines.append("  relocations " + ", ".join(f"{k} {v}" for k, v in m["relocations"].items()))
-    k = m["kernels"]
-    lines.append(
-        f"  kernels   {k['count']}: {k['exported']} with an exported host stub, "
-        f"{k['hidden']} hidden (found in loaded or saved images); "
-        f"{k['images_saved']} images saved"
-    )
+    return lines
+
+
+def _recording(m: dict[str, Any], p: dict[str, Any]) -> list[str]:
+    """What the start-up recorded: graphs, relocations, kernels, buffers."""
+    g, kern = m["graphs"], m["kernels"]
     allocs = p["allocs"]
     skipped = set(p["skipped_phases"])
     perm = [a for a in allocs if a[0] in skipped and not a[4]]
-    lines.append(
+    return [
+        f"  graphs    {g['count']} (keys {g['keys']}), {g['nodes']} nodes, "
+        f"{g['templates']} topology templates",
+        "  relocations " + ", ".join(f"{k} {v}" for k, v in m["relocations"].items()),
+        f"  kernels   {kern['count']}: {kern['exported']} with an exported host stub, "
+        f"{kern['hidden']} hidden (found in loaded or saved images); "
+        f"{kern['images_saved']} images saved",
         f"  buffers   {len(allocs)} allocations; skipped phases {sorted(skipped)}: "
         f"{len(perm)} permanent ({sum(a[3] for a in perm)} bytes, "
-        f"{len(p['contents'])} with saved contents)"
-    )
-    w = m.get("weights")
+        f"{len(p['contents'])} with saved contents)",
+    ]
+
+
+def _weights(m: dict[str, Any]) -> list[str]:
+    """An engine artifact's weight store, or that it has none."""
     if m["kind"] != "engine":
-        pass
-    elif w:
-        lines.append(
-            f"  weights   {w['file']}: {w['tensors']} tensors, {w['data_bytes'] / 2**20:.0f} MiB "
-            f"in {w['chunks']} chunks of {w['chunk_size'] >> 10} KiB ({w['hash']}), header "
-            f"sha256 {w['header_sha256'][:16]}… (chunks checked while loading)"
-        )
-    else:
-        lines.append("  weights   no store (a restored start loads the model file)")
-    lines.append("  files")
-    for rel, f in sorted(m["files"].items()):
-        lines.append(f"    {rel:70} {f['size']:>10}  sha256 {f['sha256'][:16]}…")
-    return "\n".join(lines)
+        return []
+    w = m.get("weights")
+    if not w:
+        return ["  weights   no store (a restored start loads the model file)"]
+    return [
+        f"  weights   {w['file']}: {w['tensors']} tensors, {w['data_bytes'] / 2**20:.0f} MiB "
+        f"in {w['chunks']} chunks of {w['chunk_size'] >> 10} KiB ({w['hash']}), header "
+        f"sha256 {w['header_sha256'][:16]}… (chunks checked while loading)"
+    ]

@@ -119,6 +119,38 @@ def simulate(
     seed: int = 0,
     horizon: float | None = None,
 ) -> dict:
+    insts = _instances(models, slices, requests, policy, seed)
+    share = C2C_BW / len(models)
+    pending = deque(sorted(requests, key=lambda r: r.arrival))
+    end = horizon or (max(r.arrival for r in requests) + 120.0)
+    now, next_tune, util = 0.0, interval, []
+    c2c_tick = 0.0
+    while now < end and (pending or any(i.queue or i.running or i.step for i in insts.values())):
+        while pending and pending[0].arrival <= now:
+            r = pending.popleft()
+            insts[r.model].queue.append(r)
+        for inst in insts.values():
+            if inst.step is None:
+                _next_step(inst, now)
+        for moved in _advance(insts, now, dt):
+            c2c_tick += moved
+        now += dt
+        if now >= next_tune:
+            util.append((round(now, 3), c2c_tick / (C2C_BW * interval)))
+            c2c_tick = 0.0
+            _tune(insts, share)
+            next_tune += interval
+    return _report(requests, models, insts, util)
+
+
+def _instances(
+    models: list[ModelShape],
+    slices: list[SliceProfile],
+    requests: list[Request],
+    policy: Policy,
+    seed: int,
+) -> dict[str, Instance]:
+    """Each model placed on a slice, with its prefill chunk and alpha controller."""
     placed = (
         admit(models, slices)
         if policy.placement == "bandwidth"
@@ -140,49 +172,43 @@ def simulate(
         tuned = policy.alpha == "tuned"
         ctl = AlphaController(alpha=0.0 if tuned else STATIC_ALPHA)
         insts[m.name] = Instance(m, s, chunk, ctl, tuned)
-    pending = deque(sorted(requests, key=lambda r: r.arrival))
-    end = horizon or (max(r.arrival for r in requests) + 120.0)
-    now, next_tune, util = 0.0, interval, []
-    c2c_tick = 0.0
-    while now < end and (pending or any(i.queue or i.running or i.step for i in insts.values())):
-        while pending and pending[0].arrival <= now:
-            r = pending.popleft()
-            insts[r.model].queue.append(r)
-        for inst in insts.values():
-            if inst.step is None:
-                _next_step(inst, now)
-        active = [i for i in insts.values() if i.step is not None]
-        demand = sum(i.step[2] / _alone(i) for i in active)  # type: ignore[index,misc]
-        scale = min(1.0, C2C_BW / demand) if demand else 1.0
-        for inst in active:
-            _, _, c2c, hbm, flops = inst.step  # type: ignore[misc]
-            t_alone = _alone(inst)
-            # NOTE: proportional sharing: when the steps in flight ask C2C for more than it has,
-            # every one's C2C rate is scaled down alike, and its step stretches by the same factor.
-            t = t_alone / scale if c2c > 0 else t_alone
-            frac = dt / t
-            inst.window[0] += c2c * min(frac, 1 - inst.done_frac)
-            inst.window[1] += hbm * min(frac, 1 - inst.done_frac)
-            inst.window[2] += dt
-            c2c_tick += c2c * min(frac, 1 - inst.done_frac)
-            inst.done_frac += frac
-            if inst.done_frac >= 1.0:
-                if inst.step[0] == "decode":  # type: ignore[index]
-                    inst.last_tpot = t
-                _finish_step(inst, now + dt)
-        now += dt
-        if now >= next_tune:
-            util.append((round(now, 3), c2c_tick / (C2C_BW * interval)))
-            c2c_tick = 0.0
-            for inst in insts.values():
-                if inst.tune_alpha and inst.window[2] > 0:
-                    busy = inst.window[2]
-                    u_c2c = inst.window[0] / (share * busy)
-                    u_hbm = inst.window[1] / (inst.slice.hbm_bw * busy)
-                    inst.controller.update(u_c2c, u_hbm, inst.last_tpot, inst.model.tpot_target)
-                inst.window = [0.0, 0.0, 0.0]
-            next_tune += interval
-    return _report(requests, models, insts, util)
+    return insts
+
+
+def _advance(insts: dict[str, Instance], now: float, dt: float) -> list[float]:
+    """Every step in flight moves on by dt, sharing the C2C link: the C2C bytes each one moved."""
+    active = [i for i in insts.values() if i.step is not None]
+    demand = sum(i.step[2] / _alone(i) for i in active)  # type: ignore[index,misc]
+    scale = min(1.0, C2C_BW / demand) if demand else 1.0
+    moved = []
+    for inst in active:
+        _, _, c2c, hbm, flops = inst.step  # type: ignore[misc]
+        t_alone = _alone(inst)
+        # NOTE: proportional sharing: when the steps in flight ask C2C for more than it has,
+        # every one's C2C rate is scaled down alike, and its step stretches by the same factor.
+        t = t_alone / scale if c2c > 0 else t_alone
+        frac = dt / t
+        inst.window[0] += c2c * min(frac, 1 - inst.done_frac)
+        inst.window[1] += hbm * min(frac, 1 - inst.done_frac)
+        inst.window[2] += dt
+        moved.append(c2c * min(frac, 1 - inst.done_frac))
+        inst.done_frac += frac
+        if inst.done_frac >= 1.0:
+            if inst.step[0] == "decode":  # type: ignore[index]
+                inst.last_tpot = t
+            _finish_step(inst, now + dt)
+    return moved
+
+
+def _tune(insts: dict[str, Instance], share: float) -> None:
+    """Each tuned controller sees its window's C2C and HBM utilisation; every window restarts."""
+    for inst in insts.values():
+        if inst.tune_alpha and inst.window[2] > 0:
+            busy = inst.window[2]
+            u_c2c = inst.window[0] / (share * busy)
+            u_hbm = inst.window[1] / (inst.slice.hbm_bw * busy)
+            inst.controller.update(u_c2c, u_hbm, inst.last_tpot, inst.model.tpot_target)
+        inst.window = [0.0, 0.0, 0.0]
 
 
 def _report(requests: list[Request], models: list[ModelShape], insts: dict, util: list) -> dict:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -17,6 +19,7 @@ from medusa.commands.options import (
 )
 
 
+# NOTE: long because click's signature is 13 lines; the body is a flat dispatch to _record_*.
 @click.command(
     short_help="Record a start-up once and write an artifact.",
     context_settings={"show_default": True},
@@ -86,12 +89,7 @@ def materialize(
     from medusa.artifact.seal import load_private_key
     from medusa.artifact.store import load_artifact
     from medusa.cuda.backend import NoDeviceError, load_backend
-    from medusa.engine.artifact_settings import engine_settings
-    from medusa.engine.config import EngineConfig
-    from medusa.engine.loader import locate_model
-    from medusa.engine.materialize import materialize_engine
     from medusa.materialize.analysis import MaterializeError
-    from medusa.materialize.driver import materialize_command
 
     echo = lambda msg: click.echo(msg, err=True)  # noqa: E731
     exit_on_sigterm()  # NOTE: so that the scratch directories go with the process
@@ -100,65 +98,124 @@ def materialize(
             load_private_key(sign)  # a bad key file fails now, not after the recording
         kind = load_backend().kind
         if engine_name == "vllm":
-            from medusa.integrations.vllm.materialize import materialize_vllm
-
-            refuse_reference_options(
-                [*engine, "skip_phase", "command", "no_weights", "check_accesses"],
-                "medusa materialize --engine vllm MODEL -- --max-model-len 4096",
-            )
-            vargs = [model, *argv] if model else list(argv)
-            name = Path(vargs[0]).name if vargs else "model"
-            target = Path(out or f"artifacts/vllm-{name}-{kind}")
-            check_writable(target)
-            summary = materialize_vllm(vargs, target, kind, echo)
+            target, summary = _record_vllm(model, argv, out, kind, echo, engine)
         elif command:
-            if check_accesses:
-                raise click.UsageError(
-                    "--check-accesses replays the reference engine's graphs; a --command "
-                    "program has no such replay: drop --check-accesses"
-                )
-            argv_list = list(argv if not model else (model, *argv))
-            if not argv_list:
-                raise click.UsageError(
-                    "--command needs a program: medusa materialize --command -- CMD"
-                )
-            target = Path(out or f"artifacts/command-{kind}")
-            check_writable(target)
-            summary = materialize_command(argv_list, target, kind, echo, skip_phase)
+            target, summary = _record_command(
+                model, argv, out, kind, echo, skip_phase, check_accesses
+            )
         else:
-            if argv:
-                raise click.UsageError(
-                    f"unexpected arguments {' '.join(argv)}: to materialize a program, pass "
-                    f"--command -- {' '.join(argv)}"
-                )
-            locate_model(model)
-            config = EngineConfig(model=model, **engine_settings(engine))
-            name = Path(model).stem if model else "smollm2"
-            target = Path(out or f"artifacts/{name}-{kind}")
-            check_writable(target)
-            check = None
-            if check_accesses:
-                from medusa.tessera.record import pointer_check
-
-                check = pointer_check(kind, strict=check_accesses == "strict")
-            summary = materialize_engine(
-                config, target, kind, echo, weights=not no_weights, check=check
+            target, summary = _record_engine(
+                model, argv, out, kind, echo, engine, no_weights, check_accesses
             )
         art = sign_artifact(target, sign) if sign else load_artifact(target)
     except (MaterializeError, ValueError, NoDeviceError) as e:  # ArtifactError is a ValueError
         raise click.ClickException(str(e)) from None
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise click.ClickException(_no_space(e)) from None
-        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR) and e.filename:
-            raise click.ClickException(_cannot_write(e.filename, e.strerror or str(e))) from None
-        raise
+        why = _os_error(e)
+        if why is None:
+            raise
+        raise click.ClickException(why) from None
     click.echo(describe(art))
+    _echo_summary(summary)
+
+
+def _echo_summary(summary: dict[str, Any]) -> None:
     t = summary["timings"]
     click.echo(
         f"  size      {summary['bytes'] / 1024:.0f} KiB; stages: "
         + ", ".join(f"{k} {v:.2f}s" for k, v in t.items())
     )
+
+
+def _record_vllm(
+    model: str | None,
+    argv: tuple[str, ...],
+    out: str | None,
+    kind: str,
+    echo: Callable[[str], None],
+    engine: dict[str, object],
+) -> tuple[Path, dict[str, Any]]:
+    """--engine vllm: MODEL and what follows -- are vLLM's own arguments."""
+    from medusa.integrations.vllm.materialize import materialize_vllm
+
+    refuse_reference_options(
+        [*engine, "skip_phase", "command", "no_weights", "check_accesses"],
+        "medusa materialize --engine vllm MODEL -- --max-model-len 4096",
+    )
+    vargs = [model, *argv] if model else list(argv)
+    name = Path(vargs[0]).name if vargs else "model"
+    target = Path(out or f"artifacts/vllm-{name}-{kind}")
+    check_writable(target)
+    return target, materialize_vllm(vargs, target, kind, echo)
+
+
+def _record_command(
+    model: str | None,
+    argv: tuple[str, ...],
+    out: str | None,
+    kind: str,
+    echo: Callable[[str], None],
+    skip_phase: tuple[str, ...],
+    check_accesses: str | None,
+) -> tuple[Path, dict[str, Any]]:
+    """--command: any program, MODEL being its first word."""
+    from medusa.materialize.driver import materialize_command
+
+    if check_accesses:
+        raise click.UsageError(
+            "--check-accesses replays the reference engine's graphs; a --command "
+            "program has no such replay: drop --check-accesses"
+        )
+    argv_list = list(argv if not model else (model, *argv))
+    if not argv_list:
+        raise click.UsageError("--command needs a program: medusa materialize --command -- CMD")
+    target = Path(out or f"artifacts/command-{kind}")
+    check_writable(target)
+    return target, materialize_command(argv_list, target, kind, echo, skip_phase)
+
+
+def _record_engine(
+    model: str | None,
+    argv: tuple[str, ...],
+    out: str | None,
+    kind: str,
+    echo: Callable[[str], None],
+    engine: dict[str, object],
+    no_weights: bool,
+    check_accesses: str | None,
+) -> tuple[Path, dict[str, Any]]:
+    """The reference engine on MODEL (the bundled one when none is given)."""
+    from medusa.engine.artifact_settings import engine_settings
+    from medusa.engine.config import EngineConfig
+    from medusa.engine.loader import locate_model
+    from medusa.engine.materialize import materialize_engine
+
+    if argv:
+        raise click.UsageError(
+            f"unexpected arguments {' '.join(argv)}: to materialize a program, pass "
+            f"--command -- {' '.join(argv)}"
+        )
+    locate_model(model)
+    config = EngineConfig(model=model, **engine_settings(engine))
+    name = Path(model).stem if model else "smollm2"
+    target = Path(out or f"artifacts/{name}-{kind}")
+    check_writable(target)
+    check = None
+    if check_accesses:
+        from medusa.tessera.record import pointer_check
+
+        check = pointer_check(kind, strict=check_accesses == "strict")
+    summary = materialize_engine(config, target, kind, echo, weights=not no_weights, check=check)
+    return target, summary
+
+
+def _os_error(e: OSError) -> str | None:
+    """What to tell the user about a full disk or an unwritable --out; None for anything else."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return _no_space(e)
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR) and e.filename:
+        return _cannot_write(e.filename, e.strerror or str(e))
+    return None
 
 
 def check_writable(out: Path) -> None:

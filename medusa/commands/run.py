@@ -29,6 +29,7 @@ from medusa.commands.run_server import reexec_under_recorder, serve, serve_pool
 from medusa.commands.run_vllm import run_vllm
 
 
+# NOTE: long because click's signature is 27 lines; the body is the start-up's checks in order.
 @click.command(
     short_help="Serve a model with an OpenAI-compatible API.",
     context_settings={"show_default": True},

@@ -8,6 +8,7 @@ template's tables, replacement rows against the graph's combined ones."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,72 @@ def check_graphs(plan: dict[str, Any], tables: PlanTables) -> None:
     templates, graphs = plan["templates"], plan["graphs"]
     entries(templates, "templates", TEMPLATE)
     entries(graphs, "graphs", GRAPH)
+    b = _unpack(templates, graphs)
+    og = np.repeat(np.arange(len(graphs)), b.gk)  # each replacement row's graph
+    _check_replaced(b, og)
+    # every row, with the tables it indexes: params, relocations (template's, then graph's)
+    rows = np.concatenate([b.tn_rows, b.over])
+    own_t = np.concatenate([np.repeat(np.arange(len(templates)), b.tn), b.gt[og]])
+    n_t = len(b.tn_rows)
+    node_no = np.concatenate([np.arange(n_t) - b.t_start[own_t[:n_t]], b.idx.astype(np.int64)])
+
+    def name(r: int) -> str:
+        if r < n_t:
+            return f"template {own_t[r]}, node {node_no[r]}"
+        return f"graph {og[r - n_t]}, node {node_no[r]}"
+
+    p_len, r_len, spans = _row_spans(b, own_t, og)
+    _check_rows(rows, p_len, r_len, tables.layout_end, name)
+    _check_reloc_counts(b, rows, own_t[:n_t], og)
+    all_rel = np.concatenate([b.t_rel, b.g_rel])
+    _check_relocs(rows, all_rel, spans, tables, name)
+    _check_edges(b.edges, b.te, b.tn)
+    _check_attrs(b.attrs, b.ga, b.tn[b.gt], b.tn_rows["type"], b.t_start[b.gt])
+    attr_spans = (b.tr[b.gt], b.t_base[b.gt], b.g_base, b.gr)
+    _check_attr_relocs(b.attrs, b.ga, attr_spans, all_rel, tables)
+
+
+@dataclass(frozen=True)
+class _Blobs:
+    """Each kind of blob of the templates (t) and graphs (g), concatenated into one record array,
+    and how many records each template or graph holds (tn, tr, te; gk, gr, ga), with tp and gp
+    their parameter bytes and gt each graph's template."""
+
+    tn_rows: np.ndarray
+    tn: np.ndarray
+    t_rel: np.ndarray
+    tr: np.ndarray
+    edges: np.ndarray
+    te: np.ndarray
+    tp: np.ndarray
+    gt: np.ndarray
+    over: np.ndarray  # replacement rows
+    gk: np.ndarray
+    idx: np.ndarray  # the template node each replaces
+    g_rel: np.ndarray
+    gr: np.ndarray
+    attrs: np.ndarray
+    ga: np.ndarray
+    gp: np.ndarray
+
+    @property
+    def t_start(self) -> np.ndarray:
+        """Each template's first row in tn_rows."""
+        return np.concatenate([[0], np.cumsum(self.tn)[:-1]]).astype(np.int64)
+
+    @property
+    def t_base(self) -> np.ndarray:
+        """Each template's first relocation in t_rel."""
+        return np.concatenate([[0], np.cumsum(self.tr)[:-1]]).astype(np.int64)
+
+    @property
+    def g_base(self) -> np.ndarray:
+        """Each graph's first relocation in t_rel followed by g_rel."""
+        return len(self.t_rel) + np.concatenate([[0], np.cumsum(self.gr)[:-1]]).astype(np.int64)
+
+
+def _unpack(templates: list[dict[str, Any]], graphs: list[dict[str, Any]]) -> _Blobs:
+    """The blobs as records, each whole, each graph naming a template, idx matching rows."""
     tn_rows, tn = _records([t["nodes"] for t in templates], NODE, "template {}: nodes")
     t_rel, tr = _records([t["relocs"] for t in templates], RELOC, "template {}: relocs")
     edges, te = _records([t["edges"] for t in templates], EDGE, "template {}: edges")
@@ -82,48 +149,47 @@ def check_graphs(plan: dict[str, Any], tables: PlanTables) -> None:
     _raise_first(
         np.array([t["num_nodes"] for t in templates]) != tn, lambda t: f"template {t}", "num_nodes"
     )
-    t_start = np.concatenate([[0], np.cumsum(tn)[:-1]]).astype(np.int64)
-    # replacement rows: at a node the template has, of the type the template gives it
-    og = np.repeat(np.arange(len(graphs)), gk)
-    ot = gt[og]
-    _raise_first(idx >= tn[ot], lambda r: f"graph {og[r]}, idx {idx[r]}", "no such node")
-    o_at = t_start[ot] + idx.astype(np.int64)
+    return _Blobs(
+        tn_rows, tn, t_rel, tr, edges, te, tp, gt, over, gk, idx, g_rel, gr, attrs, ga, gp
+    )
+
+
+def _check_replaced(b: _Blobs, og: np.ndarray) -> None:
+    """Replacement rows: at a node the template has, of the type the template gives it."""
+    ot = b.gt[og]
+    _raise_first(b.idx >= b.tn[ot], lambda r: f"graph {og[r]}, idx {b.idx[r]}", "no such node")
+    o_at = b.t_start[ot] + b.idx.astype(np.int64)
     _raise_first(
-        tn_rows["type"][o_at] != over["type"],
-        lambda r: f"graph {og[r]}, node {idx[r]}",
+        b.tn_rows["type"][o_at] != b.over["type"],
+        lambda r: f"graph {og[r]}, node {b.idx[r]}",
         "a replaced node changes its type",
     )
-    # every row, with the tables it indexes: params, relocations (template's, then graph's)
-    rows = np.concatenate([tn_rows, over])
-    own_t = np.concatenate([np.repeat(np.arange(len(templates)), tn), ot])
-    n_t = len(tn_rows)
-    p_len = tp[own_t] + np.concatenate([np.zeros(n_t, np.int64), gp[og]])
-    r_split = tr[own_t]
-    r_len = r_split + np.concatenate([np.zeros(n_t, np.int64), gr[og]])
-    r_tbase = np.concatenate([[0], np.cumsum(tr)[:-1]]).astype(np.int64)[own_t]
-    g_base = len(t_rel) + np.concatenate([[0], np.cumsum(gr)[:-1]]).astype(np.int64)
-    r_gbase = np.concatenate([np.zeros(n_t, np.int64), g_base[og]])
-    node_no = np.concatenate([np.arange(n_t) - t_start[own_t[:n_t]], idx.astype(np.int64)])
 
-    def name(r: int) -> str:
-        if r < n_t:
-            return f"template {own_t[r]}, node {node_no[r]}"
-        return f"graph {og[r - n_t]}, node {node_no[r]}"
 
-    _check_rows(rows, p_len, r_len, tables.layout_end, name)
-    owner = np.concatenate([own_t[:n_t], len(templates) + og])
-    used = np.bincount(owner, rows["reloc_len"].astype(np.float64), len(templates) + len(graphs))
+def _row_spans(
+    b: _Blobs, own_t: np.ndarray, og: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per row: its parameter bytes, its relocations, and where they lie (how many are its
+    template's, where the template's and the graph's begin in the combined table)."""
+    n_t = len(b.tn_rows)
+    p_len = b.tp[own_t] + np.concatenate([np.zeros(n_t, np.int64), b.gp[og]])
+    r_split = b.tr[own_t]
+    r_len = r_split + np.concatenate([np.zeros(n_t, np.int64), b.gr[og]])
+    r_gbase = np.concatenate([np.zeros(n_t, np.int64), b.g_base[og]])
+    return p_len, r_len, (r_split, b.t_base[own_t], r_gbase)
+
+
+def _check_reloc_counts(b: _Blobs, rows: np.ndarray, own_t: np.ndarray, og: np.ndarray) -> None:
+    """A template's or graph's nodes use no more relocations than it holds (a graph holds its
+    template's too)."""
+    nt, ng = len(b.tn), len(b.gt)
+    owner = np.concatenate([own_t, nt + og])
+    used = np.bincount(owner, rows["reloc_len"].astype(np.float64), nt + ng)
     _raise_first(
-        used > np.concatenate([tr, gr]) + np.concatenate([np.zeros(len(tr)), tr[gt]]),
-        lambda o: f"template {o}" if o < len(templates) else f"graph {o - len(templates)}",
+        used > np.concatenate([b.tr, b.gr]) + np.concatenate([np.zeros(len(b.tr)), b.tr[b.gt]]),
+        lambda o: f"template {o}" if o < nt else f"graph {o - nt}",
         "its nodes claim more relocations than it has",
     )
-    all_rel = np.concatenate([t_rel, g_rel])
-    _check_relocs(rows, all_rel, (r_split, r_tbase, r_gbase), tables, name)
-    _check_edges(edges, te, tn)
-    _check_attrs(attrs, ga, tn[gt], tn_rows["type"], t_start[gt])
-    t_base = np.concatenate([[0], np.cumsum(tr)[:-1]]).astype(np.int64)
-    _check_attr_relocs(attrs, ga, (tr[gt], t_base[gt], g_base, gr), all_rel, tables)
 
 
 def _check_rows(

@@ -92,6 +92,48 @@ class _Builder:
         return LinearConstraint(a.tocsr(), np.array(self.lo), np.array(self.hi))
 
 
+@dataclass(frozen=True)
+class _Vars:
+    """The MILP's columns. Binaries s[k, d] for d < last: kernel k on device d; on `last` when all
+    are 0 (one binary per kernel for two devices). X(k, d) is "k on d" as a linear expression in
+    them. w[e, d] >= X(v, d) - X(u, d): edge e = u -> v is cut with its consumer on d; the tightest
+    linear form of a cut (no product of binaries to linearize, so the LP bound is strong), and a
+    transfer is charged only where the consumer is. z is the period; `one`, fixed at 1, carries
+    the latency objective's constant (the gap is relative)."""
+
+    nk: int
+    nd: int
+    ne: int
+
+    @property
+    def last(self) -> int:
+        return self.nd - 1
+
+    @property
+    def z(self) -> int:
+        return self.nk * self.last + self.ne * self.nd
+
+    @property
+    def one(self) -> int:
+        return self.z + 1
+
+    @property
+    def nvars(self) -> int:
+        return self.z + 2
+
+    def s(self, k: int, d: int) -> int:
+        return k * self.last + d
+
+    def w(self, e: int, d: int) -> int:
+        return self.nk * self.last + e * self.nd + d
+
+    def on(self, k: int, d: int, coef: float = 1.0) -> tuple[list[tuple[int, float]], float]:
+        """coef * X(k, d): (terms, constant)."""
+        if d < self.last:
+            return [(self.s(k, d), coef)], 0.0
+        return [(self.s(k, j), -coef) for j in range(self.last)], coef
+
+
 def solve(
     p: Problem, objective: str = "throughput", time_limit: float = 10.0, gap: float = 5e-3
 ) -> Plan:
@@ -101,90 +143,96 @@ def solve(
     1,000-kernel split can take HiGHS seconds more for a placement within 0.01% of it."""
     if objective not in ("throughput", "latency"):
         raise ValueError(f"objective {objective!r}: use 'throughput' or 'latency'")
-    nk, nd, ne = p.times.shape[0], len(p.devices), len(p.edges)
-    last = nd - 1
-    # Binaries s[k, d] for d < last: kernel k on device d; on `last` when all are 0 (one binary
-    # per kernel for two devices). X(k, d) below is "k on d" as a linear expression in them.
-    # w[e, d] >= X(v, d) - X(u, d): edge e = u -> v is cut with its consumer on d; the tightest
-    # linear form of a cut (no product of binaries to linearize, so the LP bound is strong), and
-    # a transfer is charged only where the consumer is.
-    s = lambda k, d: k * last + d  # noqa: E731
-    w = lambda e, d: nk * last + e * nd + d  # noqa: E731
-    z = nk * last + ne * nd
-    one = z + 1  # fixed at 1: carries the latency objective's constant (the gap is relative)
-    nvars = z + 2
-
-    def on(k: int, d: int, coef: float = 1.0) -> tuple[list[tuple[int, float]], float]:
-        """coef * X(k, d): (terms, constant)."""
-        if d < last:
-            return [(s(k, d), coef)], 0.0
-        return [(s(k, j), -coef) for j in range(last)], coef
-
+    x = _Vars(p.times.shape[0], len(p.devices), len(p.edges))
     # Seconds in units of the mean kernel time: costs and coefficients near 1 (HiGHS deems
     # 1e-5 "excessively small" and solves the latency objective 3x slower in seconds).
     unit = float(p.times.mean()) if p.times.size and p.times.mean() > 0 else 1.0
     times = p.times / unit
     cost = [p.link.cost(b) / unit for _, _, b in p.edges]
-    b = _Builder(nvars)
-    if nd > 2:
-        for k in range(nk):
-            b.add([(s(k, d), 1.0) for d in range(last)], 0, 1)
-    for e, (u, v, _) in enumerate(p.edges):
-        for d in range(nd):
-            b.add([(w(e, d), 1.0)] + on(v, d, -1.0)[0] + on(u, d)[0], 0, np.inf)
-    if p.memory is not None:
-        big = float(np.abs(p.memory).max(initial=0.0)) or 1.0  # bytes, as fractions of the largest
-        for d, dev in enumerate(p.devices):
-            terms, const = _sum(on(k, d, float(p.memory[k]) / big) for k in range(nk))
-            b.add(terms, -np.inf, dev.memory / big - const)
-    for group in p.pinned:
-        first, *rest = sorted(group)
-        for k in rest:
-            for d in range(last):
-                b.add([(s(k, d), 1.0), (s(first, d), -1.0)], 0, 0)
-    c = np.zeros(nvars)
+    b = _placement_rows(p, x)
     if objective == "throughput":
-        for d in range(nd):
-            terms, const = _sum(on(k, d, -float(times[k, d])) for k in range(nk))
-            b.add([(z, 1.0)] + terms, const * -1.0, np.inf)
-            b.add([(z, 1.0)] + [(w(e, d), -cost[e]) for e in range(ne)], 0, np.inf)
-        c[z] = 1.0
+        c = _throughput(b, x, times, cost)
     else:
-        for k in range(nk):
-            for d in range(nd):
-                for col, coef in on(k, d, float(times[k, d]))[0]:
-                    c[col] += coef
-            c[one] += float(times[k, last])
-        for e in range(ne):
-            c[w(e, 0) : w(e, 0) + nd] = cost[e]
-    lo, hi = np.zeros(nvars), np.ones(nvars)
-    hi[z] = np.inf
-    lo[one] = 1.0
-    for k, d in p.fixed.items():
-        if d < last:
-            lo[s(k, d)] = 1.0
-        else:
-            hi[s(k, 0) : s(k, 0) + last] = 0.0
-    if not p.fixed and nk and _interchangeable(p):
-        lo[s(0, 0)] = 1.0  # identical devices: any placement has a mirror with kernel 0 on 0
-    integrality = np.zeros(nvars)
-    integrality[: nk * last] = 1
+        c = _latency(x, times, cost)
+    integrality = np.zeros(x.nvars)
+    integrality[: x.nk * x.last] = 1
     t0 = time.perf_counter()
     res = milp(
         c,
         constraints=b.constraint(),
         integrality=integrality,
-        bounds=Bounds(lo, hi),
+        bounds=_bounds(p, x),
         options={"time_limit": time_limit, "mip_rel_gap": gap},
     )
     dt = time.perf_counter() - t0
     if res.x is None:
         raise ValueError(f"no placement fits: {res.message} (check device memory and pins)")
-    ss = res.x[: nk * last].reshape(nk, last)
-    placement = [int(row.argmax()) if row.max() > 0.5 else last for row in ss]
+    ss = res.x[: x.nk * x.last].reshape(x.nk, x.last)
+    placement = [int(row.argmax()) if row.max() > 0.5 else x.last for row in ss]
     comp, inc = evaluate(p, placement)
     gap_ = float(getattr(res, "mip_gap", 0.0) or 0.0)
     return Plan(placement, float(res.fun) * unit, comp, inc, dt, res.message, gap_)
+
+
+def _placement_rows(p: Problem, x: _Vars) -> _Builder:
+    """One device per kernel, cut edges, device memory and pinned groups."""
+    b = _Builder(x.nvars)
+    if x.nd > 2:
+        for k in range(x.nk):
+            b.add([(x.s(k, d), 1.0) for d in range(x.last)], 0, 1)
+    for e, (u, v, _) in enumerate(p.edges):
+        for d in range(x.nd):
+            b.add([(x.w(e, d), 1.0)] + x.on(v, d, -1.0)[0] + x.on(u, d)[0], 0, np.inf)
+    if p.memory is not None:
+        big = float(np.abs(p.memory).max(initial=0.0)) or 1.0  # bytes, as fractions of the largest
+        for d, dev in enumerate(p.devices):
+            terms, const = _sum(x.on(k, d, float(p.memory[k]) / big) for k in range(x.nk))
+            b.add(terms, -np.inf, dev.memory / big - const)
+    for group in p.pinned:
+        first, *rest = sorted(group)
+        for k in rest:
+            for d in range(x.last):
+                b.add([(x.s(k, d), 1.0), (x.s(first, d), -1.0)], 0, 0)
+    return b
+
+
+def _throughput(b: _Builder, x: _Vars, times: np.ndarray, cost: list[float]) -> np.ndarray:
+    """Minimize z, held above every device's compute and incoming transfer time."""
+    for d in range(x.nd):
+        terms, const = _sum(x.on(k, d, -float(times[k, d])) for k in range(x.nk))
+        b.add([(x.z, 1.0)] + terms, const * -1.0, np.inf)
+        b.add([(x.z, 1.0)] + [(x.w(e, d), -cost[e]) for e in range(x.ne)], 0, np.inf)
+    c = np.zeros(x.nvars)
+    c[x.z] = 1.0
+    return c
+
+
+def _latency(x: _Vars, times: np.ndarray, cost: list[float]) -> np.ndarray:
+    """Minimize the sum of kernel times where they run and of cut edges' costs."""
+    c = np.zeros(x.nvars)
+    for k in range(x.nk):
+        for d in range(x.nd):
+            for col, coef in x.on(k, d, float(times[k, d]))[0]:
+                c[col] += coef
+        c[x.one] += float(times[k, x.last])
+    for e in range(x.ne):
+        c[x.w(e, 0) : x.w(e, 0) + x.nd] = cost[e]
+    return c
+
+
+def _bounds(p: Problem, x: _Vars) -> Bounds:
+    """Binaries in [0, 1], z unbounded above, `one` at 1, fixed kernels on their devices."""
+    lo, hi = np.zeros(x.nvars), np.ones(x.nvars)
+    hi[x.z] = np.inf
+    lo[x.one] = 1.0
+    for k, d in p.fixed.items():
+        if d < x.last:
+            lo[x.s(k, d)] = 1.0
+        else:
+            hi[x.s(k, 0) : x.s(k, 0) + x.last] = 0.0
+    if not p.fixed and x.nk and _interchangeable(p):
+        lo[x.s(0, 0)] = 1.0  # identical devices: any placement has a mirror with kernel 0 on 0
+    return Bounds(lo, hi)
 
 
 def _sum(parts: object) -> tuple[list[tuple[int, float]], float]:

@@ -12,8 +12,17 @@ import sys
 import tempfile
 from ctypes import byref, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from pathlib import Path
+from typing import Any
 
-from medusa.tessera.ptx import BUFFER, READ, WRITE, extents, initial_records, instrument
+from medusa.tessera.ptx import (
+    BUFFER,
+    READ,
+    WRITE,
+    Instrumented,
+    extents,
+    initial_records,
+    instrument,
+)
 
 KERNEL = r"""
 #include <cuda_fp16.h>
@@ -53,6 +62,25 @@ def compile_ptx(source: str, arch: str) -> str:
 
 def main() -> int:
     cu = Driver()
+    inst, mod, fn = _load(cu)
+    src_bytes = ((N - 1) * STRIDE + 1) * 4
+    out, src, hits = _alloc(cu, N * 4), _alloc(cu, src_bytes + 4096), _alloc(cu, 4)
+    aux, pairs = _alloc(cu, N * 4), _alloc(cu, PAIRS * 4)
+    args = [c_uint64(out), c_uint64(src), c_int(N), c_int(STRIDE), c_uint64(hits),
+            c_uint64(aux), c_uint64(pairs)]  # fmt: skip
+    seen = _run_recorded(cu, inst, mod, fn, args)
+    want = {
+        (READ, src, src + src_bytes),  # in[0 .. (N-1)*STRIDE], threads >= N read nothing
+        (WRITE, out, out + N * 4),
+        (READ | WRITE, hits, hits + 4),  # the atomic, from even threads only
+        (WRITE, aux + 4, aux + 999 * 4),  # generic: threads 1 .. 998 but every third (shared)
+        (READ | WRITE, pairs, pairs + PAIRS * 4),  # a generic packed-half atomic
+    }
+    return _report(len(inst.sites), seen, want)
+
+
+def _load(cu: Driver) -> tuple[Instrumented, c_void_p, c_void_p]:
+    """KERNEL compiled for device 0, instrumented, loaded in its primary context."""
     cu("cuInit", 0)
     dev, ctx = c_int(), c_void_p()
     cu("cuDeviceGet", byref(dev), 0)
@@ -66,23 +94,25 @@ def main() -> int:
     mod, fn = c_void_p(), c_void_p()
     cu("cuModuleLoadData", byref(mod), ctypes.c_char_p(inst.ptx.encode() + b"\0"))
     cu("cuModuleGetFunction", byref(fn), mod, b"strided")
+    return inst, mod, fn
 
-    def alloc(nbytes: int) -> int:
-        p = c_uint64()
-        cu("cuMemAlloc_v2", byref(p), c_size_t(nbytes))
-        return p.value
 
-    src_bytes = ((N - 1) * STRIDE + 1) * 4
-    out, src, hits = alloc(N * 4), alloc(src_bytes + 4096), alloc(4)
-    aux, pairs = alloc(N * 4), alloc(PAIRS * 4)
+def _alloc(cu: Driver, nbytes: int) -> int:
+    p = c_uint64()
+    cu("cuMemAlloc_v2", byref(p), c_size_t(nbytes))
+    return p.value
+
+
+def _run_recorded(
+    cu: Driver, inst: Instrumented, mod: c_void_p, fn: c_void_p, args: list[Any]
+) -> set[tuple[int, int, int]]:
+    """Launches the kernel with a fresh record buffer: the (mode, start, end) extents recorded."""
     records = initial_records(len(inst.sites))
-    buf = alloc(len(records))
+    buf = _alloc(cu, len(records))
     cu("cuMemcpyHtoD_v2", c_uint64(buf), records, c_size_t(len(records)))
     sym, size = c_uint64(), c_size_t()
     cu("cuModuleGetGlobal_v2", byref(sym), byref(size), mod, BUFFER.encode())
     cu("cuMemcpyHtoD_v2", sym, byref(c_uint64(buf)), c_size_t(8))
-    args = [c_uint64(out), c_uint64(src), c_int(N), c_int(STRIDE), c_uint64(hits),
-            c_uint64(aux), c_uint64(pairs)]  # fmt: skip
     params = (c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
     blocks = (N + THREADS - 1) // THREADS
     cu("cuLaunchKernel", fn, c_uint(blocks), c_uint(1), c_uint(1), c_uint(THREADS), c_uint(1),
@@ -90,15 +120,11 @@ def main() -> int:
     cu("cuCtxSynchronize")
     got = ctypes.create_string_buffer(len(records))
     cu("cuMemcpyDtoH_v2", got, c_uint64(buf), c_size_t(len(records)))
-    seen = {(s.mode, lo, hi) for s, lo, hi in extents(got.raw, inst.sites)}
-    want = {
-        (READ, src, src + src_bytes),  # in[0 .. (N-1)*STRIDE], threads >= N read nothing
-        (WRITE, out, out + N * 4),
-        (READ | WRITE, hits, hits + 4),  # the atomic, from even threads only
-        (WRITE, aux + 4, aux + 999 * 4),  # generic: threads 1 .. 998 but every third (shared)
-        (READ | WRITE, pairs, pairs + PAIRS * 4),  # a generic packed-half atomic
-    }
-    print(f"{len(inst.sites)} sites instrumented; recorded extents:")
+    return {(s.mode, lo, hi) for s, lo, hi in extents(got.raw, inst.sites)}
+
+
+def _report(sites: int, seen: set[tuple[int, int, int]], want: set[tuple[int, int, int]]) -> int:
+    print(f"{sites} sites instrumented; recorded extents:")
     for mode, lo, hi in sorted(seen, key=lambda e: e[1]):
         print(f"  {'-RW'[mode] if mode < 3 else 'RW'} [{lo:#x}, {hi:#x}) {hi - lo} bytes")
     if seen != want:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from medusa.weaver.weaving_simulator import PAPER, PROFILES, balanced_hol, compare
+from medusa.weaver.weaving_simulator import PAPER, PROFILES, Profile, Result, balanced_hol, compare
 
 
 def simulate_weaving(
@@ -35,24 +35,31 @@ def simulate_weaving(
                      for k, r in rows.items()}  # fmt: skip
         if as_json:
             continue
-        ded, mux = rows["dedicated"], rows["multiplexing"]
-        echo(f"{name}: {p.source}")
-        echo(f"  {'policy':13} {'ratio':>5} {'batch':>6} {'hot TPOT ms':>11} {'hot tok/s':>10} "
-             f"{'vs ded':>7} {'vs mux':>7} {'cold TPOT ms':>12} {'cold vs ded':>11} "
-             f"{'HOL wait us (unsplit)':>22}")  # fmt: skip
-        for key, r in rows.items():
-            hol = f"{r.wait * 1e6:.0f} ({r.wait_unsplit * 1e6:.0f})" if key.startswith("w") else ""
-            echo(f"  {key:13} {r.ratio:5.2f} {r.hot_batch:6d} {r.hot_tpot * 1e3:11.2f} "
-                 f"{r.hot_tput:10.0f} {r.hot_tput / ded.hot_tput:6.2f}x "
-                 f"{r.hot_tput / mux.hot_tput:6.2f}x {r.cold_tpot * 1e3:12.2f} "
-                 f"{r.cold_tpot / ded.cold_tpot - 1:+10.0%} {hol:>22}")  # fmt: skip
-        unsplit, split = balanced_hol(p, ratio)
-        target = 0.05 * rows[f"weaving {ratio:g}"].hot_tpot / p.layers
-        echo(f"  head-of-line at K = N, cold busy: {unsplit.wait * 1e6:.0f} us per layer "
-             f"unsplit, {split.wait * 1e6:.0f} us split ({split.extra_launches} more kernels "
-             f"per layer; target {target * 1e6:.0f} us)")  # fmt: skip
-        if name in PAPER:
-            echo(f"  paper: {PAPER[name]}")
+        _echo_profile(name, p, rows, ratio, echo)
     if as_json:
         echo(json.dumps(out, indent=2))
     return out
+
+
+def _echo_profile(
+    name: str, p: Profile, rows: dict[str, Result], ratio: float, echo: Callable[[str], None]
+) -> None:
+    """One profile's table, its head-of-line line and the paper's figures for it."""
+    ded, mux = rows["dedicated"], rows["multiplexing"]
+    echo(f"{name}: {p.source}")
+    echo(f"  {'policy':13} {'ratio':>5} {'batch':>6} {'hot TPOT ms':>11} {'hot tok/s':>10} "
+         f"{'vs ded':>7} {'vs mux':>7} {'cold TPOT ms':>12} {'cold vs ded':>11} "
+         f"{'HOL wait us (unsplit)':>22}")  # fmt: skip
+    for key, r in rows.items():
+        hol = f"{r.wait * 1e6:.0f} ({r.wait_unsplit * 1e6:.0f})" if key.startswith("w") else ""
+        echo(f"  {key:13} {r.ratio:5.2f} {r.hot_batch:6d} {r.hot_tpot * 1e3:11.2f} "
+             f"{r.hot_tput:10.0f} {r.hot_tput / ded.hot_tput:6.2f}x "
+             f"{r.hot_tput / mux.hot_tput:6.2f}x {r.cold_tpot * 1e3:12.2f} "
+             f"{r.cold_tpot / ded.cold_tpot - 1:+10.0%} {hol:>22}")  # fmt: skip
+    unsplit, split = balanced_hol(p, ratio)
+    target = 0.05 * rows[f"weaving {ratio:g}"].hot_tpot / p.layers
+    echo(f"  head-of-line at K = N, cold busy: {unsplit.wait * 1e6:.0f} us per layer "
+         f"unsplit, {split.wait * 1e6:.0f} us split ({split.extra_launches} more kernels "
+         f"per layer; target {target * 1e6:.0f} us)")  # fmt: skip
+    if name in PAPER:
+        echo(f"  paper: {PAPER[name]}")

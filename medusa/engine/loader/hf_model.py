@@ -18,6 +18,18 @@ from medusa.engine.tokenizer import Tokenizer
 
 ARCHITECTURES = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}  # -> has q/k/v biases
 FLOATS = ("F32", "F16", "BF16", "F64")
+# Canonical name -> the checkpoint's, for the weights taken as they are.
+_TOP_LEVEL = {
+    "embed": "model.embed_tokens.weight",
+    "norm": "model.norm.weight",
+    "lm_head": "lm_head.weight",
+}
+_LAYER = {
+    "attn_norm": "input_layernorm.weight",
+    "o": "self_attn.o_proj.weight",
+    "ffn_norm": "post_attention_layernorm.weight",
+    "down": "mlp.down_proj.weight",
+}
 
 
 class SafetensorsFile:
@@ -147,53 +159,40 @@ class HFModel:
         return w
 
     def weights(self) -> Iterator[tuple[str, np.ndarray]]:
-        s = self.spec
-        d, f = s.hidden_size, s.intermediate_size
-        for name, shape in s.weight_shapes().items():
-            if name == "embed":
-                yield name, self._get("model.embed_tokens.weight", shape)
-            elif name == "norm":
-                yield name, self._get("model.norm.weight", shape)
-            elif name == "lm_head":
-                yield name, self._get("lm_head.weight", shape)
+        for name, shape in self.spec.weight_shapes().items():
+            if name in _TOP_LEVEL:
+                yield name, self._get(_TOP_LEVEL[name], shape)
             else:
                 _, i, part = name.split(".")
-                p = f"model.layers.{i}."
-                a = p + "self_attn."
-                if part == "qkv":
-                    yield (
-                        name,
-                        np.concatenate(
-                            [
-                                self._get(a + "q_proj.weight", (s.q_size, d)),
-                                self._get(a + "k_proj.weight", (s.kv_size, d)),
-                                self._get(a + "v_proj.weight", (s.kv_size, d)),
-                            ]
-                        ),
-                    )
-                elif part == "qkv_bias":
-                    yield (
-                        name,
-                        np.concatenate(
-                            [
-                                self._get(a + "q_proj.bias", (s.q_size,)),
-                                self._get(a + "k_proj.bias", (s.kv_size,)),
-                                self._get(a + "v_proj.bias", (s.kv_size,)),
-                            ]
-                        ),
-                    )
-                elif part == "gate_up":
-                    yield (
-                        name,
-                        np.concatenate(
-                            [
-                                self._get(p + "mlp.gate_proj.weight", (f, d)),
-                                self._get(p + "mlp.up_proj.weight", (f, d)),
-                            ]
-                        ),
-                    )
-                else:
-                    hf = {"attn_norm": "input_layernorm.weight", "o": "self_attn.o_proj.weight",
-                          "ffn_norm": "post_attention_layernorm.weight",
-                          "down": "mlp.down_proj.weight"}[part]  # fmt: skip
-                    yield name, self._get(p + hf, shape)
+                yield name, self._layer_weight(f"model.layers.{i}.", part, shape)
+
+    def _layer_weight(self, p: str, part: str, shape: tuple[int, ...]) -> np.ndarray:
+        """One of a layer's weights (p: its name prefix); q, k and v (weights or biases) and
+        gate and up are fused, as the engine runs them."""
+        s = self.spec
+        d, f = s.hidden_size, s.intermediate_size
+        a = p + "self_attn."
+        if part == "qkv":
+            return np.concatenate(
+                [
+                    self._get(a + "q_proj.weight", (s.q_size, d)),
+                    self._get(a + "k_proj.weight", (s.kv_size, d)),
+                    self._get(a + "v_proj.weight", (s.kv_size, d)),
+                ]
+            )
+        if part == "qkv_bias":
+            return np.concatenate(
+                [
+                    self._get(a + "q_proj.bias", (s.q_size,)),
+                    self._get(a + "k_proj.bias", (s.kv_size,)),
+                    self._get(a + "v_proj.bias", (s.kv_size,)),
+                ]
+            )
+        if part == "gate_up":
+            return np.concatenate(
+                [
+                    self._get(p + "mlp.gate_proj.weight", (f, d)),
+                    self._get(p + "mlp.up_proj.weight", (f, d)),
+                ]
+            )
+        return self._get(p + _LAYER[part], shape)

@@ -55,24 +55,9 @@ def _install() -> None:
     except ImportError as e:  # vLLM without its GPU worker (a CPU build): nothing to mark
         log.info("medusa plugin: no GPU worker in this vLLM (%s); phase marks not installed", e)
         return
-    import vllm
-
     from medusa.integrations.vllm.phases import install_phase_marks
-    from medusa.integrations.vllm.points import TESTED, check_patch_points
 
-    problems = check_patch_points()
-    if problems:
-        raise UnsupportedVllm(
-            f"vLLM {vllm.__version__} differs from the versions the plugin supports "
-            f"({', '.join(v + 'x' for v in TESTED)}) at: {'; '.join(problems)}"
-        )
-    if not vllm.__version__.startswith(TESTED):
-        log.warning(
-            "medusa plugin: vLLM %s has the patch points of %s but was not tested; a restore "
-            "that does not fit falls back to a normal start",
-            vllm.__version__,
-            ", ".join(v + "x" for v in TESTED),
-        )
+    _check_version()
     recording = bool(env.VLLM_SIDECAR.get())
     artifact = env.ARTIFACT.get()
     if recording or artifact:
@@ -97,3 +82,24 @@ def _install() -> None:
         install_kv_size(Worker, artifact)
         install_restore(GPUModelRunner, artifact)
     install_phase_marks(Worker, GPUModelRunner)
+
+
+def _check_version() -> None:
+    """Refuses a vLLM whose patch points differ; warns about one that was not tested."""
+    import vllm
+
+    from medusa.integrations.vllm.points import TESTED, check_patch_points
+
+    problems = check_patch_points()
+    if problems:
+        raise UnsupportedVllm(
+            f"vLLM {vllm.__version__} differs from the versions the plugin supports "
+            f"({', '.join(v + 'x' for v in TESTED)}) at: {'; '.join(problems)}"
+        )
+    if not vllm.__version__.startswith(TESTED):
+        log.warning(
+            "medusa plugin: vLLM %s has the patch points of %s but was not tested; a restore "
+            "that does not fit falls back to a normal start",
+            vllm.__version__,
+            ", ".join(v + "x" for v in TESTED),
+        )

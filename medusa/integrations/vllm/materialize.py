@@ -76,44 +76,14 @@ def with_kv_size(argv: list[str], kv_bytes: int) -> list[str]:
 
 
 def materialize_vllm(argv: list[str], out: Path, kind: str, echo: Echo) -> dict[str, Any]:
-    if kind != "cuda":
-        raise MaterializeError(
-            "materializing vLLM needs an NVIDIA GPU (vLLM does not run on simcuda); run it on "
-            "the machine type that will serve the model"
-        )
-    if not argv or argv[0].startswith("-"):
-        raise MaterializeError("name the model: medusa materialize --engine vllm MODEL -- [ARGS]")
+    _check_request(argv, kind)
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="medusa-vllm-") as tmp:
         work = Path(tmp)
         base = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
-        echo("[1/5] starting vLLM once to learn its KV-cache size (and fill its compile cache)")
-        probe_env = {**base, "MEDUSA_VLLM_SIDECAR": str(work / "probe.side.json")}
-        timings["probe"] = _run(
-            startup_command(work / "probe.json", argv, resolve=True),
-            probe_env,
-            "the plain start-up",
-            echo,
-        )
-        probe_side = json.loads((work / "probe.side.json").read_text())
-        probe = json.loads((work / "probe.json").read_text())
-        kv = int(probe_side["kv_cache_memory_bytes"])
-        echo(f"  KV cache: {kv / 2**30:.2f} GiB; vLLM start-up {probe['startup_seconds']:.1f} s")
+        probe, kv = _probe(work, argv, base, echo, timings)
         recorded = with_kv_size(probe["argv"], kv)  # with vllm serve's defaults pinned
-        sides = []
-        for run in (0, 1):
-            env = recorder_env(trace_pattern(work, str(run)), base=base)
-            env["MEDUSA_VLLM_SIDECAR"] = str(work / f"{run}.side.json")
-            if run == 1:
-                env["MEDUSA_TRACE_SHIFT"] = str(SHIFT_BYTES)
-            echo(f"[{run + 2}/5] recording the start-up" + (" (shifted)" if run else ""))
-            timings[f"record_{run + 1}"] = _run(
-                startup_command(work / f"{run}.json", recorded),
-                env,
-                f"recorded run {run + 1}",
-                echo,
-            )
-            sides.append(json.loads((work / f"{run}.side.json").read_text()))
+        sides = _record_twice(work, recorded, base, echo, timings)
         if "graphs" not in sides[0]:
             raise MaterializeError(
                 "vLLM captured no graphs through the V2 model runner (enforce_eager, "
@@ -123,35 +93,94 @@ def materialize_vllm(argv: list[str], out: Path, kind: str, echo: Echo) -> dict[
         ta, tb = (engine_core_trace(process_traces(work, str(run))) for run in (0, 1))
         a, b, plan, timings["analyze"] = analyze_runs(ta, tb, set(SKIPPED), echo)
         joined = graph_section(a, b, sides[0], sides[1], lambda phase: phase in SKIPPED, plan)
-        side = sides[0]
-        section = vllm_section(
-            version=side["vllm_version"],
-            kv_cache_memory_bytes=kv,
-            cudagraph_mode=side["cudagraph_mode"],
-            graphs=joined["graphs"],
-            compile_cache=side["compile_cache"],
-            config=side["config"],
-            outputs=joined["outputs"],
-            wrappers=joined["wrappers"],
-        )
-        model = argv[0]
-        manifest = {
-            "kind": "vllm",
-            "model": {
-                "identity": "vllm:"
-                + hashlib.sha256(json.dumps(side["config"]).encode()).hexdigest(),
-                "name": model,
-            },
-            "engine": {"name": "vllm", "argv": recorded},
-            "device": side["device"],
-            "vllm": section,
-            "graphs": {
-                "count": len(plan["graphs"]),
-                "keys": [g["key"]["fields"].get("num_tokens") for g in joined["graphs"]],
-                "nodes": plan["num_nodes"],
-                "templates": len(plan["templates"]),
-            },
-            "relocations": plan["relocations"],
-            "baseline_startup": {"seconds": probe["startup_seconds"], **probe["phase_seconds"]},
-        }
+        manifest = _manifest(argv[0], recorded, kv, probe, sides[0], joined, plan)
         return write_artifact(out, manifest, plan, saved_images(a, plan), timings, echo)
+
+
+def _check_request(argv: list[str], kind: str) -> None:
+    if kind != "cuda":
+        raise MaterializeError(
+            "materializing vLLM needs an NVIDIA GPU (vLLM does not run on simcuda); run it on "
+            "the machine type that will serve the model"
+        )
+    if not argv or argv[0].startswith("-"):
+        raise MaterializeError("name the model: medusa materialize --engine vllm MODEL -- [ARGS]")
+
+
+def _probe(
+    work: Path, argv: list[str], base: dict[str, str], echo: Echo, timings: dict[str, float]
+) -> tuple[dict[str, Any], int]:
+    """Start-up 1, not recorded: (its result, the KV-cache bytes vLLM settled on)."""
+    echo("[1/5] starting vLLM once to learn its KV-cache size (and fill its compile cache)")
+    probe_env = {**base, "MEDUSA_VLLM_SIDECAR": str(work / "probe.side.json")}
+    timings["probe"] = _run(
+        startup_command(work / "probe.json", argv, resolve=True),
+        probe_env,
+        "the plain start-up",
+        echo,
+    )
+    probe_side = json.loads((work / "probe.side.json").read_text())
+    probe = json.loads((work / "probe.json").read_text())
+    kv = int(probe_side["kv_cache_memory_bytes"])
+    echo(f"  KV cache: {kv / 2**30:.2f} GiB; vLLM start-up {probe['startup_seconds']:.1f} s")
+    return probe, kv
+
+
+def _record_twice(
+    work: Path, recorded: list[str], base: dict[str, str], echo: Echo, timings: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Start-ups 2 and 3, recorded (the second shifted): each one's sidecar."""
+    sides = []
+    for run in (0, 1):
+        env = recorder_env(trace_pattern(work, str(run)), base=base)
+        env["MEDUSA_VLLM_SIDECAR"] = str(work / f"{run}.side.json")
+        if run == 1:
+            env["MEDUSA_TRACE_SHIFT"] = str(SHIFT_BYTES)
+        echo(f"[{run + 2}/5] recording the start-up" + (" (shifted)" if run else ""))
+        timings[f"record_{run + 1}"] = _run(
+            startup_command(work / f"{run}.json", recorded),
+            env,
+            f"recorded run {run + 1}",
+            echo,
+        )
+        sides.append(json.loads((work / f"{run}.side.json").read_text()))
+    return sides
+
+
+def _manifest(
+    model: str,
+    recorded: list[str],
+    kv: int,
+    probe: dict[str, Any],
+    side: dict[str, Any],
+    joined: dict[str, Any],
+    plan: dict[str, Any],
+) -> dict[str, Any]:
+    section = vllm_section(
+        version=side["vllm_version"],
+        kv_cache_memory_bytes=kv,
+        cudagraph_mode=side["cudagraph_mode"],
+        graphs=joined["graphs"],
+        compile_cache=side["compile_cache"],
+        config=side["config"],
+        outputs=joined["outputs"],
+        wrappers=joined["wrappers"],
+    )
+    return {
+        "kind": "vllm",
+        "model": {
+            "identity": "vllm:" + hashlib.sha256(json.dumps(side["config"]).encode()).hexdigest(),
+            "name": model,
+        },
+        "engine": {"name": "vllm", "argv": recorded},
+        "device": side["device"],
+        "vllm": section,
+        "graphs": {
+            "count": len(plan["graphs"]),
+            "keys": [g["key"]["fields"].get("num_tokens") for g in joined["graphs"]],
+            "nodes": plan["num_nodes"],
+            "templates": len(plan["templates"]),
+        },
+        "relocations": plan["relocations"],
+        "baseline_startup": {"seconds": probe["startup_seconds"], **probe["phase_seconds"]},
+    }

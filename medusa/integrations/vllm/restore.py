@@ -126,42 +126,11 @@ def _check_runner(runner: Any) -> None:
 def restore_into(runner: Any, artifact: str) -> int:
     """Builds the artifact's graphs into runner (a V2 GPUModelRunner); returns the bytes the
     restored graphs hold, as capture_model does."""
-    import torch
-    import vllm
-
     t0 = time.perf_counter()
-    try:
-        art = open_artifact(artifact)
-    except (ArtifactError, OSError) as e:
-        raise RestoreError(str(e)) from e
+    art = _open_checked(artifact)
     section = art.manifest["vllm"]
-    try:
-        check_section(section, vllm_version=vllm.__version__)
-    except ValueError as e:
-        raise RestoreError(str(e)) from e
-    live = config_fingerprint(runner.vllm_config)
-    for k, want in section["config"].items():
-        if live.get(k) != want:
-            raise RestoreError(
-                f"vLLM configuration mismatch: {k}={live.get(k)!r} here, {want!r} when "
-                "materialized; use the same settings or materialize again"
-            )
-    cache_dir = runner.vllm_config.compilation_config.local_cache_dir
-    want_cache = section["compile_cache"]
-    if want_cache["files"]:
-        got = compile_cache_ref(cache_dir) if cache_dir else {"sha256": None, "dir": None}
-        if got["sha256"] != want_cache["sha256"]:
-            raise RestoreError(
-                f"the torch.compile cache {got['dir']} is not the one the graphs were recorded "
-                f"with ({want_cache['dir']}): its kernels may differ; materialize again"
-            )
-    dev = art.manifest.get("device", {})
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if dev.get("name") != props.name or dev.get("total_mem") != props.total_memory:
-        raise RestoreError(
-            f"device mismatch: this is a {props.name} with {props.total_memory} bytes, the "
-            f"artifact is for a {dev.get('name')} with {dev.get('total_mem')}"
-        )
+    _check_config(runner, section)
+    _check_device(art.manifest.get("device", {}))
     _check_runner(runner)
     wrappers = cap.wrappers()
     if [cap.wrapper_identity(w) for w in wrappers] != section["wrappers"]:
@@ -179,13 +148,55 @@ def restore_into(runner: Any, artifact: str) -> int:
     return _build(runner, art, wrappers, t0)
 
 
+def _open_checked(artifact: str) -> Artifact:
+    """The artifact, with a vLLM section this vLLM can restore."""
+    import vllm
+
+    try:
+        art = open_artifact(artifact)
+    except (ArtifactError, OSError) as e:
+        raise RestoreError(str(e)) from e
+    try:
+        check_section(art.manifest["vllm"], vllm_version=vllm.__version__)
+    except ValueError as e:
+        raise RestoreError(str(e)) from e
+    return art
+
+
+def _check_config(runner: Any, section: dict[str, Any]) -> None:
+    """This start-up's vLLM settings and torch.compile cache are the recorded ones."""
+    live = config_fingerprint(runner.vllm_config)
+    for k, want in section["config"].items():
+        if live.get(k) != want:
+            raise RestoreError(
+                f"vLLM configuration mismatch: {k}={live.get(k)!r} here, {want!r} when "
+                "materialized; use the same settings or materialize again"
+            )
+    cache_dir = runner.vllm_config.compilation_config.local_cache_dir
+    want_cache = section["compile_cache"]
+    if want_cache["files"]:
+        got = compile_cache_ref(cache_dir) if cache_dir else {"sha256": None, "dir": None}
+        if got["sha256"] != want_cache["sha256"]:
+            raise RestoreError(
+                f"the torch.compile cache {got['dir']} is not the one the graphs were recorded "
+                f"with ({want_cache['dir']}): its kernels may differ; materialize again"
+            )
+
+
+def _check_device(dev: dict[str, Any]) -> None:
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if dev.get("name") != props.name or dev.get("total_mem") != props.total_memory:
+        raise RestoreError(
+            f"device mismatch: this is a {props.name} with {props.total_memory} bytes, the "
+            f"artifact is for a {dev.get('name')} with {dev.get('total_mem')}"
+        )
+
+
 def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
     """Restores the graphs into runner; on any failure undoes what it did before it re-raises."""
     import torch
-    from vllm.compilation.cuda_graph import CUDAGraphEntry
-    from vllm.config.compilation import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
-    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
     from vllm.v1.worker.workspace import lock_workspace
 
     section, mgr = art.manifest["vllm"], runner.cudagraph_manager
@@ -194,25 +205,7 @@ def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
     try:
         restorer = Restorer(art, load_backend("cuda"))
         result = restorer.restore(torch.cuda.current_stream().cuda_stream)
-        base = restorer.bases[0]
-        device = torch.device("cuda", torch.cuda.current_device())
-        enums = {"CUDAGraphMode": CUDAGraphMode}
-        for g in section["graphs"]:
-            graph = RestoredGraph(result.execs[g["graph"]], restorer.b)
-            if g["kind"] == "full":
-                mgr.graphs[descriptor_from_key(BatchExecutionDescriptor, g["key"], enums)] = graph
-            else:
-                bd = descriptor_from_key(BatchDescriptor, g["key"], enums)
-                wrappers[g["wrapper"]].concrete_cudagraph_entries[bd] = CUDAGraphEntry(
-                    batch_descriptor=bd,
-                    cudagraph=graph,
-                    output=build_output(g["output"], base, device),
-                )
-        outs = section["outputs"]
-        mgr.hidden_states = build_output(outs["hidden_states"], base, device)
-        mgr.aux_hidden_states = build_output(outs["aux_hidden_states"], base, device) or []
-        mgr.intermediate_tensors = build_output(outs["intermediate_tensors"], base, device)
-        mgr._graphs_captured = True
+        _install_graphs(section, mgr, wrappers, result.execs, restorer)
         plan = art.plan
         held = sum(a[3] for a in plan["allocs"] if a[0] in plan["skipped_phases"] and not a[4])
         # Last: a normal capture after an undo must still find the workspace unlocked.
@@ -230,6 +223,38 @@ def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
         dict(result.methods),
     )
     return held
+
+
+def _install_graphs(
+    section: dict[str, Any], mgr: Any, wrappers: list[Any], execs: list[int], restorer: Restorer
+) -> None:
+    """FULL graphs into the graph manager, PIECEWISE ones into their wrappers, and the manager's
+    output tensors over the restored memory."""
+    import torch
+    from vllm.compilation.cuda_graph import CUDAGraphEntry
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+    base = restorer.bases[0]
+    device = torch.device("cuda", torch.cuda.current_device())
+    enums = {"CUDAGraphMode": CUDAGraphMode}
+    for g in section["graphs"]:
+        graph = RestoredGraph(execs[g["graph"]], restorer.b)
+        if g["kind"] == "full":
+            mgr.graphs[descriptor_from_key(BatchExecutionDescriptor, g["key"], enums)] = graph
+        else:
+            bd = descriptor_from_key(BatchDescriptor, g["key"], enums)
+            wrappers[g["wrapper"]].concrete_cudagraph_entries[bd] = CUDAGraphEntry(
+                batch_descriptor=bd,
+                cudagraph=graph,
+                output=build_output(g["output"], base, device),
+            )
+    outs = section["outputs"]
+    mgr.hidden_states = build_output(outs["hidden_states"], base, device)
+    mgr.aux_hidden_states = build_output(outs["aux_hidden_states"], base, device) or []
+    mgr.intermediate_tensors = build_output(outs["intermediate_tensors"], base, device)
+    mgr._graphs_captured = True
 
 
 def _undo(mgr: Any, wrappers: list[Any], restorer: Restorer | None) -> None:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 
 class GatewayMetrics:
+    # NOTE: long because it is the one list of every metric the gateway exports.
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.cold_starts = Counter(
