@@ -7,61 +7,23 @@ template's tables, replacement rows against the graph's combined ones."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from medusa.artifact.errors import ArtifactError
 from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC
+from medusa.restore.plan_records import entries, one_of, raise_first, records
 from medusa.restore.plan_tables import PlanTables
 from medusa.trace import NodeType
 
 KERNEL, MEMCPY, MEMSET, EMPTY = (int(NodeType[t]) for t in ("KERNEL", "MEMCPY", "MEMSET", "EMPTY"))
-I64 = 1 << 63
-MAX_TABLE = 1 << 24  # entries in any one plan table
 MAX_PARAM_BYTES = 32764  # CUDA's limit on a kernel's parameters (csrc/restore/restore.h)
 MEMORY_TYPES = (1, 2, 4)  # CUmemorytype host, device, unified
 TEMPLATE = {"nodes": bytes, "params": bytes, "relocs": bytes, "edges": bytes, "num_nodes": int}
 GRAPH = {"template": int, "idx": bytes, "rows": bytes, "params": bytes, "relocs": bytes,
          "attrs": bytes}  # fmt: skip
-
-
-def _records(blobs: list[bytes], dtype: np.dtype, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """The blobs' records, concatenated, and how many each blob holds."""
-    sizes = np.array([len(b) for b in blobs], np.int64)
-    bad = np.flatnonzero(sizes % dtype.itemsize)
-    if bad.size:
-        raise ArtifactError(f"{where.format(bad[0])}: not a whole number of records")
-    return np.frombuffer(b"".join(blobs), dtype), sizes // dtype.itemsize
-
-
-def entries(value: Any, where: str, fields: Mapping[str, type]) -> list[dict[str, Any]]:
-    """A list of objects with exactly these fields, of these types; integers within int64 (numpy
-    takes them next: a larger one would raise OverflowError, not the project's error)."""
-    if type(value) is not list or len(value) > MAX_TABLE:
-        raise ArtifactError(f"{where}: expected a list")
-    for i, v in enumerate(value):
-        if type(v) is not dict or v.keys() != fields.keys():
-            raise ArtifactError(f"{where}[{i}]: expected an object with fields {list(fields)}")
-        for k, t in fields.items():
-            if type(v[k]) is not t or (t is int and not -I64 <= v[k] < I64):
-                raise ArtifactError(f"{where}[{i}].{k}: expected {t.__name__}")
-    return value  # type: ignore[no-any-return]
-
-
-def _one_of(a: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
-    out = np.zeros(a.shape, bool)  # NOTE: not np.isin: its first call imports numpy.ma (13 ms)
-    for v in values:
-        out |= a == v
-    return out
-
-
-def _raise_first(bad: np.ndarray, name: Callable[[int], str], what: str) -> None:
-    hit = np.flatnonzero(bad)
-    if hit.size:
-        raise ArtifactError(f"{name(int(hit[0]))}: {what}")
 
 
 def check_graphs(plan: dict[str, Any], tables: PlanTables) -> None:
@@ -134,19 +96,19 @@ class _Blobs:
 
 def _unpack(templates: list[dict[str, Any]], graphs: list[dict[str, Any]]) -> _Blobs:
     """The blobs as records, each whole, each graph naming a template, idx matching rows."""
-    tn_rows, tn = _records([t["nodes"] for t in templates], NODE, "template {}: nodes")
-    t_rel, tr = _records([t["relocs"] for t in templates], RELOC, "template {}: relocs")
-    edges, te = _records([t["edges"] for t in templates], EDGE, "template {}: edges")
+    tn_rows, tn = records([t["nodes"] for t in templates], NODE, "template {}: nodes")
+    t_rel, tr = records([t["relocs"] for t in templates], RELOC, "template {}: relocs")
+    edges, te = records([t["edges"] for t in templates], EDGE, "template {}: edges")
     tp = np.array([len(t["params"]) for t in templates], np.int64)
     gt = np.array([g["template"] for g in graphs], np.int64)
-    _raise_first((gt < 0) | (gt >= len(templates)), lambda g: f"graph {g}", "no such template")
-    over, gk = _records([g["rows"] for g in graphs], NODE, "graph {}: rows")
-    idx, gi = _records([g["idx"] for g in graphs], np.dtype("<u4"), "graph {}: idx")
-    _raise_first(gk != gi, lambda g: f"graph {g}", "idx and rows differ in length")
-    g_rel, gr = _records([g["relocs"] for g in graphs], RELOC, "graph {}: relocs")
-    attrs, ga = _records([g["attrs"] for g in graphs], ATTR, "graph {}: attrs")
+    raise_first((gt < 0) | (gt >= len(templates)), lambda g: f"graph {g}", "no such template")
+    over, gk = records([g["rows"] for g in graphs], NODE, "graph {}: rows")
+    idx, gi = records([g["idx"] for g in graphs], np.dtype("<u4"), "graph {}: idx")
+    raise_first(gk != gi, lambda g: f"graph {g}", "idx and rows differ in length")
+    g_rel, gr = records([g["relocs"] for g in graphs], RELOC, "graph {}: relocs")
+    attrs, ga = records([g["attrs"] for g in graphs], ATTR, "graph {}: attrs")
     gp = np.array([len(g["params"]) for g in graphs], np.int64)
-    _raise_first(
+    raise_first(
         np.array([t["num_nodes"] for t in templates]) != tn, lambda t: f"template {t}", "num_nodes"
     )
     return _Blobs(
@@ -157,9 +119,9 @@ def _unpack(templates: list[dict[str, Any]], graphs: list[dict[str, Any]]) -> _B
 def _check_replaced(b: _Blobs, og: np.ndarray) -> None:
     """Replacement rows: at a node the template has, of the type the template gives it."""
     ot = b.gt[og]
-    _raise_first(b.idx >= b.tn[ot], lambda r: f"graph {og[r]}, idx {b.idx[r]}", "no such node")
+    raise_first(b.idx >= b.tn[ot], lambda r: f"graph {og[r]}, idx {b.idx[r]}", "no such node")
     o_at = b.t_start[ot] + b.idx.astype(np.int64)
-    _raise_first(
+    raise_first(
         b.tn_rows["type"][o_at] != b.over["type"],
         lambda r: f"graph {og[r]}, node {b.idx[r]}",
         "a replaced node changes its type",
@@ -185,7 +147,7 @@ def _check_reloc_counts(b: _Blobs, rows: np.ndarray, own_t: np.ndarray, og: np.n
     nt, ng = len(b.tn), len(b.gt)
     owner = np.concatenate([own_t, nt + og])
     used = np.bincount(owner, rows["reloc_len"].astype(np.float64), nt + ng)
-    _raise_first(
+    raise_first(
         used > np.concatenate([b.tr, b.gr]) + np.concatenate([np.zeros(len(b.tr)), b.tr[b.gt]]),
         lambda o: f"template {o}" if o < nt else f"graph {o - nt}",
         "its nodes claim more relocations than it has",
@@ -196,30 +158,30 @@ def _check_rows(
     rows: np.ndarray, p_len: np.ndarray, r_len: np.ndarray, layout_end: np.ndarray, name: Callable
 ) -> None:
     t = rows["type"]
-    known = _one_of(t, (KERNEL, MEMCPY, MEMSET, EMPTY))
-    _raise_first(~known, name, "type is not one restore builds")
+    known = one_of(t, (KERNEL, MEMCPY, MEMSET, EMPTY))
+    raise_first(~known, name, "type is not one restore builds")
     r_end = rows["reloc_off"].astype(np.int64) + rows["reloc_len"]
-    _raise_first(r_end > r_len, name, "reloc_off/reloc_len lie outside the relocations")
+    raise_first(r_end > r_len, name, "reloc_off/reloc_len lie outside the relocations")
     k = t == KERNEL
-    _raise_first(k & (rows["func"] >= len(layout_end)), name, "func is not in the kernel table")
+    raise_first(k & (rows["func"] >= len(layout_end)), name, "func is not in the kernel table")
     p_end = rows["param_off"].astype(np.int64) + rows["param_len"]
-    _raise_first(k & (rows["param_len"] > MAX_PARAM_BYTES), name, "param_len is too large")
-    _raise_first(k & (p_end > p_len), name, "param_off/param_len lie outside the parameters")
+    raise_first(k & (rows["param_len"] > MAX_PARAM_BYTES), name, "param_len is too large")
+    raise_first(k & (p_end > p_len), name, "param_off/param_len lie outside the parameters")
     end = np.append(layout_end, -1)[np.minimum(rows["func"], len(layout_end))]
     p_n = rows["param_len"].astype(np.int64)
-    _raise_first(
+    raise_first(
         k & (end < 0) & (p_n > 0),
         name,
         "its kernel's parameter layout was not recorded (cuFuncGetParamInfo), so its parameters "
         "cannot be passed as kernelParams",
     )
-    _raise_first(k & (end > p_n), name, "its kernel's parameter layout runs past param_len")
+    raise_first(k & (end > p_n), name, "its kernel's parameter layout runs past param_len")
     want = np.select([t == MEMCPY, t == MEMSET, t == EMPTY], [2, 1, 0], -1)
-    _raise_first(~k & (rows["reloc_len"] != want), name, "a copy or fill without its addresses")
+    raise_first(~k & (rows["reloc_len"] != want), name, "a copy or fill without its addresses")
     e = rows["elem"]
-    _raise_first((t == MEMSET) & ~_one_of(e, (1, 2, 4)), name, "memset element size not 1, 2, 4")
-    bad_types = ~_one_of(e & 0xFF, MEMORY_TYPES) | ~_one_of(e >> 8, MEMORY_TYPES)
-    _raise_first((t == MEMCPY) & bad_types, name, "memcpy memory types are not host/device")
+    raise_first((t == MEMSET) & ~one_of(e, (1, 2, 4)), name, "memset element size not 1, 2, 4")
+    bad_types = ~one_of(e & 0xFF, MEMORY_TYPES) | ~one_of(e >> 8, MEMORY_TYPES)
+    raise_first((t == MEMCPY) & bad_types, name, "memcpy memory types are not host/device")
 
 
 def _check_relocs(
@@ -237,18 +199,18 @@ def _check_relocs(
     k = t == KERNEL
     bad = k & ((off % 8 != 0) | (off + 8 > rows["param_len"][row]))
     bad |= (t == MEMSET) & (off != 0)
-    bad |= (t == MEMCPY) & ~_one_of(off, (0, 8))
-    _raise_first(bad, lambda i: name(row[i]), "a relocated word lies outside the node")
+    bad |= (t == MEMCPY) & ~one_of(off, (0, 8))
+    raise_first(bad, lambda i: name(row[i]), "a relocated word lies outside the node")
     copy_offs = np.bincount(row, np.where(t == MEMCPY, off, 0), len(rows))
-    _raise_first((rows["type"] == MEMCPY) & (copy_offs != 8), name, "memcpy needs dst and src")
+    raise_first((rows["type"] == MEMCPY) & (copy_offs != 8), name, "memcpy needs dst and src")
     room = tables.targets.room(rel["kind"], rel["target"], rel["addend"])
-    _raise_first(room < 0, lambda i: name(row[i]), "a relocation points outside its allocation")
+    raise_first(room < 0, lambda i: name(row[i]), "a relocation points outside its allocation")
     width, rows_n = rows["width"][row], np.maximum(rows["height"][row], 1)
     elem = np.where(t == MEMSET, rows["elem"][row], 1).astype(np.uint64)
     room_u = room.astype(np.uint64)
     fits = width <= room_u // np.maximum(elem, 1)
     fits &= rows_n <= room_u // np.maximum(width * elem * fits, 1)
-    _raise_first(~k & ~fits, lambda i: name(row[i]), "a copy or fill runs past its allocation")
+    raise_first(~k & ~fits, lambda i: name(row[i]), "a copy or fill runs past its allocation")
 
 
 def _check_attr_relocs(
@@ -264,7 +226,7 @@ def _check_attr_relocs(
         return f"graph {own[i]}, attribute of node {attrs['node'][i]}"
 
     end = attrs["reloc_off"].astype(np.int64) + attrs["reloc_len"]
-    _raise_first(end > (t_len + g_len)[own], name, "its relocations lie outside the graph's")
+    raise_first(end > (t_len + g_len)[own], name, "its relocations lie outside the graph's")
     n = attrs["reloc_len"].astype(np.int64)
     row = np.repeat(np.arange(len(attrs)), n)
     local = np.arange(len(row)) - (np.cumsum(n) - n)[row] + attrs["reloc_off"][row]
@@ -272,10 +234,10 @@ def _check_attr_relocs(
     at = np.where(local < t_len[g], t_base[g] + local, g_base[g] + local - t_len[g])
     rel = all_rel[at]
     off = rel["offset"].astype(np.int64)
-    _raise_first((off % 8 != 0) | (off + 8 > 64), lambda i: name(row[i]), "a relocated word "
+    raise_first((off % 8 != 0) | (off + 8 > 64), lambda i: name(row[i]), "a relocated word "
                  "lies outside the attribute value")  # fmt: skip
     room = tables.targets.room(rel["kind"], rel["target"], rel["addend"])
-    _raise_first(room < 0, lambda i: name(row[i]), "a relocation points outside its allocation")
+    raise_first(room < 0, lambda i: name(row[i]), "a relocation points outside its allocation")
 
 
 def _check_edges(edges: np.ndarray, te: np.ndarray, tn: np.ndarray) -> None:
@@ -286,9 +248,9 @@ def _check_edges(edges: np.ndarray, te: np.ndarray, tn: np.ndarray) -> None:
         return f"template {own[i]}, edge {i - first[own[i]]}"
 
     nodes = tn[own]
-    _raise_first((edges["from"] >= nodes) | (edges["to"] >= nodes), name, "no such node")
+    raise_first((edges["from"] >= nodes) | (edges["to"] >= nodes), name, "no such node")
     bad = (edges["type"] > 1) | (edges["to_port"] != 0) | (edges["from_port"] > 2)
-    _raise_first(bad, name, "edge type or port is not one CUDA defines")
+    raise_first(bad, name, "edge type or port is not one CUDA defines")
 
 
 def _check_attrs(
@@ -299,7 +261,7 @@ def _check_attrs(
     def name(i: int) -> str:
         return f"graph {own[i]}, attribute of node {attrs['node'][i]}"
 
-    _raise_first(attrs["node"] >= g_nodes[own], name, "no such node")
+    raise_first(attrs["node"] >= g_nodes[own], name, "no such node")
     kernel = types[g_start[own] + attrs["node"].astype(np.int64)] == KERNEL
-    _raise_first(~kernel, name, "not a kernel node")
-    _raise_first((attrs["attr"] < 1) | (attrs["attr"] >= 64), name, "not a CUDA attribute id")
+    raise_first(~kernel, name, "not a kernel node")
+    raise_first((attrs["attr"] < 1) | (attrs["attr"] >= 64), name, "not a CUDA attribute id")

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from medusa.artifact.errors import ArtifactError
-from medusa.restore.graph_check import MAX_PARAM_BYTES, MAX_TABLE, check_graphs, entries
+from medusa.restore.graph_check import MAX_PARAM_BYTES, check_graphs
+from medusa.restore.plan_records import MAX_TABLE, entries
 from medusa.restore.plan_tables import PlanTables, Targets
 
 U63 = 1 << 63

@@ -77,7 +77,8 @@ def _install() -> None:
 
         install_recording(Worker, GPUModelRunner)
     if artifact:
-        from medusa.integrations.vllm.restore import install_kv_size, install_restore
+        from medusa.integrations.vllm.kv_size import install_kv_size
+        from medusa.integrations.vllm.restore import install_restore
 
         install_kv_size(Worker, artifact)
         install_restore(GPUModelRunner, artifact)
