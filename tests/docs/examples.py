@@ -154,3 +154,20 @@ def matches(documented: list[str], printed: list[str], prefix: bool = False) -> 
 
 def _line_pattern(documented: str) -> re.Pattern[str]:
     return re.compile(".*".join(re.escape(part) for part in documented.split("…")))
+
+
+FILE = re.compile(r"<!--\s*file:\s*(\S+)\s*-->")
+
+
+def file_blocks(path: Path) -> list[tuple[str, str, str]]:
+    """(where, file, text) of each block a page marks `<!-- file: PATH -->`: a copy of that
+    repository file, which must stay equal to it."""
+    lines = path.read_text().splitlines()
+    found = []
+    for i, line in enumerate(lines[:-1]):
+        m = FILE.fullmatch(line.strip())
+        if m and lines[i + 1].startswith("```"):
+            end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
+            where = f"{path.relative_to(REPO)}:{i + 2}"
+            found.append((where, m.group(1), "\n".join(lines[i + 2 : end]) + "\n"))
+    return found

@@ -1,14 +1,14 @@
 """Every `$ command` example of the README and of docs/ is run, and what it prints is compared
 with what the page says it prints (tests/docs/examples.py has the parsing and masking rules,
 tests/docs/session.py how a page runs). The examples start processes, so they are e2e; the
-fast subset checks that every example is run or says why not, and that the rules mask what
-they promise. The count of examples run and not run is printed at the end of the session."""
+fast subset checks that every example is run or says why not, that the rules mask what they
+promise, and that a file a page quotes (`<!-- file: PATH -->` before the block) is the file. The count of examples run and not run is printed at the end of the session."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.docs.examples import REPO, blocks, mask, matches, pages
+from tests.docs.examples import REPO, blocks, file_blocks, mask, matches, pages
 from tests.docs.session import Session
 
 ALL = {str(p.relative_to(REPO)): blocks(p) for p in pages()}
@@ -21,6 +21,13 @@ def test_every_example_runs_or_says_why_not_and_few_do_not():
     assert sum(len(b.commands) for bs in RUN.values() for b in bs) > 0
     assert all(b.not_run.strip() for b in not_run)
     assert len(not_run) <= MOST_NOT_RUN, [f"{b.where}: {b.not_run}" for b in not_run]
+
+
+def test_a_file_a_page_quotes_is_the_file_as_it_is():
+    quoted = [q for p in pages() for q in file_blocks(p)]
+    assert quoted, "docs/gateway.md quotes runtime/models.yaml"
+    for where, name, text in quoted:
+        assert text == (REPO / name).read_text(), f"{where}: not {name} as it is; copy it again"
 
 
 def test_masking_hides_what_changes_from_run_to_run_and_nothing_else():
