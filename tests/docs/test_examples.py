@@ -2,7 +2,8 @@
 with what the page says it prints (tests/docs/examples.py has the parsing and masking rules,
 tests/docs/session.py how a page runs). The examples start processes, so they are e2e; the
 fast subset checks that every example is run or says why not, that the rules mask what they
-promise, and that a file a page quotes (`<!-- file: PATH -->` before the block) is the file. The count of examples run and not run is printed at the end of the session."""
+promise, and that a file a page quotes (`<!-- file: PATH -->` before the block) is the file.
+The count of examples run and not run is printed at the end of the session."""
 
 from __future__ import annotations
 
