@@ -28,6 +28,7 @@ LAYERS = {
     "errors": 1,  # the error tree every layer raises from
     "child": 1,  # command lines of child processes
     "scratch": 1,  # scratch directories
+    "progress": 1,  # progress of long steps: rich on a terminal, a plain line per step otherwise
     "trace": 1,
     "artifact": 1,
     "cuda": 1,

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from medusa.engine.config import EngineConfig
     from medusa.engine.llm_engine import LLMEngine
-    from medusa.serve.async_engine import AsyncEngine
+    from medusa.serve.async_engine import AsyncEngine, StageFn
     from medusa.serve.connections import ConnectionLimits
     from medusa.serve.listeners import Listener, Where
 
@@ -68,6 +68,7 @@ def restored_engine(
     trust: str | None,
     partition: str | None,
     partition_timeout: float,
+    on_stage: StageFn,
 ) -> LLMEngine:
     """The engine restored from `artifact` (on the engine thread), its decode graphs split by
     `partition` when given."""
@@ -80,6 +81,7 @@ def restored_engine(
         validate=validate,
         trust=trust,
         store_checked=env.STORE_CHECKED.get(),
+        on_stage=on_stage,
     )
     if partition:
         from medusa.tessera.partition import Leader
@@ -138,7 +140,9 @@ def serve(
             listener.close()
 
 
-def _start_engine(config: EngineConfig, factory: Callable[[], LLMEngine] | None) -> AsyncEngine:
+def _start_engine(
+    config: EngineConfig, factory: Callable[[StageFn], LLMEngine] | None
+) -> AsyncEngine:
     """The engine, starting on its own thread; the restore trace goes once it has started."""
     from medusa.serve.async_engine import AsyncEngine
 

@@ -31,16 +31,32 @@ if TYPE_CHECKING:
     default="1g.12gb,1g.12gb,1g.12gb,1g.12gb,1g.24gb,2g.24gb,3g.48gb",
     help="GH200 MIG profiles, comma separated.",
 )
-@click.option("--placement", type=click.Choice(["bandwidth", "random"]), default="bandwidth")
-@click.option("--chunk", type=click.Choice(["tuned", "default"]), default="tuned")
-@click.option("--alpha", type=click.Choice(["tuned", "static"]), default="tuned")
-@click.option("--seed", default=0)
+@click.option(
+    "--placement",
+    type=click.Choice(["bandwidth", "random"]),
+    default="bandwidth",
+    help="Models onto slices: keeping the C2C link's demand within its bandwidth, or at random.",
+)
+@click.option(
+    "--chunk",
+    type=click.Choice(["tuned", "default"]),
+    default="tuned",
+    help="Prefill chunk: from the profiling table per model and slice, or 256 tokens.",
+)
+@click.option(
+    "--alpha",
+    type=click.Choice(["tuned", "static"]),
+    default="tuned",
+    help="HybridGEMM's alpha: tuned online (C2CServe Algorithm 2), or fixed at 1 "
+    "(a plain output-stationary GEMM).",
+)
+@click.option("--seed", default=0, help="Seed of the trace and the random placement.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
 @click.option(
     "--sharing",
     is_flag=True,
     help="Instead: many models sharing devices, Prism vs static partitioning vs MuxServe-like "
-    "(max load at 99%% TTFT attainment, devices needed). Uses --models, --devices, --duration "
+    "(max load at 99% TTFT attainment, devices needed). Uses --models, --devices, --duration "
     "and --seed.",
 )
 @click.option("--models", "n_models", default=16, help="--sharing: models in the catalog.")

@@ -46,6 +46,7 @@ class LLMEngine:
         store: str | Path | WeightStore | None = None,
         store_checked: str = "",
         restore_since: int = 0,
+        on_stage: Callable[[str], None] | None = None,
     ) -> None:
         """artifact: a directory, or an Artifact loaded and checked ahead (a pooled worker's).
         device: a Device made earlier in this process (a pooled worker's, whose runtime and
@@ -56,12 +57,13 @@ class LLMEngine:
         store's header, the weights come from it and nothing is hashed again. restore_since:
         this process's trace sequence number this engine's start-up began after (another engine
         lives on in the process: medusa.restore.Restorer's `since`). The plug-ins the config
-        names (kv_memory, step_hooks) must be registered (medusa.plugins)."""
+        names (kv_memory, step_hooks) must be registered (medusa.plugins). on_stage: called
+        with each start-up stage's name as it begins."""
         kv_cache_class(config.kv_memory)  # NOTE: a plug-in not registered fails before any work
         hook_factories = [step_hook_factory(name) for name in config.step_hooks]
         self.config = config
         self.startup = StartUp(config, require=require_artifact, store_checked=store_checked,
-                               restore_since=restore_since)  # fmt: skip
+                               restore_since=restore_since, on_stage=on_stage)  # fmt: skip
         self.startup.run(source, artifact, trust, device, store, validate)
         s = self.startup
         self.device, self.source, self.spec, self.runner = s.device, s.source, s.spec, s.runner
@@ -159,13 +161,25 @@ class LLMEngine:
             raise ValueError(
                 f"the prompt has {len(prompt)} tokens; this engine takes at most "
                 f"{self.max_prompt_tokens} (max_model_len={self.config.max_model_len}, "
-                f"max_num_batched_tokens={self.config.max_num_batched_tokens})"
+                f"max_num_batched_tokens={self.config.max_num_batched_tokens}): {self._longer()}"
             )
         bad = [t for t in prompt if not 0 <= t < self.spec.vocab_size]
         if bad:
             raise ValueError(
                 f"token id {bad[0]} is outside the vocabulary (0..{self.spec.vocab_size - 1})"
             )
+
+    def _longer(self) -> str:
+        """How to start an engine that takes a longer prompt: chunked prefill (not a setting an
+        artifact decides) up to max_model_len, beyond that a longer max_model_len."""
+        c = self.config
+        if c.max_prefill_chunk is None and c.max_num_batched_tokens < c.max_model_len:
+            return (
+                f"start it with --max-prefill-chunk {c.max_num_batched_tokens} (models.yaml: "
+                f"engine: {{max_prefill_chunk: {c.max_num_batched_tokens}}}) to prefill prompts "
+                f"of up to {c.max_model_len - 1} tokens in chunks"
+            )
+        return "start it with a larger --max-model-len (models.yaml: engine: {max_model_len: N})"
 
     def add_request(self, prompt: list[int], params: SamplingParams) -> Sequence:
         self.check_prompt(prompt)

@@ -39,9 +39,15 @@ class StartUp(WeightStartUp):
     the engine serves."""
 
     def __init__(
-        self, config: EngineConfig, *, require: bool, store_checked: str, restore_since: int
+        self,
+        config: EngineConfig,
+        *,
+        require: bool,
+        store_checked: str,
+        restore_since: int,
+        on_stage: Callable[[str], None] | None = None,
     ) -> None:
-        super().__init__(config, require=require, store_checked=store_checked)
+        super().__init__(config, require=require, store_checked=store_checked, on_stage=on_stage)
         self.kv_profile: dict[str, int] = {}
         self.restored = False
         self.restore_error: str | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,8 +37,17 @@ class WeightStartUp:
     source: ModelSource
     runner: ModelRunner
 
-    def __init__(self, config: EngineConfig, *, require: bool, store_checked: str) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        require: bool,
+        store_checked: str,
+        on_stage: Callable[[str], None] | None = None,
+    ) -> None:
+        """on_stage: called with each stage's name as it begins (a worker's /health says it)."""
         self.config = config
+        self._on_stage = on_stage
         self.timings: dict[str, float] = {}
         self.store: WeightStore | None = None
         self.store_error: str | None = None  # why a weight store was not used
@@ -204,6 +213,8 @@ class WeightStartUp:
     @contextmanager
     def _stage(self, name: str) -> Iterator[None]:
         trace.mark(name)
+        if self._on_stage is not None:
+            self._on_stage(name)
         t0 = time.perf_counter()
         yield
         self.timings[name] = dt = time.perf_counter() - t0

@@ -82,7 +82,9 @@ class Restorer:
         if not trace.active() or not path:
             raise RestoreError(
                 "restore needs the recorder in restore mode (MEDUSA_TRACE, "
-                "MEDUSA_MODE=restore, LD_PRELOAD): `medusa run --artifact` sets it"
+                "MEDUSA_MODE=restore, LD_PRELOAD): `medusa run --artifact` sets it; for "
+                "another program, start it with `medusa trace record --mode restore -o "
+                "restore-%p.mtr -- COMMAND`"
             )
         trace.flush()
         path = path.replace("%p", str(os.getpid()))

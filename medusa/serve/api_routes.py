@@ -21,7 +21,7 @@ async def health(request: Request) -> Response:
     if engine.error:
         return JSONResponse({"status": "failed", "error": engine.error}, status_code=500)
     if not engine.ready.is_set():
-        return JSONResponse({"status": "starting"}, status_code=503)
+        return JSONResponse({"status": "starting", "stage": engine.stage}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

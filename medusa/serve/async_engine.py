@@ -20,6 +20,7 @@ from medusa.errors import EngineDeadError
 
 log = logging.getLogger("medusa.serve")
 T = TypeVar("T")
+StageFn = Callable[[str], None]  # told each start-up stage's name as it begins
 IDLE_POLL = 0.5e-3  # seconds between idle polls of an engine's step hooks (a Weaver receiver)
 
 
@@ -49,11 +50,15 @@ class _Request:
 
 
 class AsyncEngine:
-    def __init__(self, config: EngineConfig, factory: Callable[[], LLMEngine] | None = None):
+    def __init__(
+        self, config: EngineConfig, factory: Callable[[StageFn], LLMEngine] | None = None
+    ) -> None:
+        """factory(on_stage): the engine, built with on_stage as its start-up's stage callback."""
         self.config = config
-        self._factory = factory or (lambda: LLMEngine(config))
+        self._factory = factory or (lambda on_stage: LLMEngine(config, on_stage=on_stage))
         self.engine: LLMEngine | None = None
         self.error: str | None = None
+        self.stage = "starting"  # the start-up stage under way (/health says it)
         self.ready = threading.Event()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._by_seq: dict[int, _Request] = {}
@@ -71,7 +76,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
-            self.engine = self._factory()
+            self.engine = self._factory(self._begin_stage)
         except Exception as e:  # noqa: BLE001 - reported on /health and by `medusa run`
             # NOTE: the one-line reason is the user's message; the traceback is for --verbose.
             log.debug("engine start-up failed", exc_info=True)
@@ -101,6 +106,9 @@ class AsyncEngine:
                     continue
                 time.sleep(IDLE_POLL)
         eng.shutdown()  # NOTE: its step hooks first (a Weaver receiver stops serving)
+
+    def _begin_stage(self, name: str) -> None:
+        self.stage = name
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """fn(engine) on the engine thread, between steps; its result, or its exception."""

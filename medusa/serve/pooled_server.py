@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from medusa import scratch
 from medusa.engine.config import EngineConfig
 from medusa.serve.api_server import create_app
-from medusa.serve.async_engine import AsyncEngine
+from medusa.serve.async_engine import AsyncEngine, StageFn
 from medusa.serve.connections import ConnectionLimits, make_server
 from medusa.serve.prepared import Assignment, PreparedArtifact, PreparedSource
 from medusa.serve.protocol import NO_DOCS, APIError, api_error, read_json
@@ -52,6 +52,9 @@ async def pool(request: Request) -> JSONResponse:
     pooled = request.app.state.pooled
     if pooled.error:
         return JSONResponse({"state": "failed", "error": pooled.error}, status_code=500)
+    engine = pooled.engine
+    if engine is not None and not engine.ready.is_set():  # assigned: its start-up stage
+        return JSONResponse({"state": "starting", "stage": engine.stage}, status_code=503)
     state = "idle" if pooled.prepared.is_set() else "warming"
     return JSONResponse({"state": state}, status_code=200 if state == "idle" else 503)
 
@@ -151,7 +154,9 @@ class PooledServer:
             job = Assignment(self.command, argv)
         except ValueError as e:
             return self._failed(str(e))
-        engine = self.engine = AsyncEngine(job.config, lambda: self._build(job, store_checked))
+        engine = self.engine = AsyncEngine(
+            job.config, lambda on_stage: self._build(job, store_checked, on_stage)
+        )
         engine.start()
         # NOTE: built while the engine starts (5 ms of FastAPI routes; its routes answer 503
         # until the engine is ready, and nobody reaches them before self.inner is set).
@@ -175,7 +180,7 @@ class PooledServer:
             }
         )
 
-    def _build(self, job: Assignment, store_checked: str) -> LLMEngine:
+    def _build(self, job: Assignment, store_checked: str, on_stage: StageFn) -> LLMEngine:
         from medusa.engine.llm_engine import LLMEngine
         from medusa.engine.loader import locate_model
 
@@ -199,6 +204,7 @@ class PooledServer:
             trust=job.trust,
             device=self.device,
             store_checked=store_checked,
+            on_stage=on_stage,
         )
 
     def _failed(self, reason: str) -> JSONResponse:

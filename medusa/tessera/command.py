@@ -81,9 +81,18 @@ def crosscheck_cmd(instrumented: Path, shifted: Path, strict: bool) -> None:
 
 
 @tessera.command("plan")
-@click.option("--batch", type=int, default=160, show_default=True)
-@click.option("--context", type=int, default=4096, show_default=True)
-@click.option("--objective", type=click.Choice(["throughput", "latency"]), default="throughput")
+@click.option(
+    "--batch", type=int, default=160, show_default=True, help="Sequences decoded together."
+)
+@click.option("--context", type=int, default=4096, show_default=True, help="Tokens per sequence.")
+@click.option(
+    "--objective",
+    type=click.Choice(["throughput", "latency"]),
+    default="throughput",
+    show_default=True,
+    help="throughput: minimize the pipeline period (the busiest device's compute or incoming "
+    "transfers); latency: minimize one step's kernel times plus the transfers between devices.",
+)
 def plan_cmd(batch: int, context: int, objective: str) -> None:
     """Plan Llama-3-8B decode over H100 + RTX Pro 6000 (roofline profiles)."""
     from medusa.tessera.planner import solve
@@ -121,9 +130,11 @@ def plan_cmd(batch: int, context: int, objective: str) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="For --how random.")
 def place_cmd(artifact: Path, out: Path, how: str, seed: int) -> None:
     """Place an artifact's decode graph nodes on two devices, for `medusa run --partition`."""
+    from medusa.progress import Progress
     from medusa.tessera.partition import make_placement
 
-    p = make_placement(artifact, out, how, seed)
+    with Progress(steps=2) as progress:
+        p = make_placement(artifact, out, how, seed, progress)
     nodes = ", ".join(str(len(g)) for g in p.graphs)
     click.echo(f"{out}: {how} placement of {len(p.graphs)} decode graphs ({nodes} nodes); "
                f"accesses recorded in {p.accesses}")  # fmt: skip

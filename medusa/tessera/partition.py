@@ -32,6 +32,7 @@ from typing import Any
 
 from medusa import scratch
 from medusa.errors import RefusedError
+from medusa.progress import Progress
 
 FORMAT = "medusa-tessera-placement/1"
 TIMEOUT = 10.0  # seconds the follower may take within a step (a decode step takes milliseconds)
@@ -94,10 +95,13 @@ def load_placement(path: str | Path, artifact: str | Path, nodes: list[int]) -> 
     return Placement(path, body["artifact_sha256"], accesses, graphs, str(body.get("how", "")))
 
 
-def make_placement(artifact: str | Path, out: str | Path, how: str, seed: int = 0) -> Placement:
+def make_placement(
+    artifact: str | Path, out: str | Path, how: str, seed: int = 0, progress: Progress | None = None
+) -> Placement:
     """Records the artifact's start-up with accesses on (next to OUT) and places its decode
     graphs' nodes: `half` (each graph's first half on device 0, the rest on device 1) or
-    `random`. The KV cache's kernels are moved to device 0 when the placement is used."""
+    `random`. The KV cache's kernels are moved to device 0 when the placement is used.
+    progress: where its two long steps show (none by default)."""
     import random
 
     from medusa.artifact.store import load_artifact
@@ -110,8 +114,11 @@ def make_placement(artifact: str | Path, out: str | Path, how: str, seed: int = 
     out = Path(out)
     manifest = load_artifact(Path(artifact)).manifest
     trace = out.with_name(out.name + ".accesses.mtr")
-    record_instrumented(EngineConfig(**manifest["engine"]), trace)
-    nodes = [len(rows) for rows in analyze(RunView.build(read_trace(trace)))]
+    steps = progress or Progress(quiet=True)
+    with steps.step("recording the start-up and graph replays with kernel accesses on"):
+        record_instrumented(EngineConfig(**manifest["engine"]), trace)
+    with steps.step("analyzing the decode graphs' accesses"):
+        nodes = [len(rows) for rows in analyze(RunView.build(read_trace(trace)))]
     rng = random.Random(seed)
     if how == "half":
         graphs = [[int(i >= n // 2) for i in range(n)] for n in nodes]

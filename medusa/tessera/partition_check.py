@@ -104,7 +104,7 @@ class Side:
 
 def main() -> None:
     plugins.register()  # what the artifact's engine config may name
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m medusa.tessera.partition_check")
     ap.add_argument("artifact")
     ap.add_argument("trace")
     ap.add_argument("rank", type=int)

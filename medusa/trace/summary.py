@@ -52,11 +52,14 @@ def _timeline(trace: Trace, width: int = 10) -> list[str]:
 
 
 def _library_names(trace: Trace) -> dict[int, str]:
-    """Library/module handle -> a readable name: the exported stub's object, else the image."""
+    """Library/module handle -> a readable name: the loaded file, else the image's hash. A
+    library's kernels name its module (cuLibraryGetModule), not the library: key both."""
     names: dict[int, str] = {}
     for e in trace.of(R.Load, Ev.LOAD):
         label = Path(e.file).name if e.file else f"image {e.sha256[:12]}"
         names[e.handle] = label
+        if e.module:
+            names[e.module] = label
     return names
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
+from medusa.progress import Progress
 from medusa.weaver.hot import pair
 from medusa.weaver.offload import WeavingLink
 from medusa.weaver.region import RECEIVER_PID
@@ -66,7 +67,9 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m medusa.weaver.pair", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("prompts", nargs="*", default=["What is the capital of France?"])
     ap.add_argument("--model", help="the hot model (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--cold-model", help="the cold model (default: the hot one)")
@@ -79,20 +82,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args.serve, args.cold_model, args.blocks)
         return 0
+    with Progress(steps=4 if args.check else 3) as progress:
+        return _run(args, progress)
+
+
+def _run(args: argparse.Namespace, progress: Progress) -> int:
     region = Path(tempfile.mkdtemp(prefix="weaver-", dir="/dev/shm")) / "region"
-    hot = LLMEngine(engine_config(args.model))
+    with progress.step("starting the hot engine"):
+        hot = LLMEngine(engine_config(args.model))
     w = pair(hot, WeavingLink(region, args.ratio))
     cmd = [sys.executable, "-m", "medusa.weaver.pair", "--serve", str(region)]
     cmd += ["--blocks", str(args.blocks)]
     cmd += ["--cold-model", args.cold_model] if args.cold_model else []
     cold = subprocess.Popen(cmd)
     try:
-        while w.region.counter(RECEIVER_PID) == 0:
-            if cold.poll() is not None:
-                print("the cold engine exited before serving", file=sys.stderr)
-                return 1
-            time.sleep(0.05)
-        tokens, secs = generate(hot, args.prompts, args.max_tokens)
+        with progress.step("starting the cold engine in another process"):
+            while w.region.counter(RECEIVER_PID) == 0:
+                if cold.poll() is not None:
+                    print("the cold engine exited before serving", file=sys.stderr)
+                    return 1
+                time.sleep(0.05)
+        with progress.step(f"generating, {args.ratio} of the sequences offloaded"):
+            tokens, secs = generate(hot, args.prompts, args.max_tokens)
         for p, t in zip(args.prompts, tokens, strict=True):
             print(f"hot: {p!r} -> {hot.tokenizer.decode(t)!r}")
         n, lost = sum(map(len, tokens)), w.error or "no"
@@ -105,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         region.unlink(missing_ok=True)
         os.rmdir(region.parent)
     if args.check:
-        with LLMEngine(engine_config(args.model)) as plain:
-            want, _ = generate(plain, args.prompts, args.max_tokens)
+        with progress.step("generating again on a plain engine, nothing offloaded"):
+            with LLMEngine(engine_config(args.model)) as plain:
+                want, _ = generate(plain, args.prompts, args.max_tokens)
         print(f"identical to no offload: {'yes' if want == tokens else 'NO'}")
         return 0 if want == tokens else 1
     return 0

@@ -244,7 +244,10 @@ def _check_head(g: Geometry, kind: int, layer: int, num_seqs: int, num_tokens: i
 def main() -> None:  # pragma: no cover - the receiver process of tests and scripts
     import argparse
 
-    ap = argparse.ArgumentParser(description="Serve one Weaver exchange region on simcuda.")
+    ap = argparse.ArgumentParser(
+        prog="python -m medusa.weaver.receiver",
+        description="Serve one Weaver exchange region on simcuda.",
+    )
     ap.add_argument("region")
     ap.add_argument("--blocks", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=4)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from serverless import clean_env  # scripts/bench/, next to this file
 
+from medusa.progress import Progress
 from medusa.trace import recorder_env
 
 CHILD = """
@@ -82,21 +83,25 @@ def main() -> None:
         art = Path(tmp) / "art"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items() if k != "model"]
         opts += [args.model] if args.model else []
+        progress = Progress(steps=1 + 2 * args.repeat)
         t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out", str(art)],
-            env=base_env,
-            check=True,
-            capture_output=True,
-        )
+        with progress.step("materializing"):
+            subprocess.run(
+                [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out", str(art)],
+                env=base_env,
+                check=True,
+                capture_output=True,
+            )
         mat_s = time.perf_counter() - t0
         manifest = json.loads((art / "manifest.json").read_text())
         size = sum(p.stat().st_size for p in art.rglob("*") if p.is_file() and p.suffix != ".store")
         restore_env = recorder_env(Path(tmp) / "r-%p.mtr", mode="restore", base=base_env)
         runs: tuple[list, list] = ([], [])
-        for _ in range(args.repeat):  # alternating, so that both kinds meet the same noise
-            runs[0].append(child(cfg, "", base_env))
-            runs[1].append(child(cfg, str(art), restore_env))
+        for i in range(args.repeat):  # alternating, so that both kinds meet the same noise
+            with progress.step(f"start {i + 1} of {args.repeat}, the normal way"):
+                runs[0].append(child(cfg, "", base_env))
+            with progress.step(f"start {i + 1} of {args.repeat}, restored"):
+                runs[1].append(child(cfg, str(art), restore_env))
         (baseline, ttft_base), (restored, ttft_med) = median_run(runs[0]), median_run(runs[1])
     b, r = baseline["timings"], restored["timings"]
     for k in ("before_engine", "first_step"):

@@ -14,6 +14,7 @@ import time
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
+from medusa.progress import Progress
 
 
 def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> float:
@@ -51,14 +52,19 @@ def main() -> None:
     args = ap.parse_args()
     cfg = dict(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024)
     rates = {}
-    for eager in (False, True):
-        with LLMEngine(EngineConfig(**cfg, enforce_eager=eager)) as e:  # type: ignore[arg-type]
-            if not eager:
-                print("start-up stage        seconds")
-                for stage, secs in e.timings.items():
-                    print(f"  {stage:18} {secs:8.3f}")
-            for batch in (1, 8):
-                rates[(eager, batch)] = decode_rate(e, batch, args.tokens)
+    with Progress() as progress:
+        for eager in (False, True):
+            way = "eager" if eager else "with decode graphs"
+            with progress.step(f"starting the engine {way}"):
+                e = LLMEngine(EngineConfig(**cfg, enforce_eager=eager))  # type: ignore[arg-type]
+            with e:
+                if not eager:
+                    print("start-up stage        seconds")
+                    for stage, secs in e.timings.items():
+                        print(f"  {stage:18} {secs:8.3f}")
+                for batch in (1, 8):
+                    with progress.step(f"decoding {args.tokens} tokens at batch {batch}, {way}"):
+                        rates[(eager, batch)] = decode_rate(e, batch, args.tokens)
     print("decode tokens/s       graphs     eager   ratio")
     for batch in (1, 8):
         g, x = rates[(False, batch)], rates[(True, batch)]

@@ -28,6 +28,8 @@ from pathlib import Path
 import httpx
 from serverless import clean_env, launch_gateway  # scripts/bench/, next to this file
 
+from medusa.progress import Progress
+
 ENGINE = {
     "weights": "host",
     "max_num_seqs": 4,
@@ -139,21 +141,23 @@ def main() -> None:
     tmp = Path(a.keep or tmp_ctx.name)
     tmp.mkdir(parents=True, exist_ok=True)
     art = tmp / "a"
+    progress = Progress()
     if not art.is_dir():
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
-        subprocess.run(
-            [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out", str(art)],
-            env=clean_env(),
-            check=True,
-            capture_output=True,
-        )
+        with progress.step("materializing"):
+            subprocess.run(
+                [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out", str(art)],
+                env=clean_env(),
+                check=True,
+                capture_output=True,
+            )
     if not (tmp / "b").is_dir():
         shutil.copytree(art, tmp / "b")  # a second store: two models resident side by side
     arts = [art, tmp / "b"]
-    rows = {
-        "no pool": run(tmp, "nopool", arts, 0, a.repeats),
-        "warm pool": run(tmp, "pool", arts, 1, a.repeats),
-    }
+    rows = {}
+    for name, label, pool in (("no pool", "nopool", 0), ("warm pool", "pool", 1)):
+        with progress.step(f"{a.repeats} rounds of cold, warm and switched requests: {name}"):
+            rows[name] = run(tmp, label, arts, pool, a.repeats)
     ms = lambda xs: statistics.median(xs) * 1000  # noqa: E731
     print(f"host-weight model, 1 slice, median of {a.repeats}    {'no pool':>10} {'warm pool':>10}")
     for key, label in (

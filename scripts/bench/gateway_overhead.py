@@ -27,6 +27,8 @@ import httpx
 import numpy as np
 from serverless import ENGINE, _port, clean_env, launch_gateway  # scripts/bench/, next to this
 
+from medusa.progress import Progress
+
 HERE = Path(__file__).resolve().parents[2]  # this checkout
 BODY = {"model": "m0", "prompt": [100, 101, 102], "max_tokens": 1, "n": 2}
 
@@ -118,8 +120,13 @@ def main() -> None:
         art = Path(tmp) / "art"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
         cmd = [sys.executable, "-m", "medusa.cli", "materialize", *opts, "--no-weights"]
-        subprocess.run([*cmd, "--out", str(art)], env=clean_env(), check=True, capture_output=True)
-        report(measure(Path(tmp), art, trees(a.compare), a.rounds))
+        progress = Progress(steps=2)
+        with progress.step("materializing"):
+            subprocess.run([*cmd, "--out", str(art)], env=clean_env(), check=True,
+                           capture_output=True)  # fmt: skip
+        with progress.step(f"{a.rounds} rounds of requests, direct and through the gateway"):
+            results = measure(Path(tmp), art, trees(a.compare), a.rounds)
+        report(results)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.prism.ledger import PageLedger
+from medusa.progress import Progress
 
 PAGE = 2 << 20  # the VMM granularity of simcuda and of current GPUs
 
@@ -148,9 +149,12 @@ def run_pair(
     loads: dict[str, list[Load]],
     base: dict[str, Any],
     max_rounds: int = 2000,
+    progress: Progress | None = None,
 ) -> list[Trace]:
     """Two (or more) workers on one slice of `slice_pages` pages of KV: "elastic" (each may map
-    up to the whole slice, one ledger) or "static" (half each, no ledger). Returns their traces."""
+    up to the whole slice, one ledger) or "static" (half each, no ledger). Returns their traces.
+    progress: where the start-ups and the rounds show (none by default)."""
+    steps = progress or Progress(quiet=True)
     with tempfile.TemporaryDirectory(prefix="medusa-lockstep-") as tmp:
         ledger = None
         share = slice_pages * PAGE
@@ -164,19 +168,26 @@ def run_pair(
             for name in loads
         ]
         try:
-            for w in workers:
-                w.ready()
-            for r in range(max_rounds):
+            with steps.step(f"{kv_memory}: starting {len(workers)} workers"):
                 for w in workers:
-                    for load in loads[w.trace.name]:
-                        if load.at_round == r:
-                            w.add(load)
-                ran = [w.step() for w in workers]
-                pending = any(load.at_round > r for ls in loads.values() for load in ls)
-                if not any(ran) and not pending:
-                    break
+                    w.ready()
+            with steps.step(f"{kv_memory}: stepping the workers in turn"):
+                _rounds(workers, loads, max_rounds)
         finally:
             for w in workers:
                 if w.proc.is_alive():
                     w.stop()
         return [w.trace for w in workers]
+
+
+def _rounds(workers: list[Worker], loads: dict[str, list[Load]], max_rounds: int) -> None:
+    """Rounds of one step per busy worker, each load added at its round, until all are done."""
+    for r in range(max_rounds):
+        for w in workers:
+            for load in loads[w.trace.name]:
+                if load.at_round == r:
+                    w.add(load)
+        ran = [w.step() for w in workers]
+        pending = any(load.at_round > r for ls in loads.values() for load in ls)
+        if not any(ran) and not pending:
+            break

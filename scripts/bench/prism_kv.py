@@ -14,6 +14,8 @@ import time
 
 from lockstep import PAGE, Load, Trace, run_pair  # scripts/bench/, next to this file
 
+from medusa.progress import Progress
+
 BASE = {"max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 512}
 
 
@@ -48,10 +50,11 @@ def main() -> None:
     args = ap.parse_args()
     loads = scenario(args.surge)
     out = {}
-    for kind in ("static", "elastic"):
-        t0 = time.perf_counter()
-        out[kind] = summary(run_pair(kind, args.slice_pages, loads, BASE))
-        out[kind]["wall_s"] = time.perf_counter() - t0
+    with Progress(steps=4) as progress:
+        for kind in ("static", "elastic"):
+            t0 = time.perf_counter()
+            out[kind] = summary(run_pair(kind, args.slice_pages, loads, BASE, progress=progress))
+            out[kind]["wall_s"] = time.perf_counter() - t0
     mib = args.slice_pages * PAGE >> 20
     print(f"slice: {args.slice_pages} pages ({mib} MiB of KV); A: 3 x (40 + 16) tokens, "
           f"B: {args.surge} x (64 + 48) tokens from round 2")  # fmt: skip

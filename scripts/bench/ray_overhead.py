@@ -28,6 +28,8 @@ import httpx
 from gateway_coldstart import metric, ttft  # scripts/bench/, next to this file
 from serverless import clean_env, launch_gateway
 
+from medusa.progress import Progress
+
 ENGINE = {
     "max_num_seqs": 4,
     "max_model_len": 256,
@@ -97,22 +99,14 @@ def compare(repeats: int) -> None:
         tmp = Path(tmp_name)
         art = tmp / "art"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "medusa.cli",
-                "materialize",
-                "--no-weights",
-                *opts,
-                "--out",
-                str(art),
-            ],
-            env=_env(),
-            check=True,
-            capture_output=True,
-        )
-        rows = {"local": run(tmp, "local", art, repeats), "ray": run(tmp, "ray", art, repeats)}
+        cmd = [sys.executable, "-m", "medusa.cli", "materialize", "--no-weights", *opts]
+        progress = Progress(steps=3)
+        with progress.step("materializing"):
+            subprocess.run([*cmd, "--out", str(art)], env=_env(), check=True, capture_output=True)
+        rows = {}
+        for backend in ("local", "ray"):
+            with progress.step(f"{repeats} cold starts through the {backend} back-end"):
+                rows[backend] = run(tmp, backend, art, repeats)
     shipped = {k: v.pop(0) for k, v in rows["ray"].items()}  # the first: artifact shipped too
     over = {
         name: [c - r - w for c, r, w in zip(row["cold"], row["restore"], row["warm"], strict=True)]

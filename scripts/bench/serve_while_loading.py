@@ -19,6 +19,7 @@ from pathlib import Path
 
 from serverless import clean_env  # scripts/bench/, next to this file
 
+from medusa.progress import Progress
 from medusa.trace import recorder_env
 
 CHILD = """
@@ -76,13 +77,17 @@ def main() -> None:
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items()]
         opts += [args.model] if args.model else []
         cfg["model"] = args.model
-        subprocess.run([sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out",
-                        str(art)], env=env, check=True, capture_output=True)  # fmt: skip
+        progress = Progress(steps=1 + 2 * args.repeat)
+        with progress.step("materializing"):
+            subprocess.run([sys.executable, "-m", "medusa.cli", "materialize", *opts, "--out",
+                            str(art)], env=env, check=True, capture_output=True)  # fmt: skip
         renv = recorder_env(Path(tmp) / "r-%p.mtr", mode="restore", base=env)
         runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
-        for _ in range(args.repeat):  # alternating, so that both kinds meet the same noise
+        for i in range(args.repeat):  # alternating, so that both kinds meet the same noise
             for on in (True, False):
-                runs[on].append(child({**cfg, "serve_while_loading": on}, str(art), renv))
+                way = "gated by layer" if on else "waiting for all weights"
+                with progress.step(f"start {i + 1} of {args.repeat}, {way}"):
+                    runs[on].append(child({**cfg, "serve_while_loading": on}, str(art), renv))
     med = {on: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for on, rs in runs.items()}
     print(f"{'seconds (median of ' + str(args.repeat) + ')':28} {'gated':>8} {'wait all':>9}")
     for k, what in (

@@ -37,6 +37,7 @@ import httpx
 import numpy as np
 
 from medusa.c2c.link_simulator import azure_rows
+from medusa.progress import Progress
 
 
 def clean_env() -> dict[str, str]:
@@ -268,28 +269,28 @@ def main() -> None:
         art, stored = tmp_p / "art", tmp_p / "stored"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
         env = clean_env()
+        progress = Progress(steps=6)
         for out, extra in ((art, ["--no-weights"]), (stored, [])):
             cmd = [sys.executable, "-m", "medusa.cli", "materialize", *opts, *extra]
-            subprocess.run(
-                [*cmd, "--out", str(out)],
-                env=env,
-                check=True,
-                capture_output=True,
-            )
+            with progress.step(f"materializing {out.name}"):
+                subprocess.run([*cmd, "--out", str(out)], env=env, check=True,
+                               capture_output=True)  # fmt: skip
         rows = {}
         for name, artifact, pool in (
             ("baseline", None, 0),
             ("medusa", art, 0),
             ("store+pool", stored, 1),
         ):
-            proc, base = start_gateway(tmp_p, name, artifact, a.models, a.keep_alive, pool)
-            try:
-                results, wall = asyncio.run(replay(base, reqs))
-            finally:
-                proc.terminate()
-                proc.wait(timeout=120)
+            with progress.step(f"replaying the trace through a gateway: {name}"):
+                proc, base = start_gateway(tmp_p, name, artifact, a.models, a.keep_alive, pool)
+                try:
+                    results, wall = asyncio.run(replay(base, reqs))
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=120)
             rows[name] = report(results, wall, a.slo_ttft)
-        overheads = gateway_overhead.measure(tmp_p, art, trees)
+        with progress.step("measuring the gateway's own overhead"):
+            overheads = gateway_overhead.measure(tmp_p, art, trees)
     print(f"{'metric':24}" + "".join(f" {name:>12}" for name in rows))
     for k in rows["baseline"]:
         print(f"{k:24}" + "".join(f" {row[k]:12.2f}" for row in rows.values()))

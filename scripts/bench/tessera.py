@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from medusa.progress import Progress
 from medusa.tessera.pipeline_simulator import simulate
 from medusa.tessera.planner import Device, Link, Problem, solve
 from medusa.tessera.profiles import H100, LLAMA3_8B, PCIE5, RTX_PRO_6000, decode_problem
@@ -110,11 +111,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--engine", action="store_true")
     args = ap.parse_args()
-    milp_1000()
-    pipelining()
-    heterogeneous()
+    progress = Progress(steps=4 if args.engine else 3)
+    with progress.step("planning 1,000 kernels (MILP)"):
+        milp_1000()
+    with progress.step("pipelining"):
+        pipelining()
+    with progress.step("two unlike devices"):
+        heterogeneous()
     if args.engine:
-        engine()
+        with progress.step("SmolLM2's decode graphs, recorded and planned"):
+            engine()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from medusa.child import python_module
 from medusa.engine.config import EngineConfig
+from medusa.progress import Progress
 from medusa.tessera.record import record_instrumented
 from medusa.trace import recorder_env
 
@@ -84,9 +85,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = a.keep or Path(tmp_name)
         tmp.mkdir(parents=True, exist_ok=True)
-        art, trace = prepare(tmp)
+        progress = Progress()
+        with progress.step("materializing SmolLM2 and recording its accesses"):
+            art, trace = prepare(tmp)
         if a.placements:
-            r = pair(tmp, art, trace, "--placements", str(a.placements), "--tokens", str(a.tokens))
+            with progress.step(f"{a.placements} random placements over two processes"):
+                r = pair(tmp, art, trace, "--placements", str(a.placements), "--tokens",
+                         str(a.tokens))  # fmt: skip
             same = r["placements"] - len(r["bad"])
             print(
                 f"SmolLM2 decode graphs over two simcuda processes: {same}/{r['placements']} "
@@ -98,7 +103,8 @@ def main() -> None:
             print(f"two busy processes at once here now: {concurrency():.2f}x the work of one "
                   "(the most that overlapping the two devices can give)")  # fmt: skip
             for f in a.slowdown:
-                compare(tmp, art, trace, a, f)
+                with progress.step(f"pipelined against unpipelined, devices {f:g}x slower"):
+                    compare(tmp, art, trace, a, f)
 
 
 def compare(tmp: Path, art: Path, trace: Path, a: argparse.Namespace, slowdown: float) -> None:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from medusa.integrations.vllm.materialize import startup_command, strip_kv_size
+from medusa.progress import Progress
 from medusa.trace import recorder_env
 
 INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
@@ -81,13 +82,18 @@ def main() -> int:
     # runs), so the three are configured alike; the KV size stays each way's own.
     vargs = strip_kv_size(manifest["engine"]["argv"])
 
-    results = {"default": start("default", vargs, clean_env(), work)}
+    progress = Progress(steps=4)
+    with progress.step("vLLM's default start-up"):
+        results = {"default": start("default", vargs, clean_env(), work)}
     plan_env = {**clean_env(), "VLLM_ENABLE_STARTUP_PLAN": "1"}
-    start("plan-save", vargs, plan_env, work)  # the first plan start-up profiles and saves
-    results["startup plan"] = start("plan", vargs, plan_env, work)
+    with progress.step("the first start-up plan run (profiles and saves it)"):
+        start("plan-save", vargs, plan_env, work)
+    with progress.step("a start-up from the saved plan"):
+        results["startup plan"] = start("plan", vargs, plan_env, work)
     env = recorder_env(work / "restore-%p.mtr", mode="restore", base=clean_env())
     env["MEDUSA_ARTIFACT"] = str(art)
-    results["medusa"] = start("medusa", vargs, env, work)
+    with progress.step("a start-up restored by Medusa"):
+        results["medusa"] = start("medusa", vargs, env, work)
 
     base = results["default"]
     print(f"\nmodel {opts.model}; artifact {len(manifest['vllm']['graphs'])} graphs, "

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from medusa.progress import Progress
+
 CHILD = """
 import ctypes, json, sys, threading, time
 t0 = time.perf_counter()
@@ -42,18 +44,18 @@ if variant in ("gguf", "safetensors"):
     src = open_model(hf_dir if variant == "safetensors" else model or None)
     out["open"] = time.perf_counter() - t0
     r = ModelRunner(EngineConfig(), src.spec, dev)
-    r.allocate_weights()
-    with r.staging():
-        r.load_weights(src.weights())
+    r.weights.allocate()
+    with r.weights.staging():
+        r.weights.load_weights(src.weights())
 elif variant in ("store", "store-host"):
     store = open_store(store_path)
     if variant == "store-host":  # a worker's own sealed copy (the gateway's: no copy, no hash)
         store = seal_store(store, check=False)
     out["open"] = time.perf_counter() - t0
     r = ModelRunner(EngineConfig(weights="device" if variant == "store" else "host"), spec, dev)
-    r.allocate_weights(store)
-    with r.staging():
-        r.load_store(store)
+    r.weights.allocate(store)
+    with r.weights.staging():
+        r.weights.load_store(store)
 elif variant == "copy-pinned":  # the host-to-device floor: cudaMemcpy from pinned memory
     store = open_store(store_path)
     data = store.read(0, store.header.data_size)
@@ -168,14 +170,17 @@ def main() -> None:
         ap.error(f"--variants {args.variants}: name some of {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory() as tmp:
         store, hf = Path(tmp) / "weights.store", Path(tmp) / "hf"
-        nbytes = write_store(store, args.model)
-        store.read_bytes()  # warm page cache, as a restarted worker finds it
+        progress = Progress()
+        with progress.step("writing the weight store"):
+            nbytes = write_store(store, args.model)
+            store.read_bytes()  # warm page cache, as a restarted worker finds it
         if "safetensors" in variants:
-            write_hf(hf, args.model)
-            (hf / "model.safetensors").read_bytes()
+            with progress.step("writing the safetensors checkpoint"):
+                write_hf(hf, args.model)
+                (hf / "model.safetensors").read_bytes()
         rows: dict[str, list[dict]] = {v: [] for v in variants}
-        for _ in range(args.repeat):  # round by round, so that every variant meets the same noise
-            for v in variants:
+        for i in range(args.repeat):  # round by round, so that every variant meets the same noise
+            for v in progress.track(variants, f"round {i + 1} of {args.repeat}: each variant"):
                 rows[v].append(run(v, store, hf, args.model))
     name = Path(args.model).name if args.model else "SmolLM2-135M"
     print(f"{name} weights: {nbytes / 2**20:.0f} MiB float32 on the device; "

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from medusa.child import medusa_cli, python_code
-from tests.processes import without_medusa
+from tests.processes import GENERAL, materialize_general, without_medusa
 
 # Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
 pytestmark = pytest.mark.e2e
@@ -106,6 +106,21 @@ def test_demo_prints_the_answer_and_keeps_stderr_quiet():
     assert res.returncode == 0, res.stderr
     assert "assistant: " in res.stdout and "Paris" in res.stdout
     assert res.stderr == ""
+
+
+def test_a_long_prompt_is_refused_naming_the_flag_that_takes_it_and_that_flag_does():
+    long_prompt = "word " * 700  # over 511 tokens: one step's budget at default settings
+    args = ("run", "--demo", long_prompt, "--enforce-eager", "--port", str(_free_port()))
+    res = run_medusa(*args)
+    assert res.returncode == 1
+    assert (
+        "this engine takes at most 511 (max_model_len=2048, max_num_batched_tokens=512): start "
+        "it with --max-prefill-chunk 512 (models.yaml: engine: {max_prefill_chunk: 512}) to "
+        "prefill prompts of up to 2047 tokens in chunks" in res.stderr
+    )
+    chunked = run_medusa(*args, "--max-prefill-chunk", "512")
+    assert chunked.returncode == 0, chunked.stderr
+    assert "assistant:" in chunked.stdout
 
 
 def test_children_import_the_same_medusa_wherever_they_start(tmp_path):
@@ -328,3 +343,50 @@ def test_the_gateway_takes_the_artifacts_settings_from_artifact_alone(tmp_path, 
         "with max_num_seqs 4; drop models.m.engine.max_num_seqs (the artifact's 4 is used), or "
         "materialize again with --max-num-seqs 8"
     )
+
+
+# --- help reads as written ----------------------------------------------------------------------
+
+
+def test_a_python_m_program_names_itself_as_it_is_run():
+    res = subprocess.run(
+        [sys.executable, "-m", "medusa.weaver.pair", "--help"],
+        capture_output=True, text=True, timeout=60, env=without_medusa(os.environ),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: python -m medusa.weaver.pair ")
+
+
+def test_a_command_program_restores_under_medusa_trace_record_as_the_readme_says(tmp_path):
+    art = tmp_path / "art"
+    materialize_general(GENERAL, art)
+    bare = subprocess.run(
+        [sys.executable, str(GENERAL), "restore", str(art)],
+        capture_output=True, text=True, timeout=120, env=without_medusa(os.environ),
+    )  # fmt: skip
+    assert bare.returncode == 1
+    assert "start it with `medusa trace record --mode restore -o restore-%p.mtr -- COMMAND`" in (
+        bare.stderr
+    )
+    trace = str(tmp_path / "restore-%p.mtr")
+    res = run_medusa("trace", "record", "--mode", "restore", "-o", trace, "--",
+                     sys.executable, str(GENERAL), "restore", str(art))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[:2] == ["y", "24480.00"]  # what the recorded run computes
+
+
+# --- long steps say they started -----------------------------------------------------------------
+
+
+def test_weaver_pair_logs_a_line_as_each_long_step_starts():
+    res = subprocess.run(
+        [sys.executable, "-m", "medusa.weaver.pair", "--max-tokens", "2", "Hi"],
+        capture_output=True, text=True, timeout=300, env=without_medusa(os.environ),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        "[1/3] starting the hot engine ...",
+        "[2/3] starting the cold engine in another process ...",
+        "[3/3] generating, 0.45 of the sequences offloaded ...",
+    ]
+    assert "hot: 'Hi' -> " in res.stdout

@@ -404,3 +404,28 @@ def test_host_weight_models_get_a_prefill_chunk_from_the_profile_table(tmp_path)
     # a loose TTFT target is met by small chunks (less activation memory), a tight one by big ones
     assert chunk["slow"] == 128 and chunk["fast"] > chunk["slow"]
     assert "--max-prefill-chunk" in cfg.models["fast"].worker_args()
+
+
+@pytest.mark.e2e
+def test_the_gateway_logs_a_cold_starts_stages_as_they_happen(tmp_path):
+    (tmp_path / "models.yaml").write_text(
+        f"models:\n  m: {{engine: {ENGINE}}}\nslices: [{{name: s0, memory_gb: 8}}]\n"
+    )
+    proc, base = _start_gateway(str(tmp_path / "models.yaml"))
+    try:
+        r = httpx.post(f"{base}/v1/chat/completions", json={"model": "m", **CHAT}, timeout=120)
+        assert r.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        log = proc.communicate(timeout=60)[0]
+    lines = [line.split(" medusa.gateway ", 1)[1] for line in log.splitlines()
+             if " medusa.gateway " in line]  # fmt: skip
+    (start,) = [i for i, line in enumerate(lines) if line.startswith("starting m on slice s0")]
+    pid = lines[start].rsplit("worker pid ", 1)[1].rstrip(")")
+    stages = [line.split(": ", 1)[1] for line in lines if line.startswith(f"m (worker pid {pid} ")]
+    # each logged once, in start-up order (a stage shorter than one health poll may go unseen)
+    assert "loading the weights" in stages and "profiling the KV-cache size" in stages
+    assert stages.index("loading the weights") < stages.index("profiling the KV-cache size")
+    assert len(stages) == len(set(stages))
+    ready = [i for i, line in enumerate(lines) if line.startswith("m ready on s0 in ")]
+    assert ready and ready[0] > lines.index(f"m (worker pid {pid} on s0): loading the weights")

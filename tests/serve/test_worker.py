@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -241,7 +242,9 @@ def test_a_worker_token_keeps_out_callers_other_than_the_gateway():
         _openai_error(wrong, 401)
         assert c.get("/health", headers={"x-medusa-worker-token": "t0k"}).status_code == 503
     with TestClient(create_app(engine, "smollm2", token="")) as c:
-        assert c.get("/health").status_code == 503  # no token: open, as `medusa run` is
+        starting = c.get("/health")  # no token: open, as `medusa run` is
+        assert starting.status_code == 503
+        assert starting.json() == {"status": "starting", "stage": "starting"}
 
 
 @pytest.mark.e2e  # the whole engine on SmolLM2: tens of seconds
@@ -258,8 +261,8 @@ def test_an_engine_that_fails_while_serving_tells_its_requests_and_health():
 
     cfg = EngineConfig(max_model_len=256, max_num_batched_tokens=128, max_num_seqs=2)
 
-    def broken_engine() -> LLMEngine:
-        e = LLMEngine(cfg)
+    def broken_engine(on_stage: Callable[[str], None]) -> LLMEngine:
+        e = LLMEngine(cfg, on_stage=on_stage)
 
         def step() -> list:
             raise RuntimeError("chunk 7 of the weight store could not be loaded")

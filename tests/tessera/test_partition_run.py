@@ -38,6 +38,11 @@ def test_a_partitioned_server_answers_as_one_device(tiny, tmp_path):
     plan = tmp_path / "plan.json"
     res = medusa("tessera", "place", str(art), "--out", str(plan), "--how", "random")
     assert res.returncode == 0, res.stderr[-3000:]
+    # a log of the long steps: a line as each starts, nothing redrawn
+    assert res.stderr.splitlines() == [
+        "[1/2] recording the start-up and graph replays with kernel accesses on ...",
+        "[2/2] analyzing the decode graphs' accesses ...",
+    ]
     one, expected = demo(art)
     assert one.returncode == 0 and "assistant: " in expected, one.stderr[-3000:]
     split, answer = demo(art, "--partition", str(plan), "-v")

@@ -92,6 +92,9 @@ def test_summarize_prints_counts_memory_kernels_and_graphs(trace_file):
     assert re.search(r"launch\s+3\s+\(cudaLaunchKernel 3\)", out)
     assert "peak 1.0 MiB, at the end 0 B" in out  # b, c, d and e live together; all freed
     assert re.search(r"2 launches\s+1 graph nodes\s+vector_add", out)
+    # the kernels' image is named (a library's kernels carry its module's handle, not its own)
+    assert re.search(r"^  image [0-9a-f]{12} \(libsimcuda_testkernels\.so\): 2 kernels$", out, re.M)
+    assert "? (" not in out
     assert re.search(
         r"4 nodes \(2 kernel, 1 memcpy, 1 memset\), 3 edges, instantiated 1x, replayed 2x", out
     )

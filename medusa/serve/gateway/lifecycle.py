@@ -21,6 +21,7 @@ from medusa.serve.gateway.instance import Instance, State
 from medusa.serve.gateway.pool import Assigned, PooledWorker, WarmPool
 from medusa.serve.gateway.sharing import Choice, Sharing
 from medusa.serve.gateway.slices import Slice
+from medusa.serve.gateway.start_log import StartLog
 from medusa.serve.gateway.start_policy import StartPolicy
 from medusa.serve.gateway.weaving import WeavingPairs
 from medusa.serve.gateway.worker_handle import WorkerHandle
@@ -101,7 +102,8 @@ class WorkerLifecycle:
         inst = Instance(model, slc, proc)
         self._unreaped.add(inst.proc)
         self.instances[model].append(inst)
-        log.info("starting %s on slice %s (%s back-end)", model, slc.id, self.backend.name)
+        pid = f", worker pid {inst.proc.pid}" if inst.proc.pid else ""  # (a Ray actor's: later)
+        log.info("starting %s on slice %s (%s back-end%s)", model, slc.id, self.backend.name, pid)
         self.spawn(self._wait_ready(inst))
         return inst
 
@@ -121,7 +123,13 @@ class WorkerLifecycle:
         except ValueError as e:  # an artifact that cannot reach the worker's node
             done = Assigned(str(e), {}, {})
         else:
-            done = await self.pool.assign(w, args, self.startup_timeout, checked)
+            finished = asyncio.Event()
+            watch = asyncio.create_task(StartLog(inst).watch(w.client, "/pool", finished))
+            try:
+                done = await self.pool.assign(w, args, self.startup_timeout, checked)
+            finally:
+                finished.set()
+                await watch
         if inst.state == State.STARTING:  # else stopped while it started (the gateway shuts down)
             inst.stages, inst.timings = done.stages, done.timings
             if done.error is None and inst.proc.poll() is None:
@@ -158,10 +166,12 @@ class WorkerLifecycle:
         deadline = time.monotonic() + self.startup_timeout
         health, impostor = None, None
         placed = await inst.proc.placed(self.startup_timeout)
+        stages = StartLog(inst)
         while placed and inst.proc.poll() is None and inst.state == State.STARTING:
             try:
                 r = await inst.client.get("/health", timeout=2.0)
                 health = r if r.status_code in (200, 500) else None
+                stages.saw(r)
             except NotOurWorker as e:
                 impostor = str(e)
             except httpx.TransportError:

@@ -71,7 +71,10 @@ def class_slice(kind: str, slice_id: str) -> Slice:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m medusa.serve.gateway.backends.resources",
+        description=__doc__.split("\n\n")[0],
+    )
     ap.add_argument("--slices", help="this node's slices file (default: NVML's MIG instances)")
     args = ap.parse_args()
     print(json.dumps(node_resources(discover_slices(args.slices))))
