@@ -13,7 +13,8 @@ Masking, applied alike to the documented and the printed output before they are 
 GiB, KB, MB, GB or bytes) `SIZE`; addresses (`0x…`) `0xADDR`; hex strings of 8 or more digits
 holding a digit and a letter (hashes, digests, request ids) `HASH`; the digits after `pid`
 and after `"created":` `N`; step counters such as `[2/6]` `[n/N]`. Lines of progress (a bar or
-spinner character, or `<n> of <size> (<time>)`) are dropped from both. Then `…` in a
+spinner character, `<n> of <size> (<time>)`, or a line ending in ` ...`, as `medusa.progress`
+writes a step to a log) are dropped from both. Then `…` in a
 documented line matches any text, and a documented line that is only `…` any number of lines.
 """
 
@@ -114,7 +115,8 @@ MASKS = [
     (re.compile(r"(\bpid\W{0,3}|\"created\":\s?)\d+"), r"\1N"),
     (re.compile(r"\[\d+/\d+\]"), "[n/N]"),
 ]
-PROGRESS = re.compile(r"^\s*[\d.]+ of SIZE \(T\)$")
+# medusa.progress in a log: "[2/3] placing the decode graphs ..."; a size counted up as it goes
+PROGRESS = re.compile(r"^\s*[\d.]+ of SIZE \(T\)$|^.* \.\.\.$")
 
 
 def mask(text: str) -> list[str]:

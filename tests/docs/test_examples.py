@@ -40,6 +40,7 @@ def test_masking_hides_what_changes_from_run_to_run_and_nothing_else():
         "[3/6] recording the engine's start-up\n"
         "  132 of 513 MiB (0.5 s)\n"
         "  ━━━━━━━━━━ 40%\n"
+        "[2/3] placing the decode graphs ...\n"
         "  9530 KV blocks (5.1 s)"
     )
     documented = [
