@@ -4,13 +4,14 @@ and between requests when it has none (the hook's idle poll), and runs the offlo
 there (`WeaverReceiver`).
 
 The model runner's device is wrapped so that every eager kernel, GEMM and graph launch is followed
-by one poll. simcuda has no host nodes (no cuLaunchHostFunc, no cuGraphAddHostNode), so a decode
-graph would be one launch with one poll after it, and the hot engine could wait a whole cold decode
-step. So, by default (`per_kernel`), the cold engine decodes eagerly while it is paired: a poll
-after each of its kernels, as the paper's polling kernel after each pre-issued kernel gives (the
-cold model gives up what its graphs save, about 5% on simcuda), and its graphs come back when the
-pairing ends. On a GPU the paper's way is `csrc/kernels/cuda/weaver.cu`'s polling kernel captured
-after each kernel node of the graph."""
+by one poll. A decode graph is one launch with one poll after it, and the hot engine could wait a
+whole cold decode step (a host node after each kernel node could poll inside the graph, but it
+would call back into Python from the device's thread at every kernel). So, by default
+(`per_kernel`), the cold engine decodes eagerly while it is paired: a poll after each of its
+kernels, as the paper's polling kernel after each pre-issued kernel gives (the cold model gives up
+what its graphs save, about 5% on simcuda), and its graphs come back when the pairing ends. On a
+GPU the paper's way is `csrc/kernels/cuda/weaver.cu`'s polling kernel captured after each kernel
+node of the graph."""
 
 from __future__ import annotations
 
