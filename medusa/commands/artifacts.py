@@ -16,7 +16,7 @@ def inspect(artifact: str) -> None:
     settings `medusa run --artifact` takes from it."""
     from medusa.artifact import ArtifactError, load_artifact
     from medusa.artifact.inspect import describe
-    from medusa.engine.artifact_settings import ArtifactSettings
+    from medusa.engine.artifact_settings import ArtifactSettings, unusable_settings
 
     try:
         click.echo(describe(load_artifact(Path(artifact))))
@@ -27,6 +27,8 @@ def inspect(artifact: str) -> None:
         click.echo(f"  runs with {settings.summary()}")
         click.echo("            (medusa run --artifact takes these; a flag with another value is "
                    "refused)")  # fmt: skip
+    elif problem := unusable_settings(artifact):
+        click.echo(f"  runs with {problem}")
 
 
 @click.command(short_help="Check an artifact's integrity.")

@@ -40,6 +40,8 @@ class ArtifactSettings:
             return None
         recorded = m["engine"]
         engine = {k: _typed(k, recorded[k]) for k in CONFIG_KEYS if k in recorded}
+        if settings_problem(engine) is not None:
+            return None  # NOTE: damaged or crafted: the start loads it, and says why it is unfit
         model = recorded.get("model")
         return cls(
             str(path),
@@ -78,6 +80,32 @@ class ArtifactSettings:
             shown["capture_sizes"] = f"default ({sizes})"
         settings = ", ".join(f"{k} {show(v)}" for k, v in shown.items())
         return f"model {model}, loaded from {weights}\n{' ' * 12}{settings}"
+
+
+def settings_problem(engine: dict[str, Any]) -> str | None:
+    """Why settings recorded in a manifest make no EngineConfig (a value of another type, or out
+    of range: a damaged or crafted artifact), or None."""
+    try:
+        EngineConfig(**{k: v for k, v in engine.items() if k != "model"})
+    except (TypeError, ValueError) as e:
+        return str(e)
+    return None
+
+
+def unusable_settings(path: str | Path) -> str | None:
+    """What `medusa inspect` says of an engine artifact whose settings `read` cannot take."""
+    try:
+        m = read_manifest(Path(path))
+    except (ArtifactError, OSError):
+        return None  # (inspect has said why already)
+    if m.get("kind") != "engine":
+        return None
+    recorded = m["engine"]
+    problem = settings_problem({k: _typed(k, recorded[k]) for k in CONFIG_KEYS if k in recorded})
+    return None if problem is None else (
+        f"nothing: its recorded engine settings are not valid ({problem}); medusa run --artifact "
+        "will not use it: materialize again"
+    )  # fmt: skip
 
 
 def engine_settings(params: dict[str, Any]) -> dict[str, Any]:

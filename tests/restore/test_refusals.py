@@ -143,3 +143,22 @@ def test_a_kv_cache_that_no_longer_fits_is_refused(engine_artifact, tmp_path):
     out = run_restored(KV_HELD, tmp_path, str(engine_artifact), memcheck=False)
     assert "the artifact's KV cache needs" in out["error"]
     assert "MiB are free: another process holds device memory" in out["error"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("max_num_seqs", "x"), ("max_num_seqs", -3), ("capture_sizes", [1, "a"])]
+)
+def test_engine_settings_a_writer_spoiled_are_refused_not_raised(
+    engine_artifact, tmp_path, key, value
+):
+    """The manifest's engine settings are what `run --artifact` takes: one of another type or out
+    of range (its digest rewritten to match) is named by inspect and refused by run, with no
+    traceback."""
+    art = _copy(engine_artifact, tmp_path)
+    _edit_manifest(art, lambda m: m["engine"].__setitem__(key, value))
+    shown = medusa("inspect", str(art))
+    assert shown.returncode == 0, shown.stderr
+    assert "runs with nothing: its recorded engine settings are not valid" in shown.stdout
+    res = medusa("run", *ENGINE_OPTS, "--artifact", str(art), "--require-artifact", "--port", "0")
+    assert res.returncode == 3 and "Traceback" not in res.stderr
+    assert f"engine configuration mismatch: {key}=" in res.stderr
