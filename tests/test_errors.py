@@ -3,6 +3,7 @@ caller should do; the command line prints one as a message, not a traceback."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from pathlib import Path
@@ -26,7 +27,9 @@ from medusa.errors import (
 _EXTRAS = ("ray", "vllm")
 
 
+@functools.cache
 def _our_exceptions() -> dict[str, type[BaseException]]:
+    """Every public exception class defined under medusa/, by dotted name (walked once)."""
     found: dict[str, type[BaseException]] = {}
     root = Path(medusa.__file__).parent
     for path in sorted(root.rglob("*.py")):  # every file: some packages have no __init__.py

@@ -32,17 +32,13 @@ class ArtifactSettings:
     def read(cls, path: str | Path, trust: str | Path | None = None) -> ArtifactSettings | None:
         """The settings of the engine artifact at `path`; None if its manifest cannot be read
         or is not an engine's (the start then loads it and says why it is not used)."""
-        try:
-            m = read_manifest(Path(path), trust)
-        except (ArtifactError, OSError):
+        found = _recorded(path, trust)
+        if found is None:
             return None
-        if m.get("kind") != "engine":
-            return None
-        recorded = m["engine"]
-        engine = {k: _typed(k, recorded[k]) for k in CONFIG_KEYS if k in recorded}
+        m, engine = found
         if settings_problem(engine) is not None:
             return None  # NOTE: damaged or crafted: the start loads it, and says why it is unfit
-        model = recorded.get("model")
+        model = m["engine"].get("model")
         return cls(
             str(path),
             model if isinstance(model, str) else None,
@@ -82,6 +78,21 @@ class ArtifactSettings:
         return f"model {model}, loaded from {weights}\n{' ' * 12}{settings}"
 
 
+def _recorded(
+    path: str | Path, trust: str | Path | None = None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The manifest of the engine artifact at `path` and the settings it decides, as recorded
+    (typed as EngineConfig holds them); None if it cannot be read or is not an engine's."""
+    try:
+        m = read_manifest(Path(path), trust)
+    except (ArtifactError, OSError):
+        return None
+    if m.get("kind") != "engine":
+        return None
+    recorded = m["engine"]
+    return m, {k: _typed(k, recorded[k]) for k in CONFIG_KEYS if k in recorded}
+
+
 def settings_problem(engine: dict[str, Any]) -> str | None:
     """Why settings recorded in a manifest make no EngineConfig (a value of another type, or out
     of range: a damaged or crafted artifact), or None."""
@@ -94,14 +105,8 @@ def settings_problem(engine: dict[str, Any]) -> str | None:
 
 def unusable_settings(path: str | Path) -> str | None:
     """What `medusa inspect` says of an engine artifact whose settings `read` cannot take."""
-    try:
-        m = read_manifest(Path(path))
-    except (ArtifactError, OSError):
-        return None  # (inspect has said why already)
-    if m.get("kind") != "engine":
-        return None
-    recorded = m["engine"]
-    problem = settings_problem({k: _typed(k, recorded[k]) for k in CONFIG_KEYS if k in recorded})
+    found = _recorded(path)  # None: not an engine's, or unreadable (inspect has said why)
+    problem = None if found is None else settings_problem(found[1])
     return None if problem is None else (
         f"nothing: its recorded engine settings are not valid ({problem}); medusa run --artifact "
         "will not use it: materialize again"

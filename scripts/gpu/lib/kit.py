@@ -37,7 +37,10 @@ REPO = Path(__file__).resolve().parents[3]
 IMAGE = Path(__file__).resolve().parents[1] / "device-image.txt"
 # pyproject dependencies no GPU check imports (uvicorn's [standard] extras are dropped as well:
 # uvicorn picks asyncio and h11 when uvloop and httptools are absent).
-EXCLUDED = {"cryptography": "only `--sign`/`--trust` import it; no GPU check signs artifacts"}
+EXCLUDED = {
+    "cryptography": "only `--sign`/`--trust` import it; no GPU check signs artifacts",
+    "httptools": "only the gateway's proxy (hop.py) imports it; no GPU check runs one",
+}
 TARGET = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
           "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64"]  # fmt: skip
 MARKER_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "os_name": "posix",
