@@ -216,6 +216,9 @@ class Backend:
         self.call("cudaGraphLaunch", c_void_p(exec_), c_void_p(stream))
 
 
+DRIVER = "libcuda.so.1"
+
+
 class NoDeviceError(RefusedError, RuntimeError):
     """MEDUSA_DEVICE=cuda on a machine without a usable CUDA driver and device."""
 
@@ -224,7 +227,7 @@ def _real_driver_problem() -> str | None:
     """Why the real driver cannot serve (None when libcuda.so.1 loads, initialises and reports
     at least one device)."""
     try:
-        drv = ctypes.CDLL("libcuda.so.1")
+        drv = ctypes.CDLL(DRIVER)
     except OSError:
         return "no CUDA driver (libcuda.so.1 is not installed)"
     code = drv.cuInit(0)
@@ -287,6 +290,14 @@ def load_backend(kind: str | None = None) -> Backend:
                 f"back-end {_loaded.kind} is loaded already; cannot switch to {kind}"
             )
         return _loaded
-    libs = [paths.library("simcuda")] if kind == "sim" else [_cudart_path()]
-    _loaded = Backend(kind, libs)
+    _loaded = Backend(kind, libraries(kind))
     return _loaded
+
+
+def libraries(kind: str) -> list[Path]:
+    """What back-end `kind` loads into the global scope. libsimcuda is runtime and driver in one;
+    on a GPU the driver is loaded too, because libcudart opens libcuda.so.1 privately and the
+    driver calls made from Python (cuDeviceGetName) would otherwise find no symbol."""
+    if kind == "sim":
+        return [paths.library("simcuda")]
+    return [_cudart_path(), Path(DRIVER)]
