@@ -26,6 +26,7 @@ static struct {
     PFN_cuGraphUpload_v11010 upload;
     PFN_cuGraphExecDestroy_v10000 exec_destroy;
     PFN_cuCtxGetCurrent_v4000 ctx;
+    PFN_cuGetErrorName_v6000 name; /* optional: only for messages */
     int ok;
 } D;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -55,10 +56,29 @@ static void load(void) {
     GET(exec_destroy, "cuGraphExecDestroy", 10000)
     GET(ctx, "cuCtxGetCurrent", 4000)
 #undef GET
+    if (get("cuGetErrorName", (void **)&D.name, 6000, 0, &st) != CUDA_SUCCESS)
+        D.name = NULL;
     D.ok = ok;
 }
 
 EXPORT int mr_abi_version(void) { return MR_ABI_VERSION; }
+
+/* "WHERE: CALL failed: CUDA_ERROR_NAME (code)", so that a GPU run's log says what failed. */
+static void failed(char *err, size_t errlen, const char *where, const char *call, CUresult e) {
+    const char *name = NULL;
+    if (!D.name || D.name(e, &name) != CUDA_SUCCESS || !name)
+        name = "CUDA error";
+    snprintf(err, errlen, "%s%s%s failed: %s (%d)", where, *where ? ": " : "", call, name, (int)e);
+}
+
+static const char *node_call(unsigned type) {
+    switch (type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL: return "cuGraphAddKernelNode";
+    case CU_GRAPH_NODE_TYPE_MEMCPY: return "cuGraphAddMemcpyNode";
+    case CU_GRAPH_NODE_TYPE_MEMSET: return "cuGraphAddMemsetNode";
+    default: return "cuGraphAddEmptyNode";
+    }
+}
 
 static int resolve(const mr_reloc *r, const uint64_t *const bases[MR_KINDS],
                    const uint64_t num_bases[MR_KINDS], uint64_t *out) {
@@ -151,7 +171,7 @@ static CUresult add_node(const mr_graph *g, uint32_t i, CUgraph graph, const mr_
                          CUcontext ctx, CUgraphNode *out, mr_scratch *scratch, const char **why) {
     const mr_node *n = &g->nodes[i];
     const mr_reloc *rel = g->relocs + n->reloc_off;
-    *why = " (a relocation has no target or lies outside the node)";
+    *why = "a relocation has no target or lies outside the node";
     if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
         memcpy(scratch->bytes, g->params + n->param_off, n->param_len);
         if (mr_relocate(scratch->bytes, n->param_len, rel, n->reloc_len, bases, nb))
@@ -226,9 +246,14 @@ static CUresult add_all(const mr_graph *g, const mr_kernels *k, CUgraph graph, C
     CUresult e = CUDA_SUCCESS;
     for (uint32_t i = 0; !e && i < g->num_nodes; i++) {
         const char *why = "";
-        if ((e = add_node(g, i, graph, k, bases, nb, ctx, &nodes[i], scratch, &why)))
-            snprintf(err, errlen, "node %u (type %u): CUDA error %d%s", i, g->nodes[i].type, (int)e,
-                     e == CUDA_ERROR_INVALID_VALUE ? why : "");
+        if (!(e = add_node(g, i, graph, k, bases, nb, ctx, &nodes[i], scratch, &why)))
+            continue;
+        char where[48];
+        snprintf(where, sizeof where, "node %u (type %u)", i, g->nodes[i].type);
+        if (*why)
+            snprintf(err, errlen, "%s: %s", where, why);
+        else
+            failed(err, errlen, where, node_call(g->nodes[i].type), e);
     }
     for (uint32_t i = 0; !e && i < g->num_edges; i++) {
         const mr_edge *x = &g->edges[i];
@@ -237,13 +262,19 @@ static CUresult add_all(const mr_graph *g, const mr_kernels *k, CUgraph graph, C
             e = CUDA_ERROR_INVALID_VALUE;
         else
             e = D.deps(graph, &nodes[x->from], &nodes[x->to], &ed, 1);
-        if (e)
-            snprintf(err, errlen, "edge %u (%u -> %u): CUDA error %d", i, x->from, x->to, (int)e);
+        if (e) {
+            char where[64];
+            snprintf(where, sizeof where, "edge %u (%u -> %u)", i, x->from, x->to);
+            failed(err, errlen, where, "cuGraphAddDependencies", e);
+        }
     }
     for (uint32_t i = 0; !e && i < g->num_attrs; i++)
-        if ((e = set_attr(g, &g->attrs[i], nodes, bases, nb)))
-            snprintf(err, errlen, "attribute %u of node %u: CUDA error %d", g->attrs[i].attr,
-                     g->attrs[i].node, (int)e);
+        if ((e = set_attr(g, &g->attrs[i], nodes, bases, nb))) {
+            char where[64];
+            snprintf(where, sizeof where, "attribute %u of node %u", g->attrs[i].attr,
+                     g->attrs[i].node);
+            failed(err, errlen, where, "cuGraphKernelNodeSetAttribute", e);
+        }
     return e;
 }
 
@@ -254,9 +285,9 @@ static CUresult instantiate(CUgraph graph, CUstream stream, CUgraphExec *exec_ou
     CUgraphExec exec = NULL;
     CUresult e = D.instantiate(&exec, graph, 0);
     if (e) {
-        snprintf(err, errlen, "instantiate: CUDA error %d", (int)e);
+        failed(err, errlen, "", "cuGraphInstantiateWithFlags", e);
     } else if ((e = D.upload(exec, stream))) {
-        snprintf(err, errlen, "upload: CUDA error %d", (int)e);
+        failed(err, errlen, "", "cuGraphUpload", e);
         D.exec_destroy(exec);
     } else {
         *exec_out = exec;
@@ -275,8 +306,10 @@ EXPORT int mr_build_graph(const mr_graph *g, const mr_kernels *k,
     }
     CUgraph graph;
     CUresult e = D.create(&graph, 0);
-    if (e)
+    if (e) {
+        failed(err, errlen, "", "cuGraphCreate", e);
         return e;
+    }
     for (uint32_t i = 0; !e && i < g->num_nodes; i++) {
         const char *why = check_node(g, &g->nodes[i], k);
         if (why) {

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from typing import Any
 
@@ -13,6 +14,7 @@ from medusa.artifact.layout import RELOC
 from medusa.cuda.errors import LibraryVersionError
 from medusa.cuda.native import restore_library
 from medusa.restore.errors import RestoreError
+from medusa.trace import NodeType
 
 KINDS = 4  # relocation kinds (medusa.trace.run_view): DEVICE, HOST, GLOBAL, VMM
 
@@ -129,3 +131,13 @@ class GraphBuilder:
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
         n = self.lib.mr_relocate(buf, len(data), relocs.ctypes.data, len(relocs), ptrs, sizes)
         return n == 0
+
+
+def name_kernel(err: str, nodes: np.ndarray, funcs: list[dict[str, Any]]) -> str:
+    """mr_build_graph's message, with the kernel named when it blames a kernel node ("node 12
+    (type 0): ..."), so that a failure on a GPU says which kernel the driver refused."""
+    m = re.match(r"node (\d+) ", err)
+    if not m or int(m[1]) >= len(nodes) or nodes[int(m[1])]["type"] != NodeType.KERNEL:
+        return err
+    f = int(nodes[int(m[1])]["func"])
+    return f"{err} [kernel {funcs[f]['name']}]" if f < len(funcs) else err

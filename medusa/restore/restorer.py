@@ -19,7 +19,7 @@ from medusa import env
 from medusa.artifact import Artifact
 from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.cuda.backend import Backend
-from medusa.restore.builder import KINDS, GraphBuilder
+from medusa.restore.builder import KINDS, GraphBuilder, name_kernel
 from medusa.restore.errors import RestoreError
 from medusa.restore.kernels import Images, KernelFinder, find_kernels, global_addresses
 from medusa.restore.validate import validate_plan
@@ -222,7 +222,7 @@ class Restorer:
                 nodes, params, relocs, edges, attrs, kernels, layout, stream
             )
             if code:
-                raise RestoreError(f"graph {gi}: {err} ({self.b.error_name(code)})")
+                raise RestoreError(f"graph {gi}: {name_kernel(err, nodes, self.plan['funcs'])}")
             execs.append(exec_)
             self._execs.append(exec_)
         return execs

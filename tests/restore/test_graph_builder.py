@@ -15,7 +15,7 @@ import pytest
 
 from medusa.artifact.layout import ATTR, FUNC, NODE, PARAM, RELOC, pack_edges
 from medusa.cuda import load_backend
-from medusa.restore.builder import GraphBuilder
+from medusa.restore.builder import GraphBuilder, name_kernel
 from medusa.trace import NodeType
 from tests.processes import medusa
 
@@ -67,8 +67,26 @@ def test_a_failed_upload_leaves_no_exec_and_no_graph(sim):
     buf = sim.malloc(WIDTH)
     before = _live(sim)
     code, err, exec_ = _build(sim, buf, stream=0xDEAD0000)  # no such stream
-    assert code != 0 and err.startswith("upload: CUDA error") and exec_ == 0
+    assert code != 0 and exec_ == 0
+    assert err == "cuGraphUpload failed: CUDA_ERROR_INVALID_HANDLE (400)"  # the call, its error
     assert _live(sim) == before
+
+
+def test_a_kernel_node_the_driver_refuses_is_named_with_its_kernel(sim):
+    nodes = np.zeros(1, NODE)
+    nodes[0]["type"], nodes[0]["grid"], nodes[0]["block"] = NodeType.KERNEL, 1, 1
+    funcs = np.zeros(1, FUNC)
+    funcs[0]["func"] = 0xDEAD0000  # no such CUfunction
+    before = _live(sim)
+    code, err, exec_ = GraphBuilder([np.zeros(0, np.uint64)] * 4).build(
+        nodes, np.zeros(1, np.uint8), np.zeros(0, RELOC), pack_edges([]), np.zeros(0, ATTR),
+        funcs, np.zeros(0, PARAM), sim.stream_create(),
+    )  # fmt: skip
+    assert code != 0 and exec_ == 0 and _live(sim) == before
+    assert name_kernel(err, nodes, [{"name": "_Z6decodePf"}]) == (
+        "node 0 (type 0): cuGraphAddKernelNode failed: CUDA_ERROR_INVALID_HANDLE (400) "
+        "[kernel _Z6decodePf]"
+    )
 
 
 def test_a_2d_fill_in_a_plan_is_refused_and_leaves_no_graph(sim):
