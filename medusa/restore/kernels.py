@@ -68,6 +68,14 @@ class KernelFinder:
             [ptr, c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint],
         )
         self.set_attr = driver_fn(b, "cuFuncSetAttribute", 9000, c_int, [c_void_p, c_int, c_int])
+        self._error_name = driver_fn(b, "cuGetErrorName", 6000, c_int, [c_int, POINTER(c_char_p)])
+
+    def error(self, call: str, code: int) -> str:
+        """A driver call's failure as the driver names it: "call: CUDA_ERROR_X (n)"."""
+        name = c_char_p()
+        if self._error_name(code, ctypes.byref(name)) or not name.value:
+            return f"{call}: CUDA error {code}"
+        return f"{call}: {name.value.decode()} ({code})"
 
     def find(self, fn: dict[str, Any]) -> tuple[c_void_p, str]:
         """The CUfunction of the plan's function FN, and how it was found."""
@@ -119,8 +127,10 @@ class KernelFinder:
         lib = c_void_p()
         code = self.load_data(ctypes.byref(lib), image, None, None, 0, None, None, 0)
         if code:
-            name, message = self.b.error_name(code), self.b.last_message()
-            return f"its saved image does not load ({name}: {message})"
+            message = self.b.last_message()
+            return f"its saved image does not load ({self.error('cuLibraryLoadData', code)}" + (
+                f": {message})" if message else ")"
+            )
         if (
             self.lib_kernel(ctypes.byref(f), lib, fn["name"].encode()) == 0
             and self.as_func(ctypes.byref(f), f) == 0
@@ -139,9 +149,10 @@ def find_kernels(
     for i, fn in enumerate(funcs):
         f, method = finder.find(fn)
         for attr, value in fn["attrs"]:
-            if finder.set_attr(f, attr, value):
+            if code := finder.set_attr(f, attr, value):
                 raise RestoreError(
-                    f"kernel {fn['name']}: re-applying attribute {attr}={value} failed"
+                    f"kernel {fn['name']}: re-applying attribute {attr}={value} failed "
+                    f"({finder.error('cuFuncSetAttribute', code)})"
                 )
         out[i] = f.value or 0
         methods[method] += 1

@@ -132,3 +132,21 @@ def test_a_plan_without_layouts_or_with_a_wild_window_is_refused(attrs_artifact,
     edit(plan)
     with pytest.raises(ArtifactError, match=message):
         validate_plan(plan, "ART")
+
+
+def test_an_attribute_the_driver_refuses_is_named_with_the_call_and_its_error(
+    attrs_artifact, tmp_path
+):
+    def too_much_shared_memory(plan: dict) -> None:
+        # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, past any device's shared memory
+        plan["funcs"][0]["attrs"] = [[8, 1 << 30]]
+        name["kernel"] = plan["funcs"][0]["name"]
+
+    name: dict[str, str] = {}
+    _resave(attrs_artifact, tmp_path / "art", too_much_shared_memory)
+    res = _run(ATTRS, tmp_path, "restore", str(tmp_path / "art"), restore=True)
+    assert res.returncode != 0
+    assert (
+        f"kernel {name['kernel']}: re-applying attribute 8=1073741824 failed "
+        "(cuFuncSetAttribute: CUDA_ERROR_INVALID_VALUE (1))"
+    ) in res.stderr
