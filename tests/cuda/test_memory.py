@@ -37,7 +37,6 @@ def test_bad_input_gets_the_real_errors_and_no_crash(cprog, run):
     assert out["arena intact"] == "1"
     assert out["free interior"] == "cudaErrorInvalidValue"
     assert out["double free"] == "cudaErrorInvalidValue"
-    assert out["bad stream"] == "cudaErrorInvalidResourceHandle"
     assert out["unknown stub"] == "cudaErrorInvalidDeviceFunction"
     assert out["zero grid"] == "cudaErrorInvalidValue"
     assert out["2048 threads"] == "cudaErrorInvalidValue"
@@ -48,8 +47,13 @@ def test_bad_input_gets_the_real_errors_and_no_crash(cprog, run):
     assert out["bad kind"] == "cudaErrorInvalidMemcpyDirection"
     assert out["end without begin"] == "cudaErrorIllegalState"
     assert out["bad device"] == "cudaErrorInvalidDevice"
-    assert out["bad graph launch"] == "cudaErrorInvalidValue"
     assert out["sync captured event"] == "cudaErrorCapturedEvent"
+
+
+def test_garbage_stream_and_graph_handles_get_an_error_and_no_crash(cprog, run):
+    out = lines(run(cprog("bad_handles")).stdout)
+    assert out["bad stream"] == "cudaErrorInvalidResourceHandle"
+    assert out["bad graph launch"] == "cudaErrorInvalidValue"
 
 
 def test_memcheck_names_the_kernel_and_argument_of_a_stale_pointer(cprog, run):
