@@ -27,14 +27,17 @@ from medusa.weaver.region import (
     HEARTBEAT,
     RECEIVER_PID,
     RELEASE,
+    SENDER_PID,
     STOP,
     TASK,
     ExchangeRegion,
     Geometry,
     RegionError,
+    process_alive,
 )
 
 F32 = 4
+SENDER_CHECK_NS = 500_000_000  # how often a poll looks whether the sender's process is still there
 
 
 class ReceiverError(RefusedError, RuntimeError):
@@ -81,20 +84,25 @@ class WeaverReceiver:
             region.address, region.layout["end"], read_only=False
         )
         self.served = 0
+        self.sender_gone: str | None = None  # why polling ended without the sender's STOP
+        self._sender_checked = 0
         region.set_counter(RECEIVER_PID, os.getpid())
         self.beat()
 
-    def beat(self) -> None:
-        self.region.set_counter(HEARTBEAT, time.monotonic_ns())
+    def beat(self) -> int:
+        now = time.monotonic_ns()
+        self.region.set_counter(HEARTBEAT, now)
+        return now
 
     def poll(self) -> bool:
         """One polling step (what the .cu polling kernel does after each kernel): runs the
-        pending task if there is one. Returns False once the sender asked to stop."""
-        self.beat()
+        pending task if there is one. Returns False once the sender asked to stop, or once its
+        process is gone (it can send no STOP then: `sender_gone` says so)."""
+        now = self.beat()
         r = self.region
         task = r.counter(TASK)
         if task <= r.counter(DONE):
-            return True
+            return now - self._sender_checked < SENDER_CHECK_NS or self._sender_alive(now)
         kind, layer, num_seqs, num_tokens = r.task_head()
         try:
             _check_head(r.geometry, kind, layer, num_seqs, num_tokens)
@@ -112,9 +120,17 @@ class WeaverReceiver:
         r.set_counter(DONE, task)
         return kind != STOP
 
+    def _sender_alive(self, now: int) -> bool:
+        self._sender_checked = now
+        pid = self.region.counter(SENDER_PID)
+        if pid and not process_alive(pid):
+            self.sender_gone = f"the sender (pid {pid}) exited without stopping this receiver"
+            return False
+        return True
+
     def serve(self, kernels: list[Callable[[], None]] | None = None, idle: float = 20e-6) -> None:
         """The receiver's loop: each of `kernels` (its own model's work), a poll after each; with
-        no kernels, polls alone. Returns when the sender sends STOP."""
+        no kernels, polls alone. Returns when the sender sends STOP or its process is gone."""
         while True:
             for k in kernels or []:
                 k()
