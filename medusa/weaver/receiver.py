@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from medusa.cuda.errors import CudaError
 from medusa.engine.device import Device
 from medusa.errors import RefusedError
 from medusa.weaver.kv import OffloadedKV, StaticOffloadedKV
@@ -69,6 +70,7 @@ class WeaverReceiver:
                 f"{region.path}: {g.num_layers} layers of {g.kv_size} floats in blocks of "
                 f"{block_size} tokens, {num_blocks} of them: more than the kernels can index"
             )
+        self._dev_region = _register(region, device)  # first: on failure nothing to give back
         self.kv = kv or StaticOffloadedKV(device, num_blocks, self._block_bytes)
         self.tables: dict[int, list[int]] = {}  # offloaded sequence -> its block ids here
         self.lengths: dict[int, int] = {}  # tokens of it held here
@@ -80,9 +82,6 @@ class WeaverReceiver:
             "seq_lens": device.alloc(4 * g.max_seqs),
             "query_start": device.alloc(4 * (g.max_seqs + 1)),
         }
-        self._dev_region = device.host_register(
-            region.address, region.layout["end"], read_only=False
-        )
         self.served = 0
         self.sender_gone: str | None = None  # why polling ended without the sender's STOP
         self._sender_checked = 0
@@ -243,6 +242,18 @@ class WeaverReceiver:
         r.array("k")[:n] = np.concatenate(k).reshape(-1, g.kv_size)[:n]
         r.array("v")[:n] = np.concatenate(v).reshape(-1, g.kv_size)[:n]
         r.array("seq_lens")[0] = n
+
+
+def _register(region: ExchangeRegion, device: Device) -> int:
+    """The region's device address (host-mapped for the receiver's kernels)."""
+    try:
+        return device.host_register(region.address, region.layout["end"], read_only=False)
+    except CudaError as e:
+        raise RegionError(
+            f"{region.path}: the device cannot map this exchange region for writing ({e}); "
+            "keep it on tmpfs (/dev/shm, where a gateway puts it): the driver pins its pages for "
+            "writing, which Linux (6.5 on) refuses for a file on a disk filesystem"
+        ) from None
 
 
 def _check_head(g: Geometry, kind: int, layer: int, num_seqs: int, num_tokens: int) -> None:

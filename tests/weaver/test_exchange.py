@@ -121,9 +121,9 @@ def run_batch(local: LocalAttention, sender: WeaverSender | None, ratio: float) 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("ratio", [0.0, 0.45, 1.0])
-def test_offloaded_attention_is_bit_identical_and_cold_output_unchanged(tmp_path, dev, ratio):
-    region = ExchangeRegion.create(tmp_path / "weaver", GEO)
-    proc = start_receiver(tmp_path / "weaver")
+def test_offloaded_attention_is_bit_identical_and_cold_output_unchanged(shm_path, dev, ratio):
+    region = ExchangeRegion.create(shm_path / "weaver", GEO)
+    proc = start_receiver(shm_path / "weaver")
     try:
         wait_for_receiver(region, proc)
         sender = WeaverSender(region, timeout=20.0)
@@ -156,13 +156,13 @@ print(digest(dev, x))
 """
 
 
-def test_assignment_by_ratio_and_refusals(tmp_path):
+def test_assignment_by_ratio_and_refusals(shm_path):
     ids = list(range(20))
     assert assign_offload(ids, 0.0) == [] and assign_offload(ids, 1.0) == ids
     assert len(assign_offload(ids, 0.45)) == 9
     with pytest.raises(ValueError, match="within"):
         assign_offload(ids, 1.5)
-    region = ExchangeRegion.create(tmp_path / "r", GEO)
+    region = ExchangeRegion.create(shm_path / "r", GEO)
     sender = WeaverSender(region, timeout=0.3)
     q, k, v = rows(np.random.default_rng(0), 65)
     with pytest.raises(ValueError, match="do not fit"):
@@ -171,9 +171,9 @@ def test_assignment_by_ratio_and_refusals(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("how", ["killed", "hung", "never started"])
-def test_a_lost_receiver_is_detected_and_its_sequences_handed_back(tmp_path, dev, how):
-    region = ExchangeRegion.create(tmp_path / "weaver", GEO)
-    proc = None if how == "never started" else start_receiver(tmp_path / "weaver", steps=0)
+def test_a_lost_receiver_is_detected_and_its_sequences_handed_back(shm_path, dev, how):
+    region = ExchangeRegion.create(shm_path / "weaver", GEO)
+    proc = None if how == "never started" else start_receiver(shm_path / "weaver", steps=0)
     try:
         if proc is not None:
             wait_for_receiver(region, proc)
@@ -196,9 +196,9 @@ def test_a_lost_receiver_is_detected_and_its_sequences_handed_back(tmp_path, dev
 
 
 @pytest.mark.e2e
-def test_receiver_errors_reach_the_sender_and_sequences_come_back(tmp_path, dev):
-    region = ExchangeRegion.create(tmp_path / "weaver", GEO)
-    proc = start_receiver(tmp_path / "weaver", steps=0)
+def test_receiver_errors_reach_the_sender_and_sequences_come_back(shm_path, dev):
+    region = ExchangeRegion.create(shm_path / "weaver", GEO)
+    proc = start_receiver(shm_path / "weaver", steps=0)
     try:
         wait_for_receiver(region, proc)
         sender = WeaverSender(region, timeout=20.0)
@@ -232,14 +232,14 @@ def test_receiver_errors_reach_the_sender_and_sequences_come_back(tmp_path, dev)
 
 
 @pytest.mark.e2e
-def test_a_receiver_whose_sender_died_stops_polling(tmp_path):
+def test_a_receiver_whose_sender_died_stops_polling(shm_path):
     """A sender that died sends no STOP: the receiver sees its process gone and ends by itself,
     rather than polling (a GPU's kernels and a core) for ever."""
-    region = ExchangeRegion.create(tmp_path / "weaver", GEO)
+    region = ExchangeRegion.create(shm_path / "weaver", GEO)
     gone = subprocess.Popen(["true"])
     gone.wait()  # reaped: its pid names no process
     region.set_counter(SENDER_PID, gone.pid)
-    proc = start_receiver(tmp_path / "weaver", steps=0)
+    proc = start_receiver(shm_path / "weaver", steps=0)
     try:
         out, _ = proc.communicate(timeout=15)
     finally:
