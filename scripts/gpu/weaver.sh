@@ -29,6 +29,10 @@ per_test=30
 left=$(( ${MEDUSA_GPU_STEP_BOUND:-75} - SECONDS - 5 ))
 python -c 'import pytest_timeout' 2>/dev/null || {
   echo "FAIL: pytest-timeout is not importable by $(command -v python) (the image has it)"; exit 1; }
+# The tests' exchange regions go in /dev/shm (tests/conftest.py: a region on a disk filesystem
+# cannot be registered for device writes); where it is missing they fall back to the temp dir.
+echo "exchange regions: /dev/shm is $(stat -f -c %T /dev/shm 2>/dev/null || echo missing)," \
+  "the temp dir ${TMPDIR:-/tmp} is $(stat -f -c %T "${TMPDIR:-/tmp}" 2>/dev/null || echo missing)"
 rc=0
 MEDUSA_DEVICE=cuda PYTHONFAULTHANDLER=1 timeout -s ABRT -k 3 "$left" python -m pytest -q \
   -p no:cacheprovider -x -rfE --capture=sys --timeout="$per_test" --timeout-method=thread \
