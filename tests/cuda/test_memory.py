@@ -38,8 +38,8 @@ def test_bad_input_gets_the_real_errors_and_no_crash(cprog, run):
     assert out["free interior"] == "cudaErrorInvalidValue"
     assert out["double free"] == "cudaErrorInvalidValue"
     assert out["unknown stub"] == "cudaErrorInvalidDeviceFunction"
-    assert out["zero grid"] == "cudaErrorInvalidValue"
-    assert out["2048 threads"] == "cudaErrorInvalidValue"
+    assert out["zero grid"] == "cudaErrorInvalidConfiguration"  # the runtime's own check
+    assert out["2048 threads"] == "cudaErrorInvalidConfiguration"
     assert out["64K smem"] == "cudaErrorInvalidValue"
     assert out["64K smem after attribute"] == "cudaSuccess"
     assert out["copy from freed"] == "cudaErrorInvalidValue"
