@@ -1,15 +1,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from medusa import env
 from medusa.cuda.toolchain import compile_program
+from medusa.serve.gateway.private_dir import shm_dir
 from tests.processes import ENGINE_OPTS, clean_env, without_medusa
 
 PROGRAMS = Path(__file__).parent / "cuda" / "programs"
@@ -75,3 +78,13 @@ def engine_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert res.returncode == 0, res.stderr
     assert "graphs    3 (keys [4, 2, 1])" in res.stdout
     return out
+
+
+@pytest.fixture
+def shm_path() -> Iterator[Path]:
+    """A fresh private directory (mode 0700) in /dev/shm, removed after the test: where Weaver
+    exchange regions go, as a gateway's do. A GPU's driver pins a registered region's pages for
+    writing, which Linux (6.5 on) refuses for a file on a disk filesystem (so does simcuda)."""
+    d = Path(tempfile.mkdtemp(prefix="medusa-test-", dir=shm_dir()))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

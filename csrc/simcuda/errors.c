@@ -26,6 +26,7 @@ static const struct {
     {1, "invalid argument"},
     {2, "out of memory"},
     {3, "initialization error"},
+    {9, "invalid configuration argument"},
     {98, "invalid device function"},
     {100, "no CUDA-capable device is detected"},
     {101, "invalid device ordinal"},

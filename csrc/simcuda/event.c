@@ -138,8 +138,9 @@ static CUresult wait_event(CUstream hs, CUevent h, unsigned flags, bool ptsz) {
         e = check_event(h);
     sim_event *ev = (sim_event *)h;
     if (!e && (flags & CU_EVENT_WAIT_EXTERNAL) && !s->cap)
-        e = sim_fail(CUDA_ERROR_INVALID_VALUE, "cudaEventWaitExternal is only valid while the "
-                     "stream is capturing (cuda.h: invalid outside of stream capture)");
+        e = sim_fail(CUDA_ERROR_ILLEGAL_STATE, "cudaEventWaitExternal is only valid while the "
+                     "stream is capturing (cuda.h: invalid outside of stream capture; the "
+                     "driver answers CUDA_ERROR_ILLEGAL_STATE, as an H200 did)");
     else if (!e && ev->cap && !(flags & CU_EVENT_WAIT_EXTERNAL))
         e = wait_captured(s, ev);
     else if (!e && s->cap)

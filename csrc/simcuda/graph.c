@@ -116,20 +116,22 @@ SIM_API CUresult cuGraphAddKernelNode(CUgraphNode *out, CUgraph g, const CUgraph
 }
 
 /* NOTE: cuda.h asks srcPitch >= WidthInBytes + srcXInBytes (dst likewise) of a copy that is not
- * an array's, and some drivers refuse a 1-D copy node (Height 1) whose pitch is 0: so does
- * simcuda. */
-static bool pitch_fits(CUmemorytype type, size_t pitch, size_t x, size_t width) {
-    return type == CU_MEMORYTYPE_ARRAY || pitch >= width + x;
+ * an array's. The driver (580, CUDA 13, on an H200) accepts a pitch of 0 on a copy of one row
+ * (Height and Depth 1), where no second row is placed by it, and refuses a pitch below the
+ * row even there: so does simcuda (pitch 0 on one row hides no bug; one below the row does). */
+static bool pitch_fits(const CUDA_MEMCPY3D *p, CUmemorytype type, size_t pitch, size_t x) {
+    bool one_row = p->Height == 1 && p->Depth == 1;
+    return type == CU_MEMORYTYPE_ARRAY || (one_row && pitch == 0) || pitch >= p->WidthInBytes + x;
 }
 
 static CUresult memcpy_op_from(sim_memcpy_op *op, const CUDA_MEMCPY3D *p) {
     if ((p->Height > 1) || (p->Depth > 1) || p->srcArray || p->dstArray)
         return sim_fail(CUDA_ERROR_NOT_SUPPORTED, "simcuda supports 1-D memcpy nodes only");
-    if (!pitch_fits(p->srcMemoryType, p->srcPitch, p->srcXInBytes, p->WidthInBytes) ||
-        !pitch_fits(p->dstMemoryType, p->dstPitch, p->dstXInBytes, p->WidthInBytes))
+    if (!pitch_fits(p, p->srcMemoryType, p->srcPitch, p->srcXInBytes) ||
+        !pitch_fits(p, p->dstMemoryType, p->dstPitch, p->dstXInBytes))
         return sim_fail(CUDA_ERROR_INVALID_VALUE,
                         "memcpy node: srcPitch %zu and dstPitch %zu must be at least WidthInBytes "
-                        "%zu plus srcXInBytes %zu and dstXInBytes %zu, one row included",
+                        "%zu plus srcXInBytes %zu and dstXInBytes %zu (0 on one row only)",
                         p->srcPitch, p->dstPitch, p->WidthInBytes, p->srcXInBytes, p->dstXInBytes);
     uintptr_t src = p->srcMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)p->srcHost : p->srcDevice;
     uintptr_t dst = p->dstMemoryType == CU_MEMORYTYPE_HOST ? (uintptr_t)p->dstHost : p->dstDevice;

@@ -3,9 +3,12 @@
  * cuda.h says cuMemHostGetDevicePointer returns the host pointer itself. Unified addressing makes
  * every registration mapped and portable, whatever the flags (cudaHostRegisterDefault, in
  * cuda_runtime_api.h); CU_MEMHOSTREGISTER_READ_ONLY ranges are never written by simcuda. */
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 
 #include "internal.h"
 
@@ -92,6 +95,45 @@ static int cpu_access(uintptr_t p, size_t n) {
     return at >= end ? prot : 0;
 }
 
+/* Whether the file mapped at [lo, hi) is on a filesystem with no writeback (tmpfs, and so a
+ * memfd or SysV shared memory, hugetlbfs, ramfs), or cannot be looked at. */
+static bool no_writeback(unsigned long lo, unsigned long hi) {
+    char link[64];
+    snprintf(link, sizeof link, "/proc/self/map_files/%lx-%lx", lo, hi); /* deleted files too */
+    struct statfs st;
+    if (statfs(link, &st) != 0)
+        return true;
+    return st.f_type == TMPFS_MAGIC || st.f_type == HUGETLBFS_MAGIC || st.f_type == RAMFS_MAGIC;
+}
+
+/* NOTE: the driver pins registered pages with FOLL_WRITE | FOLL_LONGTERM (os_lock_user_pages in
+ * NVIDIA's open kernel modules), which Linux 6.5 on refuses for a shared mapping of a file whose
+ * filesystem tracks dirty pages (ext4, xfs, overlayfs...): on a GPU cudaHostRegister without
+ * READ_ONLY fails there (invalid argument). simcuda refuses it too. Copies such a mapping's file
+ * name into `file` and returns true if [p, p+n) holds one. */
+static bool writes_to_a_disk_file(uintptr_t p, size_t n, char *file, size_t cap) {
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return false;
+    char *line = NULL;
+    size_t len = 0;
+    bool found = false;
+    while (!found && getline(&line, &len, f) > 0) {
+        unsigned long lo, hi;
+        char perms[5];
+        int at = 0;
+        if (sscanf(line, "%lx-%lx %4s %*s %*s %*s %n", &lo, &hi, perms, &at) != 3 || hi <= p ||
+            lo >= p + n || perms[3] != 's' || !at)
+            continue;
+        line[strcspn(line, "\n")] = '\0';
+        snprintf(file, cap, "%s", line + at);
+        found = !no_writeback(lo, hi);
+    }
+    free(line);
+    fclose(f);
+    return found;
+}
+
 /* Checks a registration's arguments and the memory; *writable: whether the CPU may write it all. */
 static CUresult check_register(uintptr_t b, size_t size, unsigned flags, bool *writable) {
     if (!b || size == 0 || b + size < b)
@@ -116,6 +158,12 @@ static CUresult check_register(uintptr_t b, size_t size, unsigned flags, bool *w
         return sim_fail(CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister(0x%lx, %zu): the CPU maps the "
                         "range read-only; register it with CU_MEMHOSTREGISTER_READ_ONLY "
                         "(cudaHostRegisterReadOnly)", (unsigned long)b, size);
+    char file[256];
+    if (!(flags & CU_MEMHOSTREGISTER_READ_ONLY) && writes_to_a_disk_file(b, size, file, sizeof file))
+        return sim_fail(CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister(0x%lx, %zu): the range maps %s "
+                        "shared, on a filesystem that writes back: the driver cannot pin its pages for "
+                        "writing (Linux 6.5 on); put the file on tmpfs (/dev/shm) or register it "
+                        "read-only (cudaHostRegisterReadOnly)", (unsigned long)b, size, file);
     *writable = prot & PROT_WRITE;
     return CUDA_SUCCESS;
 }

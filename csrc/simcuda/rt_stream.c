@@ -1,4 +1,7 @@
 /* Runtime streams, events, capture and kernel launch over the driver entry points. */
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "rt.h"
@@ -59,11 +62,22 @@ RT_PT(cudaLaunchHostFunc, (cudaStream_t s, cudaHostFn_t fn, void *d),
       rt_drv.launchHostFunc[1]((CUstream)s, (CUhostFn)fn, d))
 
 /* ---- kernels by host stub ---- */
+/* NOTE: the runtime checks a launch's dimensions itself: a zero grid or block, or a block over
+ * 1024 threads (the limits of every device since sm_20), is cudaErrorInvalidConfiguration
+ * ("invalid configuration argument"), where the driver's cuLaunchKernel answers
+ * CUDA_ERROR_INVALID_VALUE. */
+static bool bad_config(dim3 g, dim3 b) {
+    return !g.x || !g.y || !g.z || !b.x || !b.y || !b.z || g.x > INT_MAX || g.y > 65535 ||
+           g.z > 65535 || b.x > 1024 || b.y > 1024 || b.z > 64 || (uint64_t)b.x * b.y * b.z > 1024;
+}
+
 static cudaError_t launch(const void *stub, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s, int pt) {
     RT_INIT();
     CUfunction f = rt_func_of_stub(stub);
     if (!f)
         return rt_set(cudaErrorInvalidDeviceFunction);
+    if (bad_config(g, b))
+        return rt_set(cudaErrorInvalidConfiguration);
     return rt_ret(rt_drv.launchKernel[pt](f, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)smem, (CUstream)s, args, NULL));
 }
 
@@ -81,6 +95,8 @@ static cudaError_t launch_ex(const cudaLaunchConfig_t *c, const void *stub, void
     CUfunction f = rt_func_of_stub(stub);
     if (!f)
         return rt_set(cudaErrorInvalidDeviceFunction);
+    if (bad_config(c->gridDim, c->blockDim))
+        return rt_set(cudaErrorInvalidConfiguration);
     CUlaunchConfig dc = {c->gridDim.x, c->gridDim.y, c->gridDim.z, c->blockDim.x, c->blockDim.y,
                          c->blockDim.z, (unsigned)c->dynamicSmemBytes, (CUstream)c->stream,
                          (CUlaunchAttribute *)c->attrs, c->numAttrs};

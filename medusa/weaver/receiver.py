@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from medusa.cuda.errors import CudaError
 from medusa.engine.device import Device
 from medusa.errors import RefusedError
 from medusa.weaver.kv import OffloadedKV, StaticOffloadedKV
@@ -27,14 +28,17 @@ from medusa.weaver.region import (
     HEARTBEAT,
     RECEIVER_PID,
     RELEASE,
+    SENDER_PID,
     STOP,
     TASK,
     ExchangeRegion,
     Geometry,
     RegionError,
+    process_alive,
 )
 
 F32 = 4
+SENDER_CHECK_NS = 500_000_000  # how often a poll looks whether the sender's process is still there
 
 
 class ReceiverError(RefusedError, RuntimeError):
@@ -66,6 +70,7 @@ class WeaverReceiver:
                 f"{region.path}: {g.num_layers} layers of {g.kv_size} floats in blocks of "
                 f"{block_size} tokens, {num_blocks} of them: more than the kernels can index"
             )
+        self._dev_region = _register(region, device)  # first: on failure nothing to give back
         self.kv = kv or StaticOffloadedKV(device, num_blocks, self._block_bytes)
         self.tables: dict[int, list[int]] = {}  # offloaded sequence -> its block ids here
         self.lengths: dict[int, int] = {}  # tokens of it held here
@@ -77,24 +82,26 @@ class WeaverReceiver:
             "seq_lens": device.alloc(4 * g.max_seqs),
             "query_start": device.alloc(4 * (g.max_seqs + 1)),
         }
-        self._dev_region = device.host_register(
-            region.address, region.layout["end"], read_only=False
-        )
         self.served = 0
+        self.sender_gone: str | None = None  # why polling ended without the sender's STOP
+        self._sender_checked = 0
         region.set_counter(RECEIVER_PID, os.getpid())
         self.beat()
 
-    def beat(self) -> None:
-        self.region.set_counter(HEARTBEAT, time.monotonic_ns())
+    def beat(self) -> int:
+        now = time.monotonic_ns()
+        self.region.set_counter(HEARTBEAT, now)
+        return now
 
     def poll(self) -> bool:
         """One polling step (what the .cu polling kernel does after each kernel): runs the
-        pending task if there is one. Returns False once the sender asked to stop."""
-        self.beat()
+        pending task if there is one. Returns False once the sender asked to stop, or once its
+        process is gone (it can send no STOP then: `sender_gone` says so)."""
+        now = self.beat()
         r = self.region
         task = r.counter(TASK)
         if task <= r.counter(DONE):
-            return True
+            return now - self._sender_checked < SENDER_CHECK_NS or self._sender_alive(now)
         kind, layer, num_seqs, num_tokens = r.task_head()
         try:
             _check_head(r.geometry, kind, layer, num_seqs, num_tokens)
@@ -112,9 +119,17 @@ class WeaverReceiver:
         r.set_counter(DONE, task)
         return kind != STOP
 
+    def _sender_alive(self, now: int) -> bool:
+        self._sender_checked = now
+        pid = self.region.counter(SENDER_PID)
+        if pid and not process_alive(pid):
+            self.sender_gone = f"the sender (pid {pid}) exited without stopping this receiver"
+            return False
+        return True
+
     def serve(self, kernels: list[Callable[[], None]] | None = None, idle: float = 20e-6) -> None:
         """The receiver's loop: each of `kernels` (its own model's work), a poll after each; with
-        no kernels, polls alone. Returns when the sender sends STOP."""
+        no kernels, polls alone. Returns when the sender sends STOP or its process is gone."""
         while True:
             for k in kernels or []:
                 k()
@@ -227,6 +242,18 @@ class WeaverReceiver:
         r.array("k")[:n] = np.concatenate(k).reshape(-1, g.kv_size)[:n]
         r.array("v")[:n] = np.concatenate(v).reshape(-1, g.kv_size)[:n]
         r.array("seq_lens")[0] = n
+
+
+def _register(region: ExchangeRegion, device: Device) -> int:
+    """The region's device address (host-mapped for the receiver's kernels)."""
+    try:
+        return device.host_register(region.address, region.layout["end"], read_only=False)
+    except CudaError as e:
+        raise RegionError(
+            f"{region.path}: the device cannot map this exchange region for writing ({e}); "
+            "keep it on tmpfs (/dev/shm, where a gateway puts it): the driver pins its pages for "
+            "writing, which Linux (6.5 on) refuses for a file on a disk filesystem"
+        ) from None
 
 
 def _check_head(g: Geometry, kind: int, layer: int, num_seqs: int, num_tokens: int) -> None:

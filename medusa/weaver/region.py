@@ -46,6 +46,17 @@ OK, FAILED = 0, 1  # STATUS values
 MAX_LAYERS, MAX_WIDTH = 1024, 1 << 16  # bounds of a geometry (Llama 405B: 126 layers, 16384)
 
 
+def process_alive(pid: int) -> bool:
+    """False for a pid that is gone or a zombie (a dead child not yet reaped); the peer's pid in
+    the region is one of this user's processes on this machine."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 class RegionError(RefusedError, RuntimeError):
     """The region file is missing, not an exchange region, or of another geometry."""
 

@@ -27,6 +27,7 @@ from medusa.weaver.region import (
     STOP,
     TASK,
     ExchangeRegion,
+    process_alive,
 )
 
 TIMEOUT = 2.0  # seconds without a heartbeat before the receiver counts as lost
@@ -172,7 +173,7 @@ class WeaverSender:
     def _check_alive(self, task: int) -> None:
         r = self.region
         pid, beat = r.counter(RECEIVER_PID), r.counter(HEARTBEAT)
-        if pid and not _alive(pid):
+        if pid and not process_alive(pid):
             lost = f"the receiver (pid {pid}) exited during task {task}"
             raise ReceiverLost(lost, self.offloaded)
         age = (time.monotonic_ns() - max(beat, self._since)) / 1e9
@@ -182,13 +183,3 @@ class WeaverSender:
                 f"{self.timeout} s)",
                 self.offloaded,
             )
-
-
-def _alive(pid: int) -> bool:
-    """False for a pid that is gone or a zombie (a dead child not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return False
-    return state not in (b"Z", b"X")

@@ -34,9 +34,9 @@ case $phase in 1 | 2 | all) ;; *) echo "all.sh: --phase takes 1, 2 or all, not '
 
 # ---- the steps of each phase, and their time bounds (seconds) ----
 declare -A BOUND=(
-  [stash]=5 [join]=15 [install]=90 [imports]=10 [tiny_model]=5
+  [stash]=5 [join]=15 [install]=60 [imports]=10 [tiny_model]=5
   [interpose_torch]=40 [engine_parity]=25 [restore_parity]=60 [simcuda_parity]=30
-  [hybridgemm_bandwidth]=25 [tessera_ptx]=15 [weaver]=45 [torch_restore]=125
+  [hybridgemm_bandwidth]=25 [tessera_ptx]=15 [weaver]=75 [torch_restore]=125
   [engine_parity_smollm2]=40 [restore_parity_smollm2]=120 [weight_store_smollm2]=40
   [vllm_coldstart]=300
 )
@@ -151,7 +151,8 @@ run_step() {
   esac
   echo "== $s (bound ${BOUND[$s]} s; log: $s.log)"
   t0=$(date +%s.%N)
-  env "${env[@]}" timeout -k 5 "${BOUND[$s]}" "${cmd[@]}" >"$log" 2>&1 </dev/null
+  env "${env[@]}" MEDUSA_GPU_STEP_BOUND="${BOUND[$s]}" timeout -k 5 "${BOUND[$s]}" "${cmd[@]}" \
+    >"$log" 2>&1 </dev/null
   rc=$?
   secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   case $rc in

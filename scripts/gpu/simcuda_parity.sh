@@ -46,9 +46,25 @@ for prog in "${programs[@]}"; do
 done
 # kernels.c calls the driver API too (cuFuncGetParamInfo, cuModuleGetGlobal).
 bash scripts/gpu/lib/check_needed.sh "$out/kernels.gpu" libgpukernels.so libcudart.so libcuda.so.1
+# Runs a program (its stdout is line-buffered: common.h) into OUT.txt, addresses filtered out;
+# a non-zero exit or a signal is reported with the last line the program printed before it.
+run_prog() {
+  local rc=0
+  "$1" >"$2.raw" 2>"$2.err" || rc=$?
+  grep -vE '^(first|reused):' "$2.raw" >"$2.txt" || true
+  [ "$rc" = 0 ] && return 0
+  if [ "$rc" -gt 128 ]; then
+    echo "FAIL: $3 killed by signal $((rc - 128)) ($(kill -l $((rc - 128)) 2>/dev/null || echo '?'))"
+  else
+    echo "FAIL: $3 exited with status $rc"
+  fi
+  echo "  the last line it printed: $(tail -n 1 "$2.raw" | grep . || echo '(none)')"
+  sed 's/^/  stderr: /' "$2.err" | tail -n 5
+  return 1
+}
 for prog in "${programs[@]}"; do
-  "$out/$prog.gpu" | grep -vE '^(first|reused):' > "$out/$prog.gpu.txt" || true
-  "$out/$prog.sim" | grep -vE '^(first|reused):' > "$out/$prog.sim.txt" || true
+  run_prog "$out/$prog.gpu" "$out/$prog.gpu" "$prog on the GPU" || status=1
+  run_prog "$out/$prog.sim" "$out/$prog.sim" "$prog on simcuda" || status=1
   if diff -u "$out/$prog.gpu.txt" "$out/$prog.sim.txt"; then
     echo "parity $prog: identical ($(wc -l < "$out/$prog.gpu.txt") lines)"
   else

@@ -3,6 +3,9 @@ weight store is, with CUDA's flags, errors and attributes, and a device write in
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import lines
@@ -16,6 +19,27 @@ VERBOSE = {"MEDUSA_SIM_VERBOSE": "1"}
 @pytest.fixture(scope="module")
 def prog(cprog):
     return cprog("host_register")
+
+
+def fs_type(path: Path) -> str:
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+
+
+def test_a_shared_file_on_disk_is_refused_for_device_writes_as_linux_refuses_the_driver(
+    prog, run, build_dir
+):
+    """The driver pins registered pages for writing, long-term: Linux (6.5 on) refuses that for
+    a shared mapping of a file on a filesystem that writes back (say, an exchange region in /tmp
+    on a disk), not for one on tmpfs, nor for a read-only registration."""
+    if fs_type(build_dir) in ("tmpfs", "ramfs"):
+        pytest.skip(f"{build_dir} is on tmpfs here: no disk filesystem to try")
+    out = lines(run(prog, "shared-file", str(build_dir)).stdout)
+    assert out["writable shared file"] == "cudaErrorInvalidValue"
+    assert out["read-only shared file"] == "cudaSuccess"
+    if Path("/dev/shm").is_dir() and fs_type(Path("/dev/shm")) == "tmpfs":
+        out = lines(run(prog, "shared-file", "/dev/shm").stdout)
+        assert out["writable shared file"] == out["read-only shared file"] == "cudaSuccess"
 
 
 def test_registration_follows_cuda_rules(prog, run):

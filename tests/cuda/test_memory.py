@@ -37,19 +37,23 @@ def test_bad_input_gets_the_real_errors_and_no_crash(cprog, run):
     assert out["arena intact"] == "1"
     assert out["free interior"] == "cudaErrorInvalidValue"
     assert out["double free"] == "cudaErrorInvalidValue"
-    assert out["bad stream"] == "cudaErrorInvalidResourceHandle"
     assert out["unknown stub"] == "cudaErrorInvalidDeviceFunction"
-    assert out["zero grid"] == "cudaErrorInvalidValue"
-    assert out["2048 threads"] == "cudaErrorInvalidValue"
+    assert out["zero grid"] == "cudaErrorInvalidConfiguration"  # the runtime's own check
+    assert out["2048 threads"] == "cudaErrorInvalidConfiguration"
     assert out["64K smem"] == "cudaErrorInvalidValue"
     assert out["64K smem after attribute"] == "cudaSuccess"
-    assert out["copy from freed"] == "cudaErrorInvalidValue"
-    assert out["copy past end"] == "cudaErrorInvalidValue"
     assert out["bad kind"] == "cudaErrorInvalidMemcpyDirection"
     assert out["end without begin"] == "cudaErrorIllegalState"
     assert out["bad device"] == "cudaErrorInvalidDevice"
-    assert out["bad graph launch"] == "cudaErrorInvalidValue"
     assert out["sync captured event"] == "cudaErrorCapturedEvent"
+
+
+def test_input_the_real_runtime_leaves_undefined_gets_an_error_and_no_crash(cprog, run):
+    out = lines(run(cprog("undefined_input")).stdout)
+    assert out["bad stream"] == "cudaErrorInvalidResourceHandle"
+    assert out["bad graph launch"] == "cudaErrorInvalidValue"
+    assert out["copy from freed"] == "cudaErrorInvalidValue"
+    assert out["copy past end"] == "cudaErrorInvalidValue"
 
 
 def test_memcheck_names_the_kernel_and_argument_of_a_stale_pointer(cprog, run):

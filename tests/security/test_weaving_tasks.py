@@ -50,9 +50,11 @@ BAD = [  # (what the sender wrote: head, and sequences, lengths, query starts), 
 
 
 @pytest.mark.e2e
-def test_bad_tasks_are_refused_before_they_touch_device_memory(tmp_path: Path) -> None:
+def test_bad_tasks_are_refused_before_they_touch_device_memory(
+    tmp_path: Path, shm_path: Path
+) -> None:
     model = tiny_model(tmp_path / "tiny.gguf")
-    regions = private_dir(tmp_path)
+    regions = private_dir(shm_path)  # on tmpfs, as a gateway's (tests/conftest.py says why)
     w = start_worker(model, token=TOKEN, weaving_dir=regions)
     region = ExchangeRegion.create(regions / "weaver-1", GEO)  # the (hostile) sender's
     try:

@@ -215,11 +215,11 @@ async def complete_all(port: int, name: str) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_two_workers_paired_then_unpaired_answer_as_without_offload(tmp_path):
+def test_two_workers_paired_then_unpaired_answer_as_without_offload(tmp_path, shm_path):
     hot_model, cold_model = tmp_path / "hot.gguf", tmp_path / "cold.gguf"
     write_gguf(hot_model, [T.F32], seed=0)
     write_gguf(cold_model, [T.F32], seed=1)
-    regions = tmp_path / "regions"
+    regions = shm_path / "regions"  # on tmpfs, as a gateway's (tests/conftest.py says why)
     regions.mkdir(mode=0o700)
     (hp, hport) = start_worker(hot_model, "hot", regions)
     (cp, cport) = start_worker(cold_model, "cold", regions)

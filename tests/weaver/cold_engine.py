@@ -50,7 +50,7 @@ def main() -> None:
     engine = LLMEngine(cold_config(args.model, "elastic" if args.elastic else "static"))
     weaving = ColdWeaving(engine, args.region, args.blocks, block_size=4)
     deadline = time.monotonic() + 60
-    while weaving.region.counter(TASK) == 0 and time.monotonic() < deadline:
+    while weaving.region.counter(TASK) == 0 and not weaving.stopped and time.monotonic() < deadline:
         weaving.device.poll()
         time.sleep(1e-3)
     out = generate(engine, weaving)

@@ -106,9 +106,9 @@ def wait_for_receiver(hot: LLMEngine, proc: subprocess.Popen[str] | None) -> Non
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("ratio", [0.0, 0.45, 1.0])
-def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models, expected, ratio):
+def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(shm_path, models, expected, ratio):
     hot_model, cold_model = models
-    region = tmp_path / "weaver"
+    region = shm_path / "weaver"
     hot = paired(hot_config(hot_model), WeavingLink(region, ratio, timeout=10.0))
     proc = start_cold(region, cold_model)
     try:
@@ -134,9 +134,9 @@ def test_hot_tokens_equal_no_offload_and_cold_tokens_unchanged(tmp_path, models,
 
 
 @pytest.mark.e2e
-def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, models, expected):
+def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(shm_path, models, expected):
     hot_model, cold_model = models
-    region = tmp_path / "weaver"
+    region = shm_path / "weaver"
     hot = paired(hot_config(hot_model), WeavingLink(region, 0.45, timeout=10.0))
     proc = start_cold(region, cold_model)
     times: list[float] = []
@@ -164,24 +164,24 @@ def test_a_receiver_killed_mid_decode_costs_a_recompute_not_a_hang(tmp_path, mod
     assert got == expected[0]
 
 
-def test_until_a_receiver_opens_the_region_nothing_is_offloaded(tmp_path, models, expected):
+def test_until_a_receiver_opens_the_region_nothing_is_offloaded(shm_path, models, expected):
     with LLMEngine(hot_config(models[0])) as hot:
-        pair(hot, WeavingLink(tmp_path / "weaver", 1.0, timeout=0.5))
+        pair(hot, WeavingLink(shm_path / "weaver", 1.0, timeout=0.5))
         assert run(hot) == expected[0]
         w = woven(hot)
         assert w.num_prefilled == len(PROMPTS)
         assert w.num_offloaded == 0 and w.error is None
         t0 = time.monotonic()
         unpair(hot)  # no receiver to stop: no wait for one
-        assert time.monotonic() - t0 < 0.5 and not (tmp_path / "weaver").exists()
+        assert time.monotonic() - t0 < 0.5 and not (shm_path / "weaver").exists()
 
 
 @pytest.mark.e2e
-def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, models, expected):
+def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(shm_path, models, expected):
     """The cold model gets busy: the hot engine takes its sequences' KV back between two steps
     and decodes them locally from there, bit for bit as if they had never left."""
     hot_model, cold_model = models
-    region = tmp_path / "weaver"
+    region = shm_path / "weaver"
     hot = paired(hot_config(hot_model), WeavingLink(region, 1.0, timeout=10.0))
     proc = start_cold(region, cold_model)
     pairing = [hot_weaving(hot)]
@@ -207,10 +207,10 @@ def test_unpairing_mid_decode_brings_the_kv_back_and_nothing_changes(tmp_path, m
     assert json.loads(out)["tokens"] == expected[1]
 
 
-def test_a_receiver_lost_while_releasing_an_aborted_sequence(tmp_path, models, expected):
+def test_a_receiver_lost_while_releasing_an_aborted_sequence(shm_path, models, expected):
     """An offloaded sequence is aborted between steps and the receiver stops polling: the release
     before the next decode step finds it lost, and the other offloaded sequences are recomputed."""
-    region = tmp_path / "weaver"
+    region = shm_path / "weaver"
     hot = paired(hot_config(models[0]), WeavingLink(region, 1.0, timeout=1.0))
     polling = threading.Event()
     polling.set()
@@ -254,13 +254,13 @@ def weaver_pages(ledger: PageLedger) -> int | None:
 
 @pytest.mark.e2e
 def test_a_receiver_on_elastic_kv_draws_ledger_pages_and_gives_them_back(
-    tmp_path, models, expected
+    tmp_path, shm_path, models, expected
 ):
     """The cold engine's KV is elastic: the offloaded sequences' blocks are pages of the device's
     ledger (on the cold worker's `:weaver` row) while they live, and go back as they finish; the
     pairing's end gives the row back. The hot logits stay bit-identical."""
     ledger = PageLedger.create(tmp_path / "ledger", 64, 2 << 20)
-    region = tmp_path / "weaver"
+    region = shm_path / "weaver"
     hot = paired(hot_config(models[0]), WeavingLink(region, 1.0, timeout=10.0))
     proc = start_cold(region, models[1], "--elastic", "--hold",
                       env={"MEDUSA_KV_LEDGER": str(ledger.path)})  # fmt: skip
@@ -286,10 +286,10 @@ def test_a_receiver_on_elastic_kv_draws_ledger_pages_and_gives_them_back(
     assert cold["tokens"] == expected[1]
 
 
-def test_an_elastic_receiver_with_no_pages_free_refuses(tmp_path, models, monkeypatch):
+def test_an_elastic_receiver_with_no_pages_free_refuses(tmp_path, shm_path, models, monkeypatch):
     ledger = PageLedger.create(tmp_path / "ledger", 8, 2 << 20)
     monkeypatch.setenv("MEDUSA_KV_LEDGER", str(ledger.path))
-    region = ExchangeRegion.create(tmp_path / "weaver", Geometry(2, 4, 2, 64, 8, 128))
+    region = ExchangeRegion.create(shm_path / "weaver", Geometry(2, 4, 2, 64, 8, 128))
     plugins.register()  # kv_memory="elastic"
     with LLMEngine(cold_config(models[1], "elastic")) as cold:
         hog = PageLedger(ledger.path)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from medusa.engine.device import Device
-from medusa.weaver.region import ExchangeRegion, Geometry
+from medusa.weaver.region import RECEIVER_PID, SENDER_PID, ExchangeRegion, Geometry
 from medusa.weaver.sender import ReceiverLost, WeaverError, WeaverSender, assign_offload
 
 HERE = Path(__file__).parent
@@ -77,6 +77,16 @@ def start_receiver(path: Path, steps: int = 50) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def wait_for_receiver(region: ExchangeRegion, proc: subprocess.Popen[str]) -> None:
+    """Until the receiver serves: one that died starting fails here at once, with its stderr in
+    the test's output (the sender would only see its silence, after its timeout)."""
+    deadline = time.monotonic() + 60
+    while region.counter(RECEIVER_PID) == 0:
+        assert proc.poll() is None, f"the receiver exited ({proc.returncode}) before serving"
+        assert time.monotonic() < deadline, "the receiver did not start serving in 60 s"
+        time.sleep(0.02)
+
+
 def rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (rng.standard_normal((n, GEO.q_size), np.float32),
             rng.standard_normal((n, GEO.kv_size), np.float32),
@@ -111,10 +121,11 @@ def run_batch(local: LocalAttention, sender: WeaverSender | None, ratio: float) 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("ratio", [0.0, 0.45, 1.0])
-def test_offloaded_attention_is_bit_identical_and_cold_output_unchanged(tmp_path, dev, ratio):
-    region = ExchangeRegion.create(tmp_path / "weaver", GEO)
-    proc = start_receiver(tmp_path / "weaver")
+def test_offloaded_attention_is_bit_identical_and_cold_output_unchanged(shm_path, dev, ratio):
+    region = ExchangeRegion.create(shm_path / "weaver", GEO)
+    proc = start_receiver(shm_path / "weaver")
     try:
+        wait_for_receiver(region, proc)
         sender = WeaverSender(region, timeout=20.0)
         checked = run_batch(LocalAttention(dev), sender, ratio)
         offloaded = assign_offload(list(range(8)), ratio)
@@ -145,13 +156,13 @@ print(digest(dev, x))
 """
 
 
-def test_assignment_by_ratio_and_refusals(tmp_path):
+def test_assignment_by_ratio_and_refusals(shm_path):
     ids = list(range(20))
     assert assign_offload(ids, 0.0) == [] and assign_offload(ids, 1.0) == ids
     assert len(assign_offload(ids, 0.45)) == 9
     with pytest.raises(ValueError, match="within"):
         assign_offload(ids, 1.5)
-    region = ExchangeRegion.create(tmp_path / "r", GEO)
+    region = ExchangeRegion.create(shm_path / "r", GEO)
     sender = WeaverSender(region, timeout=0.3)
     q, k, v = rows(np.random.default_rng(0), 65)
     with pytest.raises(ValueError, match="do not fit"):
@@ -160,10 +171,12 @@ def test_assignment_by_ratio_and_refusals(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("how", ["killed", "hung", "never started"])
-def test_a_lost_receiver_is_detected_and_its_sequences_handed_back(tmp_path, dev, how):
-    region = ExchangeRegion.create(tmp_path / "weaver", GEO)
-    proc = None if how == "never started" else start_receiver(tmp_path / "weaver", steps=0)
+def test_a_lost_receiver_is_detected_and_its_sequences_handed_back(shm_path, dev, how):
+    region = ExchangeRegion.create(shm_path / "weaver", GEO)
+    proc = None if how == "never started" else start_receiver(shm_path / "weaver", steps=0)
     try:
+        if proc is not None:
+            wait_for_receiver(region, proc)
         sender = WeaverSender(region, timeout=1.0 if how == "never started" else 10.0)
         q, k, v = rows(np.random.default_rng(1), 2)
         if proc is not None:
@@ -183,10 +196,11 @@ def test_a_lost_receiver_is_detected_and_its_sequences_handed_back(tmp_path, dev
 
 
 @pytest.mark.e2e
-def test_receiver_errors_reach_the_sender_and_sequences_come_back(tmp_path, dev):
-    region = ExchangeRegion.create(tmp_path / "weaver", GEO)
-    proc = start_receiver(tmp_path / "weaver", steps=0)
+def test_receiver_errors_reach_the_sender_and_sequences_come_back(shm_path, dev):
+    region = ExchangeRegion.create(shm_path / "weaver", GEO)
+    proc = start_receiver(shm_path / "weaver", steps=0)
     try:
+        wait_for_receiver(region, proc)
         sender = WeaverSender(region, timeout=20.0)
         rng = np.random.default_rng(2)
         q, k, v = rows(rng, 6)
@@ -215,3 +229,19 @@ def test_receiver_errors_reach_the_sender_and_sequences_come_back(tmp_path, dev)
         proc.communicate(timeout=30)
     finally:
         proc.kill()
+
+
+@pytest.mark.e2e
+def test_a_receiver_whose_sender_died_stops_polling(shm_path):
+    """A sender that died sends no STOP: the receiver sees its process gone and ends by itself,
+    rather than polling (a GPU's kernels and a core) for ever."""
+    region = ExchangeRegion.create(shm_path / "weaver", GEO)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process
+    region.set_counter(SENDER_PID, gone.pid)
+    proc = start_receiver(shm_path / "weaver", steps=0)
+    try:
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out.split()[1] == "0"  # its digest, and no task served

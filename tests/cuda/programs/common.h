@@ -4,6 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* stdout line-buffered even into a file or pipe, so a program that crashes keeps every line it
+ * printed before (scripts/gpu/simcuda_parity.sh names the last one). */
+__attribute__((constructor)) static void line_buffered_stdout(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+}
+
 /* Prints "name: cudaErrorX" so tests can assert on exact error names. */
 #define SHOW(label, x) printf("%s: %s\n", label, cudaGetErrorName((cudaError_t)(x)))
 #define CHECK(x)                                                                                   \

@@ -1,7 +1,8 @@
 /* Copy and fill parameters as cuda.h asks them: a copy node's pitches cover its row
- * (WidthInBytes + XInBytes) even for one row, a 2-D fill's pitch covers its row; a captured
- * copy's parameters, read back, are accepted again as they are; a captured 2-D fill keeps its
- * pitch and leaves the bytes between its rows. */
+ * (WidthInBytes + XInBytes) even for one row, where a pitch 0 is accepted (the driver ignores it
+ * there), a 2-D fill's pitch covers its row; a captured copy's parameters, read back, are
+ * accepted again as they are; a captured 2-D fill keeps its pitch and leaves the bytes between
+ * its rows. */
 #include "common.h"
 
 enum { N = 256, PITCH = 64, WIDTH = 40, ROWS = 3 };

@@ -1,6 +1,6 @@
 /* Event waits across a capture's boundary, as the driver rules them (no simcuda extension, so
  * scripts/gpu/simcuda_parity.sh runs it on a GPU too): cudaEventWaitExternal outside capture is
- * invalid (cuda.h); a capturing stream may not wait on an event recorded outside the capture
+ * invalid (cuda.h; the driver answers cudaErrorIllegalState); a capturing stream may not wait on an event recorded outside the capture
  * (the programming guide), while an event never recorded is an empty wait. */
 #include "common.h"
 

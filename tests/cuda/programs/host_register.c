@@ -1,7 +1,8 @@
 /* cudaHostRegister on a read-only file mapping and on malloc'd memory: flags, errors, attributes,
  * kernels reading it, and what a write into a read-only registration does.
  * argv[1]: "api" (default), "write-file", "write-anon", "after-unregister", "memcpy-into",
- * "read-cut-short" (the file truncated under the registration, then read by a kernel). */
+ * "read-cut-short" (the file truncated under the registration, then read by a kernel),
+ * "shared-file DIR" (a writable shared mapping of a file in DIR, registered writable). */
 #include <fcntl.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -129,9 +130,30 @@ static void capture(float *rw) {
     CHECK(cudaGraphDestroy(g));
 }
 
+/* A writable shared mapping of a file in `dir`, registered for device writes, then read-only. */
+static int shared_file(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/simcuda-shared-XXXXXX", dir);
+    int fd = mkstemp(path);
+    if (fd < 0 || ftruncate(fd, BYTES) != 0)
+        exit(2);
+    unlink(path);
+    void *p = mmap(NULL, BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        exit(2);
+    int e = cudaHostRegister(p, BYTES, cudaHostRegisterMapped);
+    SHOW("writable shared file", e);
+    if (!e)
+        CHECK(cudaHostUnregister(p));
+    SHOW("read-only shared file", cudaHostRegister(p, BYTES, cudaHostRegisterReadOnly));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "api";
     CHECK(cudaSetDevice(0));
+    if (!strcmp(mode, "shared-file") && argc > 2)
+        return shared_file(argv[2]);
     float *ro = map_file(), *ro_dev = NULL, *a = NULL, *out = NULL;
     CHECK(cudaMalloc((void **)&a, BYTES));
     CHECK(cudaMalloc((void **)&out, BYTES));
