@@ -43,8 +43,11 @@ def test_a_slower_device_waits_off_the_cpu_and_computes_the_same():
     fast, _ = run("1")
     slow, _ = run("6")
     assert slow["sum"] == fast["sum"]
-    # the waits are not CPU time: wall over CPU time grows by about the factor
-    assert slow["wall"] / slow["cpu"] > 2.5 * fast["wall"] / fast["cpu"], (fast, slow)
+    # The waits are not CPU time: the slow run's CPU time stays near the fast run's, and its wall
+    # time is about 6 times its CPU time. Other load on the machine only lengthens wall time, so
+    # both bounds hold on a busy machine (a ratio against the fast run's wall time did not).
+    assert slow["cpu"] < 2 * fast["cpu"], (fast, slow)
+    assert slow["wall"] > 3 * slow["cpu"], (fast, slow)
 
 
 def test_a_bad_factor_is_named_and_ignored():
