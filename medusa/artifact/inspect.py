@@ -51,13 +51,12 @@ def _kv(m: dict[str, Any]) -> list[str]:
 
 def _recording(m: dict[str, Any], p: dict[str, Any]) -> list[str]:
     """What the start-up recorded: graphs, relocations, kernels, buffers."""
-    g, kern = m["graphs"], m["kernels"]
+    kern = m["kernels"]
     allocs = p["allocs"]
     skipped = set(p["skipped_phases"])
     perm = [a for a in allocs if a[0] in skipped and not a[4]]
     return [
-        f"  graphs    {g['count']} (keys {g['keys']}), {g['nodes']} nodes, "
-        f"{g['templates']} topology templates",
+        *_graphs(m),
         "  relocations " + ", ".join(f"{k} {v}" for k, v in m["relocations"].items()),
         f"  kernels   {kern['count']}: {kern['exported']} with an exported host stub, "
         f"{kern['hidden']} hidden (found in loaded or saved images); "
@@ -65,6 +64,22 @@ def _recording(m: dict[str, Any], p: dict[str, Any]) -> list[str]:
         f"  buffers   {len(allocs)} allocations; skipped phases {sorted(skipped)}: "
         f"{len(perm)} permanent ({sum(a[3] for a in perm)} bytes, "
         f"{len(p['contents'])} with saved contents)",
+    ]
+
+
+def _graphs(m: dict[str, Any]) -> list[str]:
+    """How many graphs, and which: an engine's decode graphs by batch size, then its prefill
+    graphs by tokens; another program's by the keys its integration gave them."""
+    g = m["graphs"]
+    head = f"  graphs    {g['count']}, {g['nodes']} nodes, {g['templates']} topology templates"
+    if m["kind"] != "engine":
+        return [f"{head} (keys {g['keys']})"]
+    prefill = g.get("prefill_keys", [])
+    return [
+        head,
+        f"            decode  {len(g['keys'])}, batch sizes {g['keys']}",
+        f"            prefill {len(prefill)}, tokens {prefill}"
+        + ("" if prefill else " (eager prefill)"),
     ]
 
 

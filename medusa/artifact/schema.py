@@ -184,6 +184,8 @@ COMMON = {
         {
             "count": Int(),
             "keys": List(Either((Int(), Null()))),
+            # an engine's: the prefill graphs' token buckets, captured after the decode graphs
+            "prefill_keys?": List(Int()),
             "nodes": Int(),
             "templates": Int(),
         }

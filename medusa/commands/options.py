@@ -17,6 +17,9 @@ class _Sizes(click.ParamType):
 
     name = "N,N,..."
 
+    def __init__(self, empty: bool = False) -> None:
+        self.empty = empty  # '' gives () (prefill_graph_sizes: none)
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, tuple):
             return value
@@ -24,6 +27,8 @@ class _Sizes(click.ParamType):
             sizes = tuple(int(v) for v in str(value).split(",") if v.strip())
         except ValueError:
             self.fail(f"{value!r}: give batch sizes separated by commas, e.g. 1,2,4", param, ctx)
+        if not sizes and self.empty:
+            return ()
         if not sizes or min(sizes) < 1:
             self.fail(f"{value!r}: give batch sizes of at least 1, e.g. 1,2,4", param, ctx)
         return sizes
@@ -44,8 +49,9 @@ def _engine_option(f: dataclasses.Field[Any], kind: Any) -> Callable[[Any], Any]
     choices = f.metadata.get("choices")
     if choices:
         return click.option(flag, type=click.Choice(choices), default=default, help=help)
-    if kind == tuple[int, ...]:
-        return click.option(flag, type=_Sizes(), default=None, help=help, show_default=False)
+    if kind in (tuple[int, ...], tuple[int, ...] | None):
+        sizes = _Sizes(empty=f.metadata.get("empty", False))
+        return click.option(flag, type=sizes, default=None, help=help, show_default=False)
     base = {int: int, float: float, str: str, int | None: int, float | None: float}[kind]
     return click.option(flag, type=base, default=default, help=help)
 

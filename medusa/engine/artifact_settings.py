@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.artifact import ArtifactError, read_manifest
-from medusa.engine.config import EngineConfig, default_capture_sizes
+from medusa.engine.config import EngineConfig, default_capture_sizes, default_prefill_sizes
 from medusa.errors import RefusedError
 from medusa.restore.compat import CONFIG_KEYS
 
@@ -59,7 +59,10 @@ class ArtifactSettings:
     def refusal(self, name: str, given: Any, recorded: Any, words: Wording) -> str:
         """One line: the setting, both values, and the ways out."""
         where, flag = words.setting(name), "--" + name.replace("_", "-")
-        again = flag if given is True else f"{flag} {show(given)}"
+        again = flag if given is True else f"{flag} {show(given) if given != () else repr('')}"
+        if name == "prefill_graph_sizes":
+            given = _prefill_shown({**self.engine, name: given})
+            recorded = _prefill_shown({**self.engine, name: recorded})
         return (
             f"{where} {show(given)}: the artifact {self.path} was materialized with {name} "
             f"{show(recorded)}; drop {where} (the artifact's {show(recorded)} is used), or "
@@ -74,6 +77,8 @@ class ArtifactSettings:
         if shown.get("capture_sizes") == () and "max_num_seqs" in shown:
             sizes = ",".join(map(str, default_capture_sizes(shown["max_num_seqs"])))
             shown["capture_sizes"] = f"default ({sizes})"
+        if "prefill_graph_sizes" in shown:
+            shown["prefill_graph_sizes"] = _prefill_shown(shown)
         settings = ", ".join(f"{k} {show(v)}" for k, v in shown.items())
         return f"model {model}, loaded from {weights}\n{' ' * 12}{settings}"
 
@@ -118,14 +123,26 @@ def engine_settings(params: dict[str, Any]) -> dict[str, Any]:
     EngineConfig takes them: capture_sizes not given is left to its default."""
     names = {f.name for f in fields(EngineConfig)} - {"model"}
     out = {k: v for k, v in params.items() if k in names}
-    if out.get("capture_sizes") is None:
-        out.pop("capture_sizes", None)
+    for name in ("capture_sizes", "prefill_graph_sizes"):
+        if out.get(name) is None:
+            out.pop(name, None)
     return out
+
+
+def _prefill_shown(engine: dict[str, Any]) -> str:
+    """prefill_graph_sizes as a start from the artifact takes it: the default's buckets, or
+    none (eager prefill)."""
+    sizes = engine["prefill_graph_sizes"]
+    if sizes is None:
+        most = min(engine.get("max_num_batched_tokens", 512),
+                   engine.get("max_num_seqs", 8) * engine.get("max_model_len", 2048))  # fmt: skip
+        return f"default ({show(default_prefill_sizes(most))})"
+    return show(tuple(sizes)) if sizes else "none (eager prefill)"
 
 
 def _typed(name: str, value: Any) -> Any:
     """A recorded value as EngineConfig holds it (JSON has lists where it has tuples)."""
-    if name == "capture_sizes" and isinstance(value, list | tuple):
+    if name in ("capture_sizes", "prefill_graph_sizes") and isinstance(value, list | tuple):
         return tuple(value)
     return value
 

@@ -1,5 +1,6 @@
 """A step's inputs on the host (Batch) and how the model runner builds them: a prefill of token
-runs, a decode batch padded to a graph's size, a padding batch; uploaded into the workspace."""
+runs (padded to a prefill graph's token bucket), a decode batch padded to a graph's size, a
+padding batch; uploaded into the workspace."""
 
 from __future__ import annotations
 
@@ -128,6 +129,32 @@ class BatchBuilder:
             temperature=temp,
             top_p=top_p,
             seeds=seeds,
+        )
+
+    def pad_prefill(self, b: Batch, tokens: int) -> Batch:
+        """Prefill `b` as a prefill graph of `tokens` tokens runs it: max_num_seqs rows, padding
+        tokens cached nowhere (slot -1). Padding sequences own no token, but the last one owns
+        the padding tokens: their attention rows are then zeros (a query before its sequence's
+        start), not stale values. Padding rows sample greedily from row 0."""
+        n, t, rows = b.num_seqs, b.num_tokens, self.config.max_num_seqs
+        extra_t, extra_n = tokens - t, rows - n
+        qs = np.full(rows + 1, t, np.int32)
+        qs[: n + 1] = b.query_start
+        if extra_n:
+            qs[-1] = tokens
+        bt = np.zeros((rows, self.config.max_blocks_per_seq), np.int32)
+        bt[:n] = b.block_tables
+        return Batch(
+            ids=np.concatenate([b.ids, np.zeros(extra_t, np.int32)]),
+            positions=np.concatenate([b.positions, np.zeros(extra_t, np.int32)]),
+            slots=np.concatenate([b.slots, np.full(extra_t, -1, np.int32)]),
+            block_tables=bt,
+            seq_lens=np.concatenate([b.seq_lens, np.zeros(extra_n, np.int32)]),
+            query_start=qs,
+            last_rows=np.concatenate([b.last_rows, np.zeros(extra_n, np.int32)]),
+            temperature=np.concatenate([b.temperature, np.zeros(extra_n, np.float32)]),
+            top_p=np.concatenate([b.top_p, np.ones(extra_n, np.float32)]),
+            seeds=np.concatenate([b.seeds, np.zeros(extra_n, np.uint64)]),
         )
 
     def padding(self, size: int) -> Batch:

@@ -11,6 +11,17 @@ def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(s for s in sizes if s <= max_num_seqs) or (1,)
 
 
+def default_prefill_sizes(most: int) -> tuple[int, ...]:
+    """Prefill token buckets: powers of two from 64 below `most` (the tokens a prefill step
+    holds at most), and `most` (a step pads its tokens to the next bucket: at most twice the
+    tokens run, or 64)."""
+    sizes, t = [], 64
+    while t < most:
+        sizes.append(t)
+        t *= 2
+    return (*sizes, most)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     # The help text of each field is its `medusa run`/`materialize` option's (and what a
@@ -30,12 +41,25 @@ class EngineConfig:
     kv_cache_memory: int | None = field(
         default=None, metadata={"help": "KV-cache bytes; skips the profiling pass."}
     )
-    enforce_eager: bool = field(default=False, metadata={"help": "Do not capture decode graphs."})
+    enforce_eager: bool = field(
+        default=False, metadata={"help": "Do not capture graphs (decode or prefill)."}
+    )
     capture_sizes: tuple[int, ...] = field(
         default=(),
         metadata={
             "help": "Decode batch sizes to capture graphs for, comma-separated (default: 1, 2, "
             "4, then multiples of 8 up to max_num_seqs)."
+        },
+    )
+    # None: default_prefill_sizes; (): no prefill graphs (eager prefill).
+    prefill_graph_sizes: tuple[int, ...] | None = field(
+        default=None,
+        metadata={
+            "help": "Token counts to capture prefill graphs for, comma-separated: a prefill or "
+            "chunked-prefill step pads its tokens to the next one and replays its graph; '' for "
+            "none (eager prefill). Default: powers of two from 64 below max_num_batched_tokens, "
+            "and max_num_batched_tokens.",
+            "empty": True,
         },
     )
     seed: int = field(default=0, metadata={"help": "Seed for requests that bring none."})
@@ -115,12 +139,33 @@ class EngineConfig:
         bad = [s for s in self.capture_sizes if not 1 <= s <= self.max_num_seqs]
         if bad:
             raise ValueError(f"capture_sizes {bad}: each must be in 1..max_num_seqs")
+        most = self.max_prefill_tokens
+        bad = [s for s in self.prefill_graph_sizes or () if not 1 <= s <= most]
+        if bad:
+            raise ValueError(
+                f"prefill_graph_sizes {bad}: each must be in 1..{most} (max_num_batched_tokens, "
+                "or max_num_seqs * max_model_len if fewer: no step holds more tokens)"
+            )
 
     @property
     def graph_sizes(self) -> tuple[int, ...]:
         if self.enforce_eager:
             return ()
         return tuple(sorted(set(self.capture_sizes or default_capture_sizes(self.max_num_seqs))))
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        """The most tokens a prefill step can hold."""
+        return min(self.max_num_batched_tokens, self.max_num_seqs * self.max_model_len)
+
+    @property
+    def prefill_sizes(self) -> tuple[int, ...]:
+        """The token counts prefill graphs are captured for (none with enforce_eager)."""
+        if self.enforce_eager:
+            return ()
+        if self.prefill_graph_sizes is None:
+            return default_prefill_sizes(self.max_prefill_tokens)
+        return tuple(sorted(set(self.prefill_graph_sizes)))
 
     @property
     def step_hooks(self) -> tuple[str, ...]:

@@ -188,6 +188,7 @@ def _manifest(
         "graphs": {
             "count": len(plan["graphs"]),
             "keys": side["graphs"]["keys"],
+            "prefill_keys": side["graphs"]["prefill_keys"],
             "nodes": plan["num_nodes"],
             "templates": len(plan["templates"]),
         },

@@ -1,10 +1,12 @@
 """Owns all device work: weights (medusa.engine.runner_weights), activations, the KV cache, the
-forward pass (medusa.engine.forward) and decode graphs; batches are built in
-medusa.engine.batches. Allocations happen in one fixed order for a given configuration, so that a
-recording of one start-up lines up with the next."""
+forward pass (medusa.engine.forward), decode graphs and prefill graphs
+(medusa.engine.prefill_graphs); batches are built in medusa.engine.batches. Allocations happen in
+one fixed order for a given configuration, so that a recording of one start-up lines up with the
+next."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Container
 
 import numpy as np
@@ -15,6 +17,7 @@ from medusa.engine.device import Buffer, Device
 from medusa.engine.forward import Forward, workspace_sizes
 from medusa.engine.kv_cache import KVCache, make_kv_cache
 from medusa.engine.layer_gate import LayerGate
+from medusa.engine.prefill_graphs import PrefillGraphs
 from medusa.engine.runner_weights import RunnerWeights
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
@@ -22,7 +25,8 @@ from medusa.engine.spec import ModelSpec
 
 class ModelRunner:
     """The objects it owns: `weights` (RunnerWeights), `batches` (BatchBuilder), `forward`
-    (Forward), the workspace buffers `ws`, the KV cache and the decode graphs."""
+    (Forward), the workspace buffers `ws`, the KV cache, the decode graphs and `prefill`
+    (PrefillGraphs)."""
 
     def __init__(self, config: EngineConfig, spec: ModelSpec, device: Device) -> None:
         self.config, self.spec, self._dev = config, spec, device
@@ -37,6 +41,8 @@ class ModelRunner:
         self.graph_out: dict[int, Buffer] = {}
         self._own_graph_out: list[Buffer] = []
         self.segments: dict[int, list[int]] = {}  # batch size -> a woven step's graph execs
+        self.prefill = PrefillGraphs(self)
+        self.capture_seconds: dict[str, float] = {}  # decode, prefill: what capture_graphs took
 
     @property
     def dev(self) -> Device:
@@ -105,8 +111,10 @@ class ModelRunner:
         self.kv, self.num_blocks = self.kv_cache.buffer, num_blocks
 
     def capture_graphs(self) -> None:
-        """Warms up and captures the decode step at each configured batch size."""
+        """Warms up and captures the decode step at each configured batch size, then the
+        prefill step at each token bucket."""
         self.settle_weights()  # NOTE: a captured wait on the load's event would outlive it
+        t0 = time.perf_counter()
         for size in sorted(self.config.graph_sizes, reverse=True):
             out = self.graph_out[size] = self.dev.alloc(size * 4)
             self._own_graph_out.append(out)
@@ -118,6 +126,9 @@ class ModelRunner:
             self.forward.run(batch.num_tokens, size, self.kv, out)
             graph = self.dev.end_capture()
             self.graphs[size] = self.dev.instantiate(graph)
+        t1 = time.perf_counter()
+        self._own_graph_out += self.prefill.capture(warm=not self.graphs)
+        self.capture_seconds = {"decode": t1 - t0, "prefill": time.perf_counter() - t1}
 
     def trigger(self) -> None:
         """The triggering step of a restore: the first layer of a decode step, eagerly, so that
@@ -127,9 +138,14 @@ class ModelRunner:
         self.weights.gated(lambda: self.forward.run(size, size, self.kv, self.ws["tokens"], 1))
         self.dev.synchronize()
 
-    def adopt_graphs(self, execs: list[int], outs: list[int], sizes: list[int]) -> None:
-        """Takes restored graphs (and their output buffers), in capture order."""
-        for exec_, out, size in zip(execs, outs, sizes, strict=True):
+    def adopt_graphs(
+        self, execs: list[int], outs: list[int], sizes: list[int], prefill: list[int]
+    ) -> None:
+        """Takes restored graphs (and their output buffers), in capture order: the decode
+        graphs (by batch size), then the prefill graphs (by tokens)."""
+        n = len(sizes)
+        self.prefill.adopt(execs[n:], outs[n:], prefill)
+        for exec_, out, size in zip(execs[:n], outs[:n], sizes, strict=True):
             self.graphs[size] = exec_
             self.graph_out[size] = Buffer(out, size * 4)
 
@@ -157,6 +173,7 @@ class ModelRunner:
 
     def drop_graphs(self) -> None:
         self.drop_segments()
+        self.prefill.destroy()
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
         for buf in self._own_graph_out:
@@ -172,6 +189,7 @@ class ModelRunner:
         """Frees everything this runner allocated (graphs, KV cache, workspace, weights)."""
         self.drop_segments()
         self.weights.close_gate()  # NOTE: the engine waits for the load before this frees
+        self.prefill.destroy()
         for exec_ in self.graphs.values():
             self.dev.destroy_exec(exec_)
         # NOTE: restored graphs' output buffers belong to the restorer, not to this runner.
@@ -192,6 +210,9 @@ class ModelRunner:
                 self.batches.sampling(seqs),
                 [s.num_computed for s in seqs],
             )
+            tokens = self.prefill.bucket(batch.num_tokens, batch.num_seqs)
+            if tokens is not None:
+                return self.prefill.replay(batch, tokens)
             return self.run_batch(batch, self.kv, self.ws["tokens"])[: len(seqs)]
         size = next((g for g in sorted(self.graphs) if g >= len(seqs)), None)
         batch = self.batches.decode(seqs, size or len(seqs))

@@ -86,8 +86,9 @@ class StartUp(WeightStartUp):
             raise
         trace.mark("ready")
         self.timings["total"] = time.perf_counter() - t0
-        log.info("engine.startup total: %.2f s (%d KV blocks, %d graphs%s)",
+        log.info("engine.startup total: %.2f s (%d KV blocks, %d decode + %d prefill graphs%s)",
                  self.timings["total"], self.runner.num_blocks, len(self.runner.graphs),
+                 len(self.runner.prefill.graphs),
                  ", restored" if self.restored else "")  # fmt: skip
 
     def _after_weights(self, art: Artifact | None, validate: bool) -> None:
@@ -185,21 +186,26 @@ class StartUp(WeightStartUp):
             self.runner.trigger()
             result = self.restorer.restore(self.device.stream)
             sizes = art.manifest["graphs"]["keys"]
-            outs = [self.restorer.address("graph_capture", i) for i in range(len(sizes))]
-            self.runner.adopt_graphs(result.execs, outs, sizes)
+            prefill = art.manifest["graphs"].get("prefill_keys", [])
+            n = len(sizes) + len(prefill)
+            outs = [self.restorer.address("graph_capture", i) for i in range(n)]
+            self.runner.adopt_graphs(result.execs, outs, sizes, prefill)
             self.restore_methods = dict(result.methods)
         if validate:
             with self._stage("validate"):
-                for size in sizes:
-                    tokens, logits = self.runner.probe(size)
-                    if not (
-                        np.array_equal(tokens[0], tokens[1])
-                        and np.array_equal(logits[0], logits[1])
-                    ):
-                        raise RestoreError(
-                            f"validation: the restored decode graph for batch {size} gives other "
-                            "outputs than eager execution on the probe input"
-                        )
+                self._validate(sizes, prefill)
+
+    def _validate(self, sizes: list[int], prefill: list[int]) -> None:
+        """Each restored graph against eager execution on a probe input."""
+        probes = [("decode graph for batch", s, self.runner.probe) for s in sizes]
+        probes += [("prefill graph for tokens", t, self.runner.prefill.probe) for t in prefill]
+        for what, key, probe in probes:
+            tokens, logits = probe(key)
+            if not (np.array_equal(tokens[0], tokens[1]) and np.array_equal(logits[0], logits[1])):
+                raise RestoreError(
+                    f"validation: the restored {what} {key} gives other outputs than eager "
+                    "execution on the probe input"
+                )
 
     def _check_kv_memory(self, kv: dict[str, int]) -> None:
         """A static cache needs all of its memory free now; an elastic one (maps_on_demand) only

@@ -1,6 +1,6 @@
 """The program each recording of `medusa materialize` runs (medusa.engine.materialize starts it):
 starts the engine, then writes what its start-up built as JSON: the model, the KV cache, the
-captured graphs' batch sizes, the stages' timings and the device.
+captured graphs' keys (decode: batch sizes, prefill: tokens), the stages' timings and the device.
 
     python -m medusa.engine.startup_report CONFIG OUT STORE
 
@@ -30,7 +30,10 @@ def report(e: LLMEngine) -> dict[str, Any]:
             **kv_cache.describe(),
             **e.kv_profile,
         },
-        "graphs": {"keys": sorted(e.runner.graphs, reverse=True)},
+        "graphs": {
+            "keys": sorted(e.runner.graphs, reverse=True),
+            "prefill_keys": sorted(e.runner.prefill.graphs, reverse=True),
+        },
         "timings": e.timings,
         "device": device_fingerprint(e.device),
     }

@@ -17,6 +17,7 @@ CONFIG_KEYS = (
     "block_size",
     "enforce_eager",
     "capture_sizes",
+    "prefill_graph_sizes",
     "kv_memory",
 )
 
@@ -49,7 +50,12 @@ def check_compatible(
         )
     recorded = manifest.get("engine", {})
     for k in CONFIG_KEYS:
-        want, got = recorded.get(k), config.get(k)
+        if k not in recorded:  # NOTE: materialized before the setting existed
+            raise RestoreError(
+                f"engine configuration: the artifact records no {k} (materialized by an older "
+                "medusa); materialize again"
+            )
+        want, got = recorded[k], config.get(k)
         if isinstance(got, tuple):
             got = list(got)
         if want != got:

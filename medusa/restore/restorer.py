@@ -209,7 +209,9 @@ class Restorer:
         execs = []
         templates = self.plan["templates"]
         kernels, layout = pack_funcs(funcs, self.plan["funcs"])
+        self.graph_seconds = []
         for gi, g in enumerate(self.plan["graphs"]):
+            t0 = time.perf_counter()
             t = templates[g["template"]]
             nodes = np.frombuffer(t["nodes"], NODE).copy()
             if g["idx"]:
@@ -225,6 +227,7 @@ class Restorer:
                 raise RestoreError(f"graph {gi}: {name_kernel(err, nodes, self.plan['funcs'])}")
             execs.append(exec_)
             self._execs.append(exec_)
+            self.graph_seconds.append(time.perf_counter() - t0)
         return execs
 
     def restore(self, stream: int) -> RestoreResult:

@@ -43,8 +43,9 @@ def engine_settings(
     if not isinstance(engine, dict) or set(engine) - set(known):
         bad = sorted(set(engine) - set(known)) if isinstance(engine, dict) else engine
         raise ConfigError(f"{where}.engine: unknown setting(s) {bad}; known: {known}")
-    if isinstance(engine.get("capture_sizes"), list):
-        engine = {**engine, "capture_sizes": tuple(engine["capture_sizes"])}
+    for key in ("capture_sizes", "prefill_graph_sizes"):
+        if isinstance(engine.get(key), list):
+            engine = {**engine, key: tuple(engine[key])}
     try:
         art = ArtifactSettings.read(artifact) if artifact else None
         words = Wording(lambda key: f"{entry}.engine.{key}", f"{entry}.model")
