@@ -76,7 +76,8 @@ def engine_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=600,
     )
     assert res.returncode == 0, res.stderr
-    assert "graphs    3 (keys [4, 2, 1])" in res.stdout
+    assert "decode  3, batch sizes [4, 2, 1]" in res.stdout
+    assert "prefill 2, tokens [128, 64]" in res.stdout  # the default buckets
     return out
 
 

@@ -174,12 +174,16 @@ class Leader:
             self.split[graphs[size]] = (gi, pg)
         self.segments = [len(pg.segments) for _, pg in self.split.values()]
         self.steps = 0
+        self.plain = engine.runner.dev.replay
         engine.runner.dev.replay = self.replay
         atexit.register(self.close)
         log.info("tessera: decode graphs split by %s over this process and follower pid %d "
                  "(%s segments)", plan, self.follower.pid, self.segments)  # fmt: skip
 
     def replay(self, exec_: int) -> None:
+        if exec_ not in self.split:  # a prefill graph: whole, here, as eager prefill ran
+            self.plain(exec_)
+            return
         gi, pg = self.split[exec_]
         try:
             self.link.send(gi)

@@ -84,6 +84,9 @@ class Side:
                 )  # fmt: skip
 
         def replay(exec_: int) -> None:
+            if exec_ not in table:  # a prefill graph: whole, on this device
+                self.plain(exec_)
+                return
             self.steps += 1
             table[exec_].run()
 

@@ -127,17 +127,21 @@ class ColdWeaving(StepHook):
         self.device = PollingDevice(engine.device, self.receiver)
         self._per_kernel = per_kernel
         self._graphs: dict[int, int] = {}
+        self._prefill: dict[int, int] = {}
         engine.add_hook(self)
 
     def attach(self, engine: LLMEngine) -> None:
         engine.runner.dev = self.device  # type: ignore[assignment]
         self._graphs = dict(engine.runner.graphs)
-        if self._per_kernel:  # eager decode: a poll after every kernel, none after whole graphs
+        self._prefill = dict(engine.runner.prefill.graphs)
+        if self._per_kernel:  # eager steps: a poll after every kernel, none after whole graphs
             engine.runner.graphs.clear()
+            engine.runner.prefill.graphs.clear()
 
     def detach(self) -> None:
         self.engine.runner.dev = self.device.device
         self.engine.runner.graphs.update(self._graphs)
+        self.engine.runner.prefill.graphs.update(self._prefill)
         self.receiver.close()
         self.region.close()
 

@@ -215,3 +215,17 @@ def _write_tokenizer(path: Path) -> None:
     tk.decoder = decoders.ByteLevel()
     tk.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": tokens[0]}))
+
+
+def write_qwen2(path: Path) -> None:
+    """write_hf's model with Qwen2's architecture: q/k/v projections with biases."""
+    write_hf(path, {"architectures": ["Qwen2ForCausalLM"]})
+    rng = np.random.default_rng(7)
+    hd, biases = DIMS["hidden"] // DIMS["heads"], {}
+    for i in range(DIMS["layers"]):
+        a = f"model.layers.{i}.self_attn."
+        for name, heads in (("q", DIMS["heads"]), ("k", DIMS["kv_heads"]), ("v", DIMS["kv_heads"])):
+            biases[f"{a}{name}_proj.bias"] = (rng.standard_normal(heads * hd) * 0.1).astype(
+                np.float16
+            )
+    save_file(biases, str(path / "model-bias.safetensors"))

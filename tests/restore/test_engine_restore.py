@@ -1,5 +1,6 @@
 """SmolLM2 materialized, then restored in a fresh process at other addresses (memcheck on):
-graphs give the outputs freshly captured ones give, and the served text is the same."""
+decode and prefill graphs give the outputs freshly captured ones give, and the served text is
+the same, a prompt prefilled in chunks included."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 from medusa.artifact import SCHEMA_VERSION, load_artifact
-from tests.processes import clean_env, run_restored
+from tests.processes import CONFIG, clean_env, run_restored
 
 # Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
 pytestmark = pytest.mark.e2e
@@ -22,29 +23,39 @@ from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.engine.sampling import SamplingParams
 cfg = EngineConfig(**json.loads(sys.argv[1]))
-prompts = ["What is the capital of France?", "Name three colours.", "Write a haiku about rain."]
+prompts = ["What is the capital of France?", "Name three colours.", "Write a haiku about rain.",
+           "Summarize this list of animals: " + ", ".join(["cat", "dog", "horse", "owl"] * 25)]
 params = SamplingParams(max_tokens=20)
 restored = LLMEngine(cfg, artifact=sys.argv[2], validate=True)
-r_probe = {s: restored.runner.probe(s) for s in sorted(restored.runner.graphs)}
+def probes(e):
+    out = {f"decode {s}": e.runner.probe(s) for s in sorted(e.runner.graphs)}
+    pre = e.runner.prefill
+    return out | {f"prefill {t}": pre.probe(t) for t in sorted(pre.graphs)}
+r_probe = probes(restored)
 r_text = restored.generate(prompts, params, chat=True)
+long_prompt = len(restored.tokenizer.encode(prompts[-1]))
 out = {"restored": restored.restored, "error": restored.restore_error,
        "methods": getattr(restored, "restore_methods", {}), "timings": restored.timings}
 restored.shutdown()
 fresh = LLMEngine(cfg)
 same = {}
-for s, (tok, logits) in r_probe.items():
-    f_tok, f_logits = fresh.runner.probe(s)
+for s, (f_tok, f_logits) in probes(fresh).items():
+    tok, logits = r_probe[s]
     same[s] = bool(np.array_equal(tok[1], f_tok[1]) and np.array_equal(logits[1], f_logits[1]))
-out.update(same=same, text_same=fresh.generate(prompts, params, chat=True) == r_text, text=r_text)
+out.update(same=same, text_same=fresh.generate(prompts, params, chat=True) == r_text, text=r_text,
+           long_prompt=long_prompt)
 print(json.dumps(out))
 """
 
 
 def test_restored_graphs_and_text_equal_a_fresh_capture(engine_artifact, tmp_path):
-    out = run_restored(COMPARE, tmp_path, str(engine_artifact))
+    # the last prompt is prefilled in chunks of 96 tokens (buckets 128, then 64 or 128)
+    config = {**CONFIG, "max_prefill_chunk": 96}
+    out = run_restored(COMPARE, tmp_path, str(engine_artifact), config=config)
     assert out["restored"] and out["error"] is None
-    assert out["same"] == {"1": True, "2": True, "4": True}
-    assert out["text_same"] and "Paris" in out["text"][0]
+    graphs = ["decode 1", "decode 2", "decode 4", "prefill 64", "prefill 128"]
+    assert out["same"] == dict.fromkeys(graphs, True)
+    assert out["text_same"] and "Paris" in out["text"][0] and out["long_prompt"] > 128
     # exported kernels by their host stubs; the hidden BLAS kernel from the image loaded again
     assert out["methods"] == {"exported stub": 8, "loaded image": 1}
     assert "kv_profile" not in out["timings"] and "graph_capture" not in out["timings"]
@@ -61,7 +72,9 @@ def test_inspect_and_verify_describe_the_artifact(engine_artifact):
         env=clean_env(),
     )
     assert res.returncode == 0
-    assert "graphs    3 (keys [4, 2, 1])" in res.stdout and "relocations device" in res.stdout
+    assert "graphs    5, " in res.stdout and "relocations device" in res.stdout
+    assert "decode  3, batch sizes [4, 2, 1]" in res.stdout
+    assert "prefill 2, tokens [128, 64]" in res.stdout
     assert "1 hidden" in res.stdout
     ok = subprocess.run(
         [sys.executable, "-m", "medusa.cli", "verify", str(engine_artifact)],

@@ -8,13 +8,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
-from tests.engine.tiny_models import DIMS, write_hf
+from tests.engine.tiny_models import write_hf, write_qwen2
 from tests.processes import clean_env, run_restored
 
 # Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
@@ -54,20 +51,6 @@ with LLMEngine(EngineConfig(**{**cfg, "prefill_graph_sizes": ()})) as eager:
     out["eager_tokens"] = tokens(eager)
 print(json.dumps(out))
 """
-
-
-def write_qwen2(path: Path) -> None:
-    """The tiny Llama with Qwen2's architecture: q/k/v projections with biases."""
-    write_hf(path, {"architectures": ["Qwen2ForCausalLM"]})
-    rng = np.random.default_rng(7)
-    hd, biases = DIMS["hidden"] // DIMS["heads"], {}
-    for i in range(DIMS["layers"]):
-        a = f"model.layers.{i}.self_attn."
-        for name, heads in (("q", DIMS["heads"]), ("k", DIMS["kv_heads"]), ("v", DIMS["kv_heads"])):
-            biases[f"{a}{name}_proj.bias"] = (rng.standard_normal(heads * hd) * 0.1).astype(
-                np.float16
-            )
-    save_file(biases, str(path / "model-bias.safetensors"))
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
