@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from medusa.engine.batches import Batch
+from medusa.engine.batches import Batch, upload
 from medusa.engine.device import Buffer
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class PrefillGraphs:
         for tokens in sorted(r.config.prefill_sizes, reverse=True):
             out = self.out[tokens] = r.dev.alloc(r.config.max_num_seqs * 4)
             owned.append(out)
-            r._upload(self._padding(tokens))
+            upload(r.dev, r.ws, self._padding(tokens))
             if warm:
                 r.forward.run(tokens, r.config.max_num_seqs, r.kv, out)
                 r.dev.synchronize()
@@ -67,7 +67,7 @@ class PrefillGraphs:
         r = self.runner
         r.weights.settle()
         r.weights.check_usable()
-        r._upload(r.batches.pad_prefill(batch, tokens))
+        upload(r.dev, r.ws, r.batches.pad_prefill(batch, tokens))
         r.dev.replay(self.graphs[tokens])
         r.dev.synchronize()
         n = r.config.max_num_seqs
@@ -84,7 +84,7 @@ class PrefillGraphs:
         lens = _split(tokens, c.max_model_len)
         with r.kv_cache.scratch_block() as block:
             tables = [[block] * c.max_blocks_per_seq for _ in lens]
-            prompts = [list((np.arange(x) * 7 + 17) % r.spec.vocab_size) for x in lens]
+            prompts = [((np.arange(x) * 7 + 17) % r.spec.vocab_size).tolist() for x in lens]
             batch = r.batches.prefill(prompts, tables, [(0.0, 1.0, 0)] * len(lens))
             padded = r.batches.pad_prefill(batch, tokens)
             eager = r.run_batch(padded, r.kv, r.ws["tokens"])

@@ -197,7 +197,9 @@ class StartUp(WeightStartUp):
 
     def _validate(self, sizes: list[int], prefill: list[int]) -> None:
         """Each restored graph against eager execution on a probe input."""
-        probes = [("decode graph for batch", s, self.runner.probe) for s in sizes]
+        Probe = Callable[[int], tuple[np.ndarray, np.ndarray]]
+        decode: Probe = self.runner.probe
+        probes = [("decode graph for batch", s, decode) for s in sizes]
         probes += [("prefill graph for tokens", t, self.runner.prefill.probe) for t in prefill]
         for what, key, probe in probes:
             tokens, logits = probe(key)
