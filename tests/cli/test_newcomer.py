@@ -259,11 +259,11 @@ def test_an_unknown_engine_setting_in_models_yaml_names_it_and_the_known_ones(tm
         load_config(cfg)
     cfg.write_text(
         "models:\n  m: {engine: {block_size: 32, capture_sizes: [1, 2], kv_memory: elastic,"
-        " serve_while_loading: true, enforce_eager: false}}\n"
+        " serve_while_loading: true, enforce_eager: false, prefill_graph_sizes: []}}\n"
     )
     args = load_config(cfg).models["m"].worker_args()
     assert args == ["--block-size", "32", "--capture-sizes", "1,2", "--kv-memory", "elastic",
-                    "--serve-while-loading"]  # fmt: skip
+                    "--prefill-graph-sizes", "", "--serve-while-loading"]  # fmt: skip
 
 
 # --- the artifact decides ----------------------------------------------------------------------

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from medusa.artifact.seal import Seal
 from tests.engine.tiny_models import write_hf, write_qwen2
-from tests.processes import clean_env, run_restored
+from tests.processes import clean_env, copy_artifact, reseal, run_restored
 
 # Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
 pytestmark = pytest.mark.e2e
@@ -92,3 +94,46 @@ def test_inspect_shows_decode_and_prefill_graphs_sharing_a_template(tiny_artifac
         assert "prefill 3, tokens [64, 32, 16]" in shown
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["engine"]["prefill_graph_sizes"] == [16, 32, 64]
+
+
+REFUSED = """
+import json, sys
+from medusa.engine.config import EngineConfig
+from medusa.engine.llm_engine import LLMEngine
+cfg = json.loads(sys.argv[1])
+cfg["prefill_graph_sizes"] = tuple(cfg["prefill_graph_sizes"])
+e = LLMEngine(EngineConfig(**cfg), artifact=sys.argv[2], validate=True)
+print(json.dumps({"restored": e.restored, "error": e.restore_error,
+                  "prefill": sorted(e.runner.prefill.graphs)}))
+"""
+
+
+def _swap_prefill_graphs(plan: dict) -> None:
+    """The 32-token graph where the 64-token one was (capture order: 4, 2, 1, 64, 32, 16)."""
+    plan["graphs"][3], plan["graphs"][4] = plan["graphs"][4], plan["graphs"][3]
+
+
+def _drop_setting(art: Path) -> None:
+    """The manifest of a medusa that did not record prefill_graph_sizes yet, sealed again."""
+    m = json.loads((art / "manifest.json").read_text())
+    del m["engine"]["prefill_graph_sizes"]
+    (art / "manifest.json").write_text(json.dumps(m))
+    (art / "seal.json").write_text(Seal.make(m).to_json())
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda a: reseal(a, _swap_prefill_graphs),
+         "validation: the restored prefill graph for tokens 64 gives other outputs than eager"),
+        (_drop_setting, "the artifact records no prefill_graph_sizes (materialized by an older"),
+    ],
+)  # fmt: skip
+def test_a_wrong_prefill_graph_or_an_older_artifact_falls_back(tiny_artifact, tmp_path, damage,
+                                                               reason):  # fmt: skip
+    model, art, _ = tiny_artifact
+    damage(copy_artifact(art, tmp_path / "art"))
+    config = {**CONFIG, "model": str(model)}
+    out = run_restored(REFUSED, tmp_path, str(tmp_path / "art"), config=config)
+    assert not out["restored"] and reason in out["error"]
+    assert out["prefill"] == [16, 32, 64]  # the normal start captured them

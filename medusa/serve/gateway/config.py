@@ -14,6 +14,8 @@ from medusa.weaver.config import WeavingConfig, parse_weaving
 
 # bool settings whose option has a --no- form (the others are flags that only turn on)
 _BOTH = {"serve_while_loading"}
+# size lists whose empty value means none ('' on the command line), not the default
+_EMPTY_IS_NONE = {"prefill_graph_sizes"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class ModelConfig:
                 args += [flag if v else flag.replace("--", "--no-", 1)] if k in _BOTH else []
                 args += [flag] if v and k not in _BOTH else []
             elif isinstance(v, list | tuple):
-                args += [flag, ",".join(map(str, v))] if v else []
+                args += [flag, ",".join(map(str, v))] if v or k in _EMPTY_IS_NONE else []
             elif v is not None:
                 args += [flag, str(v)]
         return args
