@@ -135,6 +135,12 @@ def place_cmd(artifact: Path, out: Path, how: str, seed: int) -> None:
 
     with Progress(steps=2) as progress:
         p = make_placement(artifact, out, how, seed, progress)
-    nodes = ", ".join(str(len(g)) for g in p.graphs)
-    click.echo(f"{out}: {how} placement of {len(p.graphs)} decode graphs ({nodes} nodes); "
+    from medusa.artifact.store import load_artifact
+
+    # NOTE: the engine's prefill graphs follow its decode graphs; a split step replays them whole
+    # on device 0, as it ran eager prefill
+    n = len(load_artifact(artifact).manifest["graphs"]["keys"])
+    nodes = ", ".join(str(len(g)) for g in p.graphs[:n])
+    whole = f", {len(p.graphs) - n} prefill graphs whole on device 0" if len(p.graphs) > n else ""
+    click.echo(f"{out}: {how} placement of {n} decode graphs ({nodes} nodes){whole}; "
                f"accesses recorded in {p.accesses}")  # fmt: skip

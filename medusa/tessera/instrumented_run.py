@@ -23,9 +23,12 @@ PROMPT = "Count with me, slowly and carefully: one, two, three, four, five, six,
 
 
 def probe(e: LLMEngine) -> list[int]:
-    """Replays the larger graphs, then decodes PROMPT; returns the tokens it sampled."""
+    """Replays the larger decode graphs and every prefill graph, then decodes PROMPT; returns the
+    tokens it sampled."""
     for s in sorted(e.runner.graphs)[1:]:
         e.runner.probe(s)
+    for t in sorted(e.runner.prefill.graphs):
+        e.runner.prefill.probe(t)
     cfg = e.config  # as much of the prompt as one prefill chunk and the context take
     fits = min(cfg.max_num_batched_tokens, cfg.max_model_len - 2) - 1
     # sampled, not greedy: greedy sampling never reads top_p or the seeds
