@@ -2,7 +2,9 @@
 # Records a PyTorch CUDA-graph capture on a real GPU with the LD_PRELOAD recorder and checks the
 # trace: allocations from the caching allocator, launches that reached the driver through
 # cuGetProcAddress (cuBLAS, Triton-free), the captured graph's kernel nodes with the launches that
-# made them, and output unchanged by recording. Run on a machine with a GPU and a CUDA torch:
+# made them, no entry point the driver handed out left unhooked, and output unchanged by
+# recording (seeded inputs, so that the two runs compute the same). Run on a machine with a GPU
+# and a CUDA torch:
 #   bash scripts/gpu/interpose_torch.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,7 +32,11 @@ torch.cuda.synchronize()
 print(f"checksums: x {float(x.double().sum())!r} w {float(w.double().sum())!r} y {float(y.double().sum())!r}")
 PY
 plain=$(python "$out/graph.py")
-python -m medusa.cli trace record -o "$out/torch2.mtr" -- python "$out/graph.py" > "$out/rec.txt"
+rc=0
+python -m medusa.cli trace record -o "$out/torch2.mtr" -- python "$out/graph.py" \
+  > "$out/rec.txt" 2> "$out/rec.err" || rc=$?
+cat "$out/rec.err"
+[ "$rc" = 0 ] || { echo "FAIL: the recorded run exited $rc"; exit 1; }
 rec=$(tail -1 "$out/rec.txt")
 echo "plain:    $plain"
 echo "recorded: $rec"
@@ -41,6 +47,10 @@ if [ "$plain" != "$rec" ]; then
   else
     echo "FAIL: the two runs drew different inputs (x or w differ): the check's seeding is broken"
   fi
+  exit 1
+fi
+if grep -q "not recorded" "$out/rec.err"; then
+  echo "FAIL: the recorder left an entry point unhooked (its lines above): calls went unrecorded"
   exit 1
 fi
 python -m medusa.cli trace summarize "$out/torch2.mtr"
