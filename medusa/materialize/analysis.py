@@ -3,7 +3,9 @@ restore plan: allocations by (phase, ordinal), kernels by (image hash, name), an
 each 8-byte parameter word either a constant or a relocation (kind, index, offset).
 
 Nothing here knows a kernel: a word is a pointer exactly when it moves with its allocation between
-the two recordings, and it points where the allocation history at that moment says."""
+the two recordings, and it points where the allocation history at that moment says. A kernel word
+that differs but lies outside all device memory of both runs is a host value (a closure's pointer
+the kernel never reads) and is kept as recorded."""
 
 from __future__ import annotations
 

@@ -163,7 +163,15 @@ def graph_plan(
             f"graph {g}: {len(ga['nodes'])} nodes / {len(ga['edges'])} edges in one run, "
             f"{len(gb['nodes'])} / {len(gb['edges'])} in the other (or edges differ)"
         )
-    nodes = [_node(a, b, ia, ib, funcs, g, i, unmoved) for i in range(len(ga["nodes"]))]
+    nodes, refused = [], []
+    for i in range(len(ga["nodes"])):
+        try:
+            nodes.append(_node(a, b, ia, ib, funcs, g, i, unmoved))
+        except MaterializeError as e:  # NOTE: every refused node of the graph is named at once
+            refused.append(str(e))
+    if refused:
+        more = f" (and {len(refused) - 1} more nodes: " + "; ".join(refused[1:4]) + ")"
+        raise MaterializeError(refused[0] + (more if len(refused) > 1 else ""))
     attrs = _attrs(a, b, ia, ib, g)
     return {"nodes": nodes, "edges": [list(e) for e in ga["edges"]], "attrs": attrs}
 

@@ -14,10 +14,12 @@ import pytest
 from medusa.materialize.analysis import (
     AddressIndex,
     MaterializeError,
+    Unmoved,
     outside_both,
     relocate_words,
 )
-from medusa.trace.run_view import DEVICE, Alloc
+from medusa.materialize.graphs import Funcs, graph_plan
+from medusa.trace.run_view import DEVICE, Alloc, Func
 
 BASE_A, BASE_B = 0x7F93_15A0_0000, 0x7F93_15C0_1000  # run b: shifted, as materialize does
 LAYOUT = [(0, 4), (8, 8), (16, 16)]  # int N, an 8-byte closure, std::array<char*, 2>
@@ -54,3 +56,18 @@ def test_an_unexplained_word_among_device_addresses_is_refused_naming_its_parame
     pa, pb = _params(BASE_A, BASE_A + (2 << 20)), _params(BASE_B, BASE_B + (3 << 20))
     with pytest.raises(MaterializeError, match=r"byte 8, in parameter 1 \(8 bytes at offset 8\)"):
         _relocate(pa, pb)
+
+
+def test_every_refused_node_of_a_graph_is_named_at_once():
+    pa, pb = _params(BASE_A, BASE_A + (2 << 20)), _params(BASE_B, BASE_B + (3 << 20))
+    func = Func(name="pow", sha256="00", symbol="", layout=LAYOUT)
+
+    def run(base: int, params: bytes) -> SimpleNamespace:
+        node = {"type": 0, "func": 7, "grid": (1, 1, 1), "block": (32, 1, 1), "shared_bytes": 0}
+        nodes = [SimpleNamespace(**node, params=params) for _ in range(3)]
+        graph = {"nodes": nodes, "launch_seq": [10, 10, 10], "edges": [], "attrs": []}
+        return SimpleNamespace(**vars(_run(base)), graphs=[graph], funcs={7: func})
+
+    a, b = run(BASE_A, pa), run(BASE_B, pb)
+    with pytest.raises(MaterializeError, match=r"node 0 .*and 2 more nodes: graph 0, node 1"):
+        graph_plan(a, b, AddressIndex(a), AddressIndex(b), Funcs(), 0, Unmoved(a, b))
