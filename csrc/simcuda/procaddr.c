@@ -20,14 +20,9 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
 #undef X
 #undef I
 
-/* The internal entries (procs.def's I): what a lookup hands out instead of the exported name. */
-CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
-static CUresult internal_cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
-    return cuStreamBeginCapture_v2(s, mode);
-}
-static CUresult internal_cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
-    return cuStreamBeginCapture_v2_ptsz(s, mode);
-}
+/* The internal entries (procs.def's I), in the files of their exported twins. */
+CUresult sim_internal_cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
+CUresult sim_internal_cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
 
 typedef struct {
     const char *name;
@@ -39,7 +34,7 @@ typedef struct {
 static const proc_entry g_procs[] = {
 #define P(name, version, sym, ptsz) {#name, version, (void *)&sym, ptsz},
 #define X(name, version, sym, ptsz) {#name, version, (void *)sym, ptsz},
-#define I(name, version, sym, ptsz) {#name, version, (void *)&internal_##sym, ptsz},
+#define I(name, version, sym, ptsz) {#name, version, (void *)&sim_internal_##sym, ptsz},
 #include "procs.def"
 #undef P
 #undef X
