@@ -69,8 +69,7 @@ class KVSize:
         i = self.inputs
         if {"free", "total", "peak"} <= i.keys():
             line += (
-                f" ({i['free'] / MiB:.0f} MiB free of {i['total'] / MiB:.0f} MiB, "
-                f"forward-pass peak {i['peak'] / MiB:.0f} MiB)"
+                f" ({mib(i['free'])} free of {mib(i['total'])}, forward-pass peak {mib(i['peak'])})"
             )
         return line
 
@@ -91,14 +90,17 @@ def blocks_that_fit(
 
 def _too_small(config: EngineConfig, block_bytes: int, i: dict[str, int], num: int) -> str:
     need = config.max_blocks_per_seq * block_bytes
-    room = int(i["total"] * config.gpu_memory_utilization) - i["held"]
+    room = max(int(i["total"] * config.gpu_memory_utilization) - i["held"], 0)
     return (
         f"the KV cache fits {num} blocks of {config.block_size} tokens, fewer than one sequence "
         f"of max_model_len={config.max_model_len} needs ({config.max_blocks_per_seq} blocks, "
-        f"{need / MiB:.0f} MiB): the device has {i['free'] / MiB:.0f} MiB free of "
-        f"{i['total'] / MiB:.0f} MiB, gpu_memory_utilization={config.gpu_memory_utilization} "
-        f"leaves {max(room, 0) / MiB:.0f} MiB of it, and {(need + i['peak']) / MiB:.0f} MiB are "
-        f"needed (that sequence's KV cache and the forward pass's peak, "
-        f"{i['peak'] / MiB:.0f} MiB): raise --gpu-memory-utilization, lower --max-model-len (an "
+        f"{mib(need)}): the device has {mib(i['free'])} free of {mib(i['total'])}, "
+        f"gpu_memory_utilization={config.gpu_memory_utilization} leaves {mib(room)} of it, and "
+        f"{mib(need + i['peak'])} are needed (that sequence's KV cache and the forward pass's "
+        f"peak, {mib(i['peak'])}): raise --gpu-memory-utilization, lower --max-model-len (an "
         "artifact: materialize again with it), or use a device with more free memory"
     )
+
+
+def mib(n: int) -> str:
+    return f"{n / MiB:.0f} MiB" if n >= 10 * MiB or n == 0 else f"{n / MiB:.2f} MiB"
