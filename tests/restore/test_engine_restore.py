@@ -63,6 +63,8 @@ def test_inspect_and_verify_describe_the_artifact(engine_artifact):
     assert res.returncode == 0
     assert "graphs    3 (keys [4, 2, 1])" in res.stdout and "relocations device" in res.stdout
     assert "1 hidden" in res.stdout
+    assert "profiling peak 0 MiB beyond" in res.stdout  # simcuda: activations in the workspace
+    assert "the block count is derived at restore" in res.stdout
     ok = subprocess.run(
         [sys.executable, "-m", "medusa.cli", "verify", str(engine_artifact)],
         capture_output=True,
