@@ -12,21 +12,14 @@
 
 const char *const mi_hook_name[H_COUNT] = {
     "",
-#define H(sym, base, family) #sym,
-#include "hooks.def"
-#undef H
-};
-
-static const char *const hook_base[H_COUNT] = {
-    "",
-#define H(sym, base, family) #base,
+#define H(sym, base, version, ptsz, family) #sym,
 #include "hooks.def"
 #undef H
 };
 
 static void *const hook_addr[H_COUNT] = {
     NULL,
-#define H(sym, base, family) (void *)&sym,
+#define H(sym, base, version, ptsz, family) (void *)&sym,
 #include "hooks.def"
 #undef H
 };
@@ -116,33 +109,6 @@ void *mi_sibling(hook_id id, const char *name) {
     if (h)
         dlclose(h);
     return f;
-}
-
-/* The variant of `base` that fn is: compare with each variant's own address in fn's library. */
-void *mi_identify(const char *base, void *fn) {
-    Dl_info info;
-    void *h = NULL;
-    if (dladdr(fn, &info) && info.dli_fname)
-        h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-    void *out = fn;
-    bool named = false, matched = false;
-    for (int i = 1; h && i < H_COUNT; i++) {
-        if (strcmp(hook_base[i], base) != 0)
-            continue;
-        named = true;
-        if (mi_real_dlsym(h, mi_hook_name[i]) == fn) {
-            matched = mi_bind_real((hook_id)i, fn);
-            out = matched ? hook_addr[i] : fn;
-            break;
-        }
-    }
-    if (h)
-        dlclose(h);
-    if (named && !matched)
-        mi_log("%s: the driver returned an entry point that is none of its hooked variants; calls "
-               "through it are not recorded",
-               base);
-    return out;
 }
 
 /* ---- the exported dlsym ---- */

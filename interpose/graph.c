@@ -138,11 +138,25 @@ static void capture_end(hook_id api, int res, void *stream, void *graph) {
 }
 
 
+/* v1 (CUDA 10.0) took no mode: it captures in global mode. */
+MI_HOOK(CUresult, F_CAPTURE, cuStreamBeginCapture, (CUstream s), CALL_DRV(cuStreamBeginCapture, s),
+        capture_begin(H_cuStreamBeginCapture, r_, s, CU_STREAM_CAPTURE_MODE_GLOBAL))
+MI_HOOK(CUresult, F_CAPTURE, cuStreamBeginCapture_ptsz, (CUstream s),
+        CALL_DRV(cuStreamBeginCapture_ptsz, s),
+        capture_begin(H_cuStreamBeginCapture_ptsz, r_, s, CU_STREAM_CAPTURE_MODE_GLOBAL))
 MI_HOOK(CUresult, F_CAPTURE, cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode m),
      CALL_DRV(cuStreamBeginCapture_v2, s, m), capture_begin(H_cuStreamBeginCapture_v2, r_, s, m))
 MI_HOOK(CUresult, F_CAPTURE, cuStreamBeginCapture_v2_ptsz, (CUstream s, CUstreamCaptureMode m),
      CALL_DRV(cuStreamBeginCapture_v2_ptsz, s, m),
      capture_begin(H_cuStreamBeginCapture_v2_ptsz, r_, s, m))
+/* Capture into an existing graph: its end dumps the whole graph, what was there before included. */
+#define BEGIN_TO_GRAPH(sym)                                                                        \
+    MI_HOOK(CUresult, F_CAPTURE, sym,                                                              \
+            (CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data, size_t n, \
+             CUstreamCaptureMode m),                                                               \
+            CALL_DRV(sym, s, g, deps, data, n, m), capture_begin(H_##sym, r_, s, m))
+BEGIN_TO_GRAPH(cuStreamBeginCaptureToGraph)
+BEGIN_TO_GRAPH(cuStreamBeginCaptureToGraph_ptsz)
 MI_HOOK(CUresult, F_CAPTURE, cuStreamEndCapture, (CUstream s, CUgraph *g),
      CALL_DRV(cuStreamEndCapture, s, g), capture_end(H_cuStreamEndCapture, r_, s, g ? *g : NULL))
 MI_HOOK(CUresult, F_CAPTURE, cuStreamEndCapture_ptsz, (CUstream s, CUgraph *g),
@@ -165,6 +179,13 @@ static void instantiated(hook_id api, int res, void *graph, void *exec, uint64_t
     mi_flush();
 }
 
+/* The five-argument forms (an error node and a log buffer instead of flags). */
+#define INSTANTIATE_V1(sym)                                                                        \
+    MI_HOOK(CUresult, F_GRAPH, sym,                                                                \
+            (CUgraphExec * e, CUgraph g, CUgraphNode * err, char *log, size_t log_size),            \
+            CALL_DRV(sym, e, g, err, log, log_size), instantiated(H_##sym, r_, g, e ? *e : NULL, 0))
+INSTANTIATE_V1(cuGraphInstantiate)
+INSTANTIATE_V1(cuGraphInstantiate_v2)
 MI_HOOK(CUresult, F_GRAPH, cuGraphInstantiateWithFlags,
      (CUgraphExec * e, CUgraph g, unsigned long long f), CALL_DRV(cuGraphInstantiateWithFlags, e, g, f),
      instantiated(H_cuGraphInstantiateWithFlags, r_, g, e ? *e : NULL, f))

@@ -12,8 +12,10 @@
 
 #include "medusa/trace.h"
 
-/* cuda.h maps the plain name to _v2; both forms are hooked, under their own names. */
+/* cuda.h maps these plain names to later variants; every form is hooked, under its own name. */
 #undef cuGetProcAddress
+#undef cuStreamBeginCapture
+#undef cuGraphInstantiate
 
 #define MI_EXPORT __attribute__((visibility("default")))
 
@@ -22,7 +24,7 @@ enum { F_PROC = 0, F_MEM = 1u, F_MODULE = 2u, F_LAUNCH = 4u, F_CAPTURE = 8u, F_G
 
 typedef enum {
     H_NONE, /* records that are not about one call (FUNC, DEVICE, MARK, ...) */
-#define H(sym, base, family) H_##sym,
+#define H(sym, base, version, ptsz, family) H_##sym,
 #include "hooks.def"
 #undef H
     H_COUNT
@@ -34,7 +36,14 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
 CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void **, void **);
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **);
+CUresult cuStreamBeginCapture(CUstream); /* v1 (CUDA 10.0): no mode */
+CUresult cuStreamBeginCapture_ptsz(CUstream);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream, CUgraph, const CUgraphNode *,
+                                          const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+/* v1 (10.0) and v2 (11.0): what cuGetProcAddress("cuGraphInstantiate") hands out */
+CUresult cuGraphInstantiate(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+CUresult cuGraphInstantiate_v2(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
 CUresult cuStreamEndCapture_ptsz(CUstream, CUgraph *);
 CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
 CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
@@ -53,7 +62,6 @@ void *mi_real(hook_id id);               /* the real function, or NULL (never ca
 bool mi_bind_real(hook_id id, void *fn); /* false: another implementation is already bound */
 void *mi_hook_addr(hook_id id);
 int mi_hook_lookup(const char *name);    /* -1 when not hooked */
-void *mi_identify(const char *base, void *fn); /* the hook bound to the variant fn is, or fn */
 void *mi_real_dlsym(void *handle, const char *name);
 void mi_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void mi_fail(const char *what);          /* fail-open: log once, stop recording, pass through */

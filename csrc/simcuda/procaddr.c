@@ -7,15 +7,22 @@
 /* procs.def names these driver symbols by their versioned names. */
 #undef cuGetProcAddress
 #undef cuStreamBeginCapture
+#undef cuGraphInstantiate
 #undef cuGraphAddDependencies
 #undef cuGraphGetEdges
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 
 #define P(name, version, sym, ptsz)
 #define X(name, version, sym, ptsz) extern char sym[];
+#define I(name, version, sym, ptsz)
 #include "procs.def"
 #undef P
 #undef X
+#undef I
+
+/* The internal entries (procs.def's I), in the files of their exported twins. */
+CUresult sim_internal_cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
+CUresult sim_internal_cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
 
 typedef struct {
     const char *name;
@@ -27,9 +34,11 @@ typedef struct {
 static const proc_entry g_procs[] = {
 #define P(name, version, sym, ptsz) {#name, version, (void *)&sym, ptsz},
 #define X(name, version, sym, ptsz) {#name, version, (void *)sym, ptsz},
+#define I(name, version, sym, ptsz) {#name, version, (void *)&sim_internal_##sym, ptsz},
 #include "procs.def"
 #undef P
 #undef X
+#undef I
 };
 
 SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,

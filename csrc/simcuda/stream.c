@@ -233,6 +233,11 @@ SIM_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode m)
 #undef cuStreamBeginCapture /* the CUDA 10.0 form, without a mode */
 SIM_API CUresult cuStreamBeginCapture(CUstream h) { return begin_capture(h, CU_STREAM_CAPTURE_MODE_GLOBAL, false); }
 SIM_API CUresult cuStreamBeginCapture_ptsz(CUstream h) { return begin_capture(h, CU_STREAM_CAPTURE_MODE_GLOBAL, true); }
+/* What cuGetProcAddress hands out for the v2 forms (procs.def I): internal entries, neither the
+ * exported symbols nor calls through them, as a driver may hand out: an interposer that hooks the
+ * exported names sees no call made through these. */
+CUresult sim_internal_cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode m) { return begin_capture(h, m, false); }
+CUresult sim_internal_cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode m) { return begin_capture(h, m, true); }
 
 static void mark_ancestors(sim_node *n, uint64_t mark) {
     if (n->mark == mark)

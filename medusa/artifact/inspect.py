@@ -37,15 +37,26 @@ def _kv(m: dict[str, Any]) -> list[str]:
     if "kv" not in m:
         return []
     kv = m["kv"]
+    how = "profiled" if "profile_peak_bytes" in kv else "kv_cache_memory"
     lines = [
         f"  kv cache  {kv['num_blocks']} blocks x {kv['block_bytes']} bytes "
-        f"= {kv['num_blocks'] * kv['block_bytes'] / 2**20:.0f} MiB (profiled)"
+        f"= {kv['num_blocks'] * kv['block_bytes'] / 2**20:.0f} MiB ({how} when materialized)"
     ]
     if kv.get("memory") == "elastic":
         lines.append(
             f"            elastic: {kv['reserve_bytes'] / 2**20:.0f} MiB reserved, pages of "
-            f"{kv['page_bytes'] >> 10} KiB mapped on demand, budget {kv['budget_pages']} pages"
+            f"{kv['page_bytes'] >> 10} KiB mapped on demand, budget {kv['budget_pages']} pages; "
+            "a restore keeps this range"
         )
+    elif "profile_peak_bytes" in kv:
+        lines.append(
+            f"            profiling peak {kv['profile_peak_bytes'] / 2**20:.0f} MiB beyond "
+            f"{kv['held_bytes'] / 2**20:.0f} MiB held (weights, workspace): the block count is "
+            "derived at restore from the device's free memory, --gpu-memory-utilization and "
+            "this peak"
+        )
+    else:
+        lines.append("            no profiling recorded: a restore allocates this block count")
     return lines
 
 

@@ -200,9 +200,13 @@ KV = Obj(
     {
         "num_blocks": Int(),
         "block_bytes": Int(),
+        # What the profiling start measured (medusa.engine.kv_size); absent when materialized
+        # with kv_cache_memory. A restore derives its block count from profile_peak_bytes.
         "free_at_peak?": Int(),
         "kv_budget?": Int(),
         "non_kv_bytes?": Int(),
+        "held_bytes?": Int(),
+        "profile_peak_bytes?": Int(),
         "total?": Int(),
         # kv_memory="elastic": the reserved range the graphs point into, its page size, and the
         # page budget the materializing start-up had (the ledger's capacity, else the range's).

@@ -28,7 +28,7 @@ from medusa.scratch import ScratchDir
 # 4: an engine artifact may carry a weight store (manifest "weights"). 5: the KV cache is
 # block-major (its kernels take a block stride), VMM relocations are relative to reservations, and
 # an elastic KV cache is described under "kv".
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6  # 6: kv.held_bytes and kv.profile_peak_bytes (the KV size follows the device)
 PLAN = "plan.msgpack.zst"
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SEAL_BYTES = 4096

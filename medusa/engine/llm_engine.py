@@ -70,6 +70,7 @@ class LLMEngine:
         self.tokenizer = s.tokenizer
         self.timings = s.timings  # NOTE: the same dict: a store's load may settle while serving
         self.kv_profile, self.restorer = s.kv_profile, s.restorer
+        self.kv_size = s.kv_size  # the block count and how it came about (medusa.engine.kv_size)
         self.restored, self.restore_error, self.restore_methods = (
             s.restored, s.restore_error, s.restore_methods)  # fmt: skip
         if self.runner.kv_cache is None:

@@ -16,6 +16,7 @@ from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
 from medusa.engine.forward import Forward, workspace_sizes
 from medusa.engine.kv_cache import KVCache, make_kv_cache
+from medusa.engine.kv_size import KVSize, blocks_that_fit
 from medusa.engine.layer_gate import LayerGate
 from medusa.engine.prefill_graphs import PrefillGraphs
 from medusa.engine.runner_weights import RunnerWeights
@@ -76,33 +77,29 @@ class ModelRunner:
         sizes = workspace_sizes(self.config, self.spec)
         self.ws.update({k: self.dev.alloc(v) for k, v in sizes.items()})
 
-    def profile_kv_blocks(self) -> tuple[int, dict[str, int]]:
-        """Runs a forward pass at the largest batch, measures what it leaves free, and returns the
-        number of KV blocks that fit (and the measurements)."""
+    def profile_kv(self) -> KVSize:
+        """Runs a forward pass at the largest batch on a throwaway cache, measures what it holds
+        at its end beyond what was held before it (its peak: nothing here frees mid-pass), and
+        sizes the KV cache by medusa.engine.kv_size's rule (KVCacheTooSmall if one sequence at
+        max_model_len does not fit)."""
         c = self.config
         t, n = c.max_num_batched_tokens, c.max_num_seqs
         lens = [t // n + (1 if i < t % n else 0) for i in range(n)]
         blocks = [-(-x // c.block_size) for x in lens]
-        tmp = self.dev.alloc(sum(blocks) * self.block_bytes)  # a throwaway cache for the pass
+        free, total = self.dev.mem_info()
+        tmp_bytes = sum(blocks) * self.block_bytes
+        tmp = self.dev.alloc(tmp_bytes)  # a throwaway cache for the pass
         starts = np.cumsum([0] + blocks)
         tables = [list(range(starts[i], starts[i + 1])) for i in range(n)]
         batch = self.batches.prefill([[0] * x for x in lens], tables, [(0.0, 1.0, 0)] * n)
         self.run_batch(batch, tmp, self.ws["tokens"])
         self.dev.synchronize()
-        free, total = self.dev.mem_info()
+        free_at_peak, _ = self.dev.mem_info()
         self.dev.free(tmp)
-        non_kv = total - free - sum(blocks) * self.block_bytes
-        budget = int(total * c.gpu_memory_utilization) - non_kv
-        num = budget // self.block_bytes
-        stats = {"total": total, "free_at_peak": free, "non_kv_bytes": non_kv, "kv_budget": budget}
-        if num < c.max_blocks_per_seq:
-            raise MemoryError(
-                f"the KV cache fits {max(num, 0)} blocks of {c.block_size} tokens, fewer than one "
-                f"sequence of max_model_len={c.max_model_len} needs ({c.max_blocks_per_seq}): "
-                f"raise gpu_memory_utilization ({c.gpu_memory_utilization}), lower max_model_len, "
-                "or use a larger device"
-            )
-        return int(num), stats
+        # NOTE: the cache's allocation rounding counts in the peak, as the old non_kv did
+        peak = max(free - free_at_peak - tmp_bytes, 0)
+        num, inputs = blocks_that_fit(c, self.block_bytes, free=free, total=total, peak=peak)
+        return KVSize(num, self.block_bytes, "profiled", {**inputs, "free_at_peak": free_at_peak})
 
     def allocate_kv(self, num_blocks: int) -> None:
         """A static allocation, or (kv_memory="elastic") a reserved range of that size whose

@@ -18,7 +18,8 @@ import numpy as np
 from medusa.artifact import Artifact, load_artifact
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
-from medusa.engine.kv_cache import kv_cache_class
+from medusa.engine.kv_cache import KVCache, kv_cache_class
+from medusa.engine.kv_size import KVSize, blocks_that_fit
 from medusa.engine.loader import ModelSource
 from medusa.engine.model_runner import ModelRunner
 from medusa.engine.startup_weights import WeightStartUp
@@ -48,7 +49,8 @@ class StartUp(WeightStartUp):
         on_stage: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(config, require=require, store_checked=store_checked, on_stage=on_stage)
-        self.kv_profile: dict[str, int] = {}
+        self.kv_profile: dict[str, int] = {}  # a profiled start's measurements (KVSize)
+        self.kv_size: KVSize | None = None
         self.restored = False
         self.restore_error: str | None = None
         self.restore_methods: dict[str, int] = {}
@@ -86,9 +88,10 @@ class StartUp(WeightStartUp):
             raise
         trace.mark("ready")
         self.timings["total"] = time.perf_counter() - t0
-        log.info("engine.startup total: %.2f s (%d KV blocks, %d decode + %d prefill graphs%s)",
-                 self.timings["total"], self.runner.num_blocks, len(self.runner.graphs),
-                 len(self.runner.prefill.graphs),
+        kv = self.kv_size
+        log.info("engine.startup total: %.2f s (%d KV blocks, %s; %d decode + %d prefill graphs%s)",
+                 self.timings["total"], self.runner.num_blocks, kv.source if kv else "?",
+                 len(self.runner.graphs), len(self.runner.prefill.graphs),
                  ", restored" if self.restored else "")  # fmt: skip
 
     def _after_weights(self, art: Artifact | None, validate: bool) -> None:
@@ -130,11 +133,12 @@ class StartUp(WeightStartUp):
     def _start_normally(self) -> None:
         with self._stage("kv_profile"):
             if self.config.kv_cache_memory is None:
-                num_blocks, self.kv_profile = self.runner.profile_kv_blocks()
+                kv = self.runner.profile_kv()
+                self.kv_profile = kv.profile_record()
             else:
-                num_blocks = self.config.kv_cache_memory // self.runner.block_bytes
-        with self._stage("kv_alloc"):
-            self.runner.allocate_kv(num_blocks)
+                kv = KVSize(self.config.kv_cache_memory // self.runner.block_bytes,
+                            self.runner.block_bytes, "configured")  # fmt: skip
+        self._allocate_kv(kv)
         with self._stage("graph_capture"):
             self.runner.capture_graphs()
 
@@ -175,14 +179,22 @@ class StartUp(WeightStartUp):
             self.runner.free_kv()
             self.restorer = None
 
-    def _restore(self, art: Artifact, validate: bool) -> None:
-        kv = art.manifest["kv"]
-        with self._stage("kv_restore"):
-            self._check_kv_memory(kv)
+    def _allocate_kv(self, kv: KVSize) -> None:
+        log.info("%s", kv.describe())
+        self.kv_size = kv
         with self._stage("kv_alloc"):
-            self.runner.allocate_kv(kv["num_blocks"])
+            self.runner.allocate_kv(kv.num_blocks)
+
+    def _restore(self, art: Artifact, validate: bool) -> None:
+        with self._stage("kv_restore"):  # NOTE: the stage's name stays: logs and docs know it
+            kv = self._restored_kv_size(art.manifest["kv"])
+        self._allocate_kv(kv)
+        # NOTE: a static cache is the kv_alloc phase's one allocation; its size is this device's
+        # (the graphs index it through block tables, data), every other allocation must match.
+        resized = {} if self.runner_kv_class.maps_on_demand else {("kv_alloc", 0): kv.nbytes}
         with self._stage("graph_restore"):
-            self.restorer = Restorer(art, self.device.b, since=self._restore_since)
+            self.restorer = Restorer(art, self.device.b, since=self._restore_since,
+                                     sizes=resized)  # fmt: skip
             self.runner.trigger()
             result = self.restorer.restore(self.device.stream)
             sizes = art.manifest["graphs"]["keys"]
@@ -209,6 +221,31 @@ class StartUp(WeightStartUp):
                     "execution on the probe input"
                 )
 
+    def _restored_kv_size(self, kv: dict[str, Any]) -> KVSize:
+        """This device's block count: derived from the artifact's profiling peak and the memory
+        free now (no forward pass), unless the cache is elastic (the recorded range, which its
+        pages fill on demand), kv_cache_memory is given, or the artifact was materialized with
+        one (no profiling peak recorded: the recorded count, if its memory is free)."""
+        bb = self.runner.block_bytes
+        if kv["block_bytes"] != bb:
+            raise RestoreError(
+                f"the artifact's KV blocks are {kv['block_bytes']} bytes, this engine's {bb}: "
+                "materialize again"
+            )
+        if self.config.kv_cache_memory is not None:
+            return KVSize(self.config.kv_cache_memory // bb, bb, "configured")
+        if self.runner_kv_class.maps_on_demand or "profile_peak_bytes" not in kv:
+            self._check_kv_memory(kv)
+            return KVSize(kv["num_blocks"], bb, "restored")
+        free, total = self.device.mem_info()
+        peak = kv["profile_peak_bytes"]
+        num, inputs = blocks_that_fit(self.config, bb, free=free, total=total, peak=peak)
+        return KVSize(num, bb, "derived", inputs)
+
+    @property
+    def runner_kv_class(self) -> type[KVCache]:
+        return kv_cache_class(self.config.kv_memory)
+
     def _check_kv_memory(self, kv: dict[str, int]) -> None:
         """A static cache needs all of its memory free now; an elastic one (maps_on_demand) only
         reserves its range, and maps what the ledger (or the device) gives as requests come."""
@@ -216,7 +253,7 @@ class StartUp(WeightStartUp):
         free, _ = self.device.mem_info()
         if need <= free:
             return
-        if kv_cache_class(self.config.kv_memory).maps_on_demand:
+        if self.runner_kv_class.maps_on_demand:
             log.warning(
                 "the artifact's KV cache was %.0f MiB and %.0f MiB are free: starting elastic, "
                 "requests queue while pages are short",

@@ -3,11 +3,13 @@ restore plan: allocations by (phase, ordinal), kernels by (image hash, name), an
 each 8-byte parameter word either a constant or a relocation (kind, index, offset).
 
 Nothing here knows a kernel: a word is a pointer exactly when it moves with its allocation between
-the two recordings, and it points where the allocation history at that moment says."""
+the two recordings, and it points where the allocation history at that moment says. A kernel word
+that differs but lies outside all device memory of both runs is a host value (a closure's pointer
+the kernel never reads) and is kept as recorded."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -32,6 +34,15 @@ class AddressIndex:
         self.free = np.array([r[3] for r in rows], dtype=np.int64)
         self.kind = [r[4] for r in rows]
         self.index = [r[5] for r in rows]
+        device = [(r[0], r[0] + r[1]) for r in rows if r[4] != HOST]
+        # every device address the run was ever given (allocations, reservations, globals)
+        self.span = (min(d[0] for d in device), max(d[1] for d in device)) if device else (0, 0)
+
+    def outside(self, value: int) -> bool:
+        """True when VALUE lies outside all device memory of the run, by a margin: no pointer
+        into any allocation, reservation or global the recorder saw."""
+        lo, hi = self.span
+        return value < lo or value > hi
 
     def find(self, value: int, seq: int) -> tuple[int, int, int] | None:
         v = np.uint64(value)
@@ -112,6 +123,14 @@ class Unmoved:
                 )
 
 
+Foreign = Callable[[int, int], bool]
+
+
+def outside_both(ia: AddressIndex, ib: AddressIndex) -> Foreign:
+    """A word that is no device address in either run: outside all device memory of both."""
+    return lambda va, vb: ia.outside(va) and ib.outside(vb)
+
+
 def relocate_words(
     a: bytes,
     b: bytes,
@@ -119,15 +138,21 @@ def relocate_words(
     find_b: Finder,
     where: str,
     unmoved: Unmoved | None = None,
+    *,
+    foreign: Foreign | None = None,
+    layout: Sequence[tuple[int, int]] = (),
 ) -> list[tuple[int, int, int, int]]:
     """(byte offset, kind, index, addend) for every word that is a pointer; raises on a word that
-    changed between the runs without moving with an allocation (parameters hold no stale bytes)."""
-    relocs, num_stale, first = _diff_words(a, b, find_a, find_b, where, unmoved)
+    changed between the runs without moving with an allocation (parameters hold no stale bytes),
+    unless FOREIGN(value a, value b) says it is no device address at all: such a word is kept as
+    recorded. LAYOUT, (offset, size) per kernel parameter, names the parameter in an error."""
+    relocs, num_stale, first = _diff_words(a, b, find_a, find_b, where, unmoved, foreign)
     if first is not None:
         w, va, vb, ra, rb = first
         raise MaterializeError(
-            f"{where}, byte {8 * w}: {va:#x} in one run and {vb:#x} in the other, and they are "
-            f"not the same place in the same allocation ({_describe(ra)} vs {_describe(rb)})"
+            f"{where}, byte {8 * w}{_param_of(8 * w, layout)}: {va:#x} in one run and {vb:#x} in "
+            f"the other, and they are not the same place in the same allocation "
+            f"({_describe(ra)} vs {_describe(rb)})"
         )
     if len(a) % 8 and a[-(len(a) % 8) :] != b[-(len(b) % 8) :]:
         raise MaterializeError(f"{where}: the last {len(a) % 8} bytes differ between the runs")
@@ -146,7 +171,13 @@ def relocate_contents(
 
 
 def _diff_words(
-    a: bytes, b: bytes, find_a: Finder, find_b: Finder, where: str, unmoved: Unmoved | None
+    a: bytes,
+    b: bytes,
+    find_a: Finder,
+    find_b: Finder,
+    where: str,
+    unmoved: Unmoved | None,
+    foreign: Foreign | None = None,
 ) -> tuple[list[tuple[int, int, int, int]], int, tuple | None]:
     if len(a) != len(b):
         raise MaterializeError(f"{where}: {len(a)} bytes in one run, {len(b)} in the other")
@@ -162,7 +193,7 @@ def _diff_words(
     first: tuple | None = None
     idx = np.flatnonzero(differ)
     maybe_a, maybe_b = getattr(find_a, "maybe", None), getattr(find_b, "maybe", None)
-    if maybe_a is not None and maybe_b is not None and idx.size:
+    if maybe_a is not None and maybe_b is not None and idx.size and foreign is None:
         cand = maybe_a(wa[idx]) & maybe_b(wb[idx])
         if not cand.all():
             w = int(idx[~cand][0])
@@ -171,12 +202,23 @@ def _diff_words(
     for w in idx.tolist():
         va, vb = int(wa[w]), int(wb[w])
         ra, rb = find_a(va), find_b(vb)
+        if ra is None and rb is None and foreign is not None and foreign(va, vb):
+            continue  # NOTE: no device address in either run (a closure's host pointer): kept
         if ra is None or rb is None or ra != rb:
             num_stale += 1
             first = first or (w, va, vb, ra, rb)
         else:
             relocs.append((8 * w, *ra))
     return relocs, num_stale, first
+
+
+def _param_of(offset: int, layout: Sequence[tuple[int, int]]) -> str:
+    """ " (parameter i of n: s bytes at offset o)" for the parameters the 8-byte word overlaps."""
+    hit = [i for i, (o, s) in enumerate(layout) if o < offset + 8 and offset < o + s]
+    if not hit:
+        return ""
+    parts = ", ".join(f"{i} ({layout[i][1]} bytes at offset {layout[i][0]})" for i in hit)
+    return f", in parameter {parts} of {len(layout)}"
 
 
 def _describe(r: tuple | None) -> str:

@@ -10,8 +10,10 @@ from typing import Any
 from medusa.materialize.analysis import (
     AddressIndex,
     Finder,
+    Foreign,
     MaterializeError,
     Unmoved,
+    outside_both,
     relocate_words,
 )
 from medusa.trace import NodeType
@@ -79,7 +81,10 @@ def _node(
     node: Node = {"type": na.type}
     finds = (partial(_find, ia, sa), partial(_find, ib, sb))
     if na.type == NodeType.KERNEL:
-        node.update(_kernel(a, b, na, nb, funcs, where, finds, unmoved))
+        # NOTE: a by-value closure may carry a host pointer the kernel never reads (PyTorch's
+        # elementwise lambdas do); only a word outside all device memory of both runs passes.
+        foreign = outside_both(ia, ib)
+        node.update(_kernel(a, b, na, nb, funcs, where, finds, unmoved, foreign))
     elif na.type in (NodeType.MEMCPY, NodeType.MEMSET):
         node.update(_copy_or_fill(na, nb, where, finds, unmoved))
     elif na.type != NodeType.EMPTY:
@@ -96,6 +101,7 @@ def _kernel(
     where: str,
     finds: Finders,
     unmoved: Unmoved,
+    foreign: Foreign,
 ) -> Node:
     fid, key = funcs.id(a, na.func, where)
     _, key_b = funcs.id(b, nb.func, where)
@@ -103,7 +109,15 @@ def _kernel(
         raise MaterializeError(f"{where}: kernel {key[1]} in one run, {key_b[1]} in the other")
     if (na.grid, na.block, na.shared_bytes) != (nb.grid, nb.block, nb.shared_bytes):
         raise MaterializeError(f"{where} ({key[1]}): launch geometry differs between the runs")
-    relocs = relocate_words(na.params, nb.params, *finds, f"{where} ({key[1]})", unmoved)
+    relocs = relocate_words(
+        na.params,
+        nb.params,
+        *finds,
+        f"{where} ({key[1]})",
+        unmoved,
+        foreign=foreign,
+        layout=a.funcs[na.func].layout,
+    )
     return {
         "func": fid,
         "grid": list(na.grid),
@@ -149,7 +163,15 @@ def graph_plan(
             f"graph {g}: {len(ga['nodes'])} nodes / {len(ga['edges'])} edges in one run, "
             f"{len(gb['nodes'])} / {len(gb['edges'])} in the other (or edges differ)"
         )
-    nodes = [_node(a, b, ia, ib, funcs, g, i, unmoved) for i in range(len(ga["nodes"]))]
+    nodes, refused = [], []
+    for i in range(len(ga["nodes"])):
+        try:
+            nodes.append(_node(a, b, ia, ib, funcs, g, i, unmoved))
+        except MaterializeError as e:  # NOTE: every refused node of the graph is named at once
+            refused.append(str(e))
+    if refused:
+        more = f" (and {len(refused) - 1} more nodes: " + "; ".join(refused[1:4]) + ")"
+        raise MaterializeError(refused[0] + (more if len(refused) > 1 else ""))
     attrs = _attrs(a, b, ia, ib, g)
     return {"nodes": nodes, "edges": [list(e) for e in ga["edges"]], "attrs": attrs}
 

@@ -8,7 +8,8 @@ from medusa.restore.errors import RestoreError
 
 # Engine settings that change what a restored start-up allocates or captures: `medusa run
 # --artifact` takes them from the artifact (medusa.engine.artifact_settings). Not
-# gpu_memory_utilization: it sizes a profiled KV cache, and a restore takes the artifact's.
+# gpu_memory_utilization: the deployment's share of the device, from which a restore derives
+# its KV size (medusa.engine.kv_size).
 CONFIG_KEYS = (
     "weights",
     "max_num_seqs",
@@ -63,10 +64,12 @@ def check_compatible(
                 f"engine configuration mismatch: {k}={got!r} here, {want!r} when materialized; "
                 f"use the same setting or materialize again"
             )
+    # NOTE: not the memory size: a restore sizes the KV cache for the device (or slice) it lands
+    # on, and the graphs index that cache through block tables, which are data.
     d = manifest.get("device", {})
-    for k in ("name", "total_mem", "cc"):
+    for k in ("name", "cc"):
         if d.get(k) != device.get(k):
             raise RestoreError(
                 f"device mismatch: {k} is {device.get(k)!r} here, {d.get(k)!r} in the artifact; "
-                "an artifact is specific to a device type and memory size"
+                "an artifact is specific to a device type"
             )

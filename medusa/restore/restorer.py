@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Mapping
 from ctypes import c_size_t, c_uint, c_void_p
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from medusa import env
-from medusa.artifact import Artifact
+from medusa.artifact import Artifact, ArtifactError
 from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
 from medusa.cuda.backend import Backend
 from medusa.restore.builder import KINDS, GraphBuilder, name_kernel
@@ -52,17 +53,29 @@ def _check_counts(own: RunView, plan_allocs: list[list[Any]], phases: set[str]) 
 
 
 class Restorer:
-    def __init__(self, artifact: Artifact, backend: Backend, *, since: int = 0) -> None:
+    def __init__(
+        self,
+        artifact: Artifact,
+        backend: Backend,
+        *,
+        since: int = 0,
+        sizes: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
         """since: the trace sequence number this start-up began after. A process that starts a
         second engine while the first lives (tessera's pipelined executor: one per request group
         in flight) matches the second's allocations against only what it made since; kernels are
-        still found through every image the process loaded."""
+        still found through every image the process loaded. sizes: allocations of phases this
+        start-up runs that it makes at another size than recorded, (phase, ordinal) -> bytes (the
+        engine's KV cache, sized for this device); pointers into them relocate by their base,
+        and the plan is checked again against a smaller size. Every other allocation must match
+        its recorded size."""
         # NOTE: the plan is checked whole before any C call reads it (validate.py); a pooled
         # worker checked it at warm-up (Artifact.plan_checked).
         if not artifact.plan_checked:
             validate_plan(artifact.plan, str(artifact.path))
         self.art, self.plan, self.b = artifact, artifact.plan, backend
         self.since = since
+        self.sizes = dict(sizes or {})
         self.bases: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in range(KINDS)]
         self.builder = GraphBuilder(self.bases)
         self._execs: list[int] = []
@@ -113,13 +126,14 @@ class Restorer:
                     f"allocation #{i} (phase {phase!r} #{ordinal}, {size} bytes) was "
                     "not made in this start-up: it diverges from the recorded one"
                 )
-            if (a.size, a.kind) != (size, kind):
+            if (a.size, a.kind) != (self.sizes.get((phase, ordinal), size), kind):
                 raise RestoreError(
                     f"allocation #{i} (phase {phase!r} #{ordinal}) is {a.size} bytes "
                     f"here, {size} bytes in the artifact: the start-up diverges"
                 )
             base[i] = a.addr
         _check_counts(own, plan_allocs, entered - skipped)
+        self._check_resized()
         for op, i in self.plan["replay"]:
             kind, size = plan_allocs[i][2], plan_allocs[i][3]
             if op == "a":
@@ -127,6 +141,24 @@ class Restorer:
             else:
                 self._free(kind, int(base[i]))
                 base[i] = 0
+
+    def _check_resized(self) -> None:
+        """The plan checked again with the sizes this start-up chose, where one is smaller than
+        recorded: no relocation, copy or fill of a graph may reach past the end."""
+        smaller = {
+            i: self.sizes[(p, o)]
+            for i, (p, o, _k, size, _f) in enumerate(self.plan["allocs"])
+            if self.sizes.get((p, o), size) < size
+        }
+        if not smaller:
+            return
+        try:
+            validate_plan(self.plan, str(self.art.path), sizes=smaller)
+        except ArtifactError as e:
+            raise RestoreError(
+                f"an allocation sized for this device ({', '.join(map(str, smaller.values()))} "
+                f"bytes) is smaller than the restored graphs use: {e}"
+            ) from None
 
     @staticmethod
     def _entered(own: RunView) -> set[str]:

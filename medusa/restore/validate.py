@@ -10,6 +10,7 @@ medusa.restore.graph_check."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -70,8 +71,9 @@ def _sized_table(rows: list[dict[str, Any]], where: str) -> np.ndarray:
     return out
 
 
-def check_tables(plan: Any) -> PlanTables:
-    """The plan's top level, allocations, replay, kernels, globals and VMM reservations."""
+def check_tables(plan: Any, resized: Mapping[int, int] | None = None) -> PlanTables:
+    """The plan's top level, allocations, replay, kernels, globals and VMM reservations;
+    `resized`: allocation index -> the size to check against instead of the recorded one."""
     if type(plan) is not dict or plan.keys() != KEYS.keys():
         raise ArtifactError(f"expected an object with fields {list(KEYS)}")
     for k, t in KEYS.items():
@@ -82,6 +84,8 @@ def check_tables(plan: Any) -> PlanTables:
     ints(ordinal, "allocs ordinal")
     kinds = ints(kind, "allocs kind (device 0 or host-mapped 1)", hi=2)
     sizes = ints(size, "allocs size")
+    for i, n in (resized or {}).items():
+        sizes[i] = n
     if any(type(f) is not bool for f in freed):
         raise ArtifactError("allocs freed: expected booleans")
     _strs(plan["skipped_phases"], "skipped_phases")
@@ -171,10 +175,11 @@ def _check_contents(contents: dict[Any, Any], t: PlanTables) -> None:
         t.targets.check(relocs, where)
 
 
-def validate_plan(plan: Any, source: str) -> None:
+def validate_plan(plan: Any, source: str, sizes: Mapping[int, int] | None = None) -> None:
     """Raises ArtifactError naming `source` and the table, graph, node and field at fault, unless
-    the restorer and the C graph builder can use the plan as it is."""
+    the restorer and the C graph builder can use the plan as it is (with the allocations of
+    `sizes`, index -> bytes, at those sizes: a restore that sizes its KV cache for its device)."""
     try:
-        check_graphs(plan, check_tables(plan))
+        check_graphs(plan, check_tables(plan, sizes))
     except ArtifactError as e:
         raise ArtifactError(f"{source}: restore plan: {e}; materialize again") from None

@@ -42,6 +42,10 @@ async def prometheus(request: Request) -> Response:
     if engine.engine is not None:
         for stage, secs in engine.engine.timings.items():
             metrics.startup.labels(stage).set(secs)
+        kv = engine.engine.kv_size
+        if kv is not None:
+            metrics.kv_blocks.labels(kv.source).set(kv.num_blocks)
+            metrics.kv_bytes.labels(kv.source).set(kv.nbytes)
     return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
 

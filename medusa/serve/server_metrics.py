@@ -27,3 +27,13 @@ class ServerMetrics:
         self.startup = Gauge(
             "medusa_startup_seconds", "engine start-up seconds by stage", ["stage"], registry=r
         )
+        # source: profiled, derived (a restore, from the artifact's profiling peak and the free
+        # memory), restored (the artifact's count: elastic) or configured (kv_cache_memory)
+        self.kv_blocks = Gauge(
+            "medusa_kv_cache_blocks", "KV-cache blocks, by how the count came about", ["source"],
+            registry=r,
+        )  # fmt: skip
+        self.kv_bytes = Gauge(
+            "medusa_kv_cache_bytes", "KV-cache bytes, by how the size came about", ["source"],
+            registry=r,
+        )  # fmt: skip

@@ -77,8 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--blocks", type=int, default=256, help="the receiver's KV blocks")
     ap.add_argument("--check", action="store_true", help="compare with no offload")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds without the receiver's heartbeat before it counts as lost (default 10: the "
+        "cold engine polls between its own kernels, which simcuda on a busy CPU can stretch)",
+    )
     ap.add_argument("--serve", metavar="REGION", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.timeout <= 0:
+        ap.error(f"--timeout {args.timeout}: give positive seconds")
     if args.serve:
         serve(args.serve, args.cold_model, args.blocks)
         return 0
@@ -90,7 +99,7 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
     region = Path(tempfile.mkdtemp(prefix="weaver-", dir="/dev/shm")) / "region"
     with progress.step("starting the hot engine"):
         hot = LLMEngine(engine_config(args.model))
-    w = pair(hot, WeavingLink(region, args.ratio))
+    w = pair(hot, WeavingLink(region, args.ratio, timeout=args.timeout))
     cmd = [sys.executable, "-m", "medusa.weaver.pair", "--serve", str(region)]
     cmd += ["--blocks", str(args.blocks)]
     cmd += ["--cold-model", args.cold_model] if args.cold_model else []
@@ -110,7 +119,8 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
         print(f"hot: {w.num_offloaded} of {w.num_prefilled} sequences offloaded (ratio "
               f"{args.ratio}), {n} tokens in {secs:.2f} s; receiver lost: {lost}")  # fmt: skip
         hot.shutdown()
-        cold.wait(timeout=120)
+        if not _ended(cold, lost=w.error is not None):
+            return 1
     finally:
         cold.kill()
         region.unlink(missing_ok=True)
@@ -122,6 +132,21 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
         print(f"identical to no offload: {'yes' if want == tokens else 'NO'}")
         return 0 if want == tokens else 1
     return 0
+
+
+def _ended(cold: subprocess.Popen[bytes], lost: bool) -> bool:
+    """Waits for the cold engine to finish its own request. One the hot side gave up on is told to
+    stop (it was sent no STOP, and may be alive but starved); one that does not end is killed,
+    and that is a failure, never a hang."""
+    if lost:
+        cold.terminate()
+    try:
+        cold.wait(timeout=120)
+        return True
+    except subprocess.TimeoutExpired:
+        cold.kill()
+        print("the cold engine did not end within 120 s of the hot one: killed", file=sys.stderr)
+        return False
 
 
 if __name__ == "__main__":

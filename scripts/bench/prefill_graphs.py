@@ -1,8 +1,9 @@
 """Prefill graphs of SmolLM2 on simcuda, side by side in one run: the prefill graph stage
 captured (a normal start) vs restored (seconds, and per 1000 nodes), beside the decode graphs';
 and time to first token of a prompt of 256 tokens (then of 100, padded to the 128 bucket, then
-the 256 again) on a restored start, with prefill graphs vs eager prefill (an artifact materialized with
---prefill-graph-sizes ''). Every start is a fresh process; the kinds alternate, medians shown.
+the 256 again) on a restored start, with prefill graphs vs eager prefill (an artifact
+materialized with --prefill-graph-sizes ''). Every start is a fresh process; the kinds
+alternate, medians shown.
 Run: python scripts/bench/prefill_graphs.py [--repeat 3] [--model FILE.gguf|DIR]
 """
 

@@ -38,11 +38,13 @@ declare -A BOUND=(
   [interpose_torch]=40 [engine_parity]=25 [restore_parity]=60 [simcuda_parity]=30
   [hybridgemm_bandwidth]=25 [tessera_ptx]=15 [weaver]=75 [torch_restore]=125
   [engine_parity_smollm2]=40 [restore_parity_smollm2]=120 [weight_store_smollm2]=40
+  [kv_slices_smollm2]=90
   [vllm_coldstart]=300
 )
 P1=(stash install imports tiny_model interpose_torch engine_parity restore_parity simcuda_parity
     hybridgemm_bandwidth tessera_ptx weaver torch_restore)
-P2=(join install imports engine_parity_smollm2 restore_parity_smollm2 weight_store_smollm2)
+P2=(join install imports engine_parity_smollm2 restore_parity_smollm2 weight_store_smollm2
+    kv_slices_smollm2)
 case $phase in
   1) STEPS=("${P1[@]}") ;;
   2) STEPS=("${P2[@]}") ;;

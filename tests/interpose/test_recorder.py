@@ -125,6 +125,32 @@ def test_a_launch_that_reached_the_driver_only_through_cuGetProcAddress(
     assert mod.api == "cuModuleLoad" and mod.file == str(image) and mod.sha256 == load.sha256
 
 
+def test_a_capture_made_through_every_begin_capture_variant_a_lookup_hands_out(
+    cprog, run, recorded, tmp_path
+):
+    # v1 begin-capture (CUDA 10.0, no mode), v2 handed out as an internal entry, and the
+    # five-argument cuGraphInstantiate: a driver hands each out, and each must be recorded
+    _, _, _, first = recorded
+    (load,) = first.of(R.Load, Ev.LOAD)
+    prog = cprog("procaddr_capture", src_dir=PROGRAMS)
+    trace = tmp_path / "c.mtr"
+    image = first.images_dir / f"{load.sha256}.img"
+    res = run(prog, env={**recorder_env(trace), "IMAGE": str(image)})
+    assert lines(res.stdout)["value"] == "4"
+    assert "not recorded" not in res.stderr
+    t = read_trace(trace)
+    begins = t.of(R.CaptureBegin, Ev.CAPTURE_BEGIN)
+    assert [b.api for b in begins] == ["cuStreamBeginCapture", "cuStreamBeginCapture_v2"]
+    ends = t.of(R.CaptureEnd, Ev.CAPTURE_END)
+    assert [e.num_nodes for e in ends] == [1, 1]
+    # the launches were seen as captured, each the node of its graph
+    nodes = {n.node for n in t.of(R.Node, Ev.NODE)}
+    launches = t.of(R.Launch, Ev.LAUNCH)
+    assert len(launches) == 2 and all(x.node in nodes for x in launches)
+    assert [i.api for i in t.of(R.Instantiate, Ev.INSTANTIATE)] == ["cuGraphInstantiate_v2"] * 2
+    assert [g.api for g in t.of(R.GraphLaunch, Ev.GRAPH_LAUNCH)] == ["cuGraphLaunch"] * 2
+
+
 def test_ptsz_runtime_calls_and_a_hidden_module_kernel(cprog, run, tmp_path):
     prog = cprog("ptsz", src_dir=PROGRAMS, extra=("-DCUDA_API_PER_THREAD_DEFAULT_STREAM",))
     trace = tmp_path / "z.mtr"

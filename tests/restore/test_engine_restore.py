@@ -76,6 +76,8 @@ def test_inspect_and_verify_describe_the_artifact(engine_artifact):
     assert "decode  3, batch sizes [4, 2, 1]" in res.stdout
     assert "prefill 2, tokens [128, 64]" in res.stdout
     assert "1 hidden" in res.stdout
+    assert "profiling peak 0 MiB beyond" in res.stdout  # simcuda: activations in the workspace
+    assert "the block count is derived at restore" in res.stdout
     ok = subprocess.run(
         [sys.executable, "-m", "medusa.cli", "verify", str(engine_artifact)],
         capture_output=True,

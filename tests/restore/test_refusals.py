@@ -64,10 +64,11 @@ CASES = {
         {"max_num_seqs": 2},
         "engine configuration mismatch: max_num_seqs=2 here, 4 when materialized",
     ),
-    "schema": (
-        lambda a: _edit_manifest(a, lambda m: m.update(schema=99)),
+    "schema": (  # an older artifact: it records no profiling peak to derive the KV size from
+        lambda a: _edit_manifest(a, lambda m: m.update(schema=SCHEMA_VERSION - 1)),
         {},
-        f"artifact schema 99, this medusa reads schema {SCHEMA_VERSION}",
+        f"artifact schema {SCHEMA_VERSION - 1}, this medusa reads schema {SCHEMA_VERSION}; "
+        "materialize again",
     ),
     "checksum": (lambda a: _flip_image_byte(a), {}, "checksum mismatch"),
     "truncated": (lambda a: _truncate(a / "plan.msgpack.zst"), {}, "truncated or replaced"),
@@ -130,19 +131,28 @@ from medusa.cuda import load_backend
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
 from medusa.restore import RestoreError
-load_backend().malloc(5 << 30)  # another tenant holds memory the artifact's KV cache counted on
+load_backend().malloc(int(sys.argv[3]) << 20)  # another tenant holds memory of the device
 try:
-    LLMEngine(EngineConfig(**json.loads(sys.argv[1])), artifact=sys.argv[2], require_artifact=True)
-    print(json.dumps({"error": None}))
+    e = LLMEngine(EngineConfig(**json.loads(sys.argv[1])), artifact=sys.argv[2],
+                  require_artifact=True)
+    print(json.dumps({"error": None, "blocks": e.num_kv_blocks, "source": e.kv_size.source,
+                      "restored": e.restored}))
 except RestoreError as e:
     print(json.dumps({"error": str(e)}))
 """
 
 
-def test_a_kv_cache_that_no_longer_fits_is_refused(engine_artifact, tmp_path):
-    out = run_restored(KV_HELD, tmp_path, str(engine_artifact), memcheck=False)
-    assert "the artifact's KV cache needs" in out["error"]
-    assert "MiB are free: another process holds device memory" in out["error"]
+def test_memory_another_tenant_holds_shrinks_the_restored_kv_cache(engine_artifact, tmp_path):
+    recorded = json.loads((engine_artifact / "manifest.json").read_text())["kv"]["num_blocks"]
+    out = run_restored(KV_HELD, tmp_path, str(engine_artifact), "1024", memcheck=False)
+    assert out["restored"] and out["source"] == "derived"
+    assert abs(recorded - out["blocks"] - (1 << 30) // 737280) <= 1  # 1 GiB fewer
+
+
+def test_a_kv_cache_that_no_longer_fits_is_refused_naming_the_sizes(engine_artifact, tmp_path):
+    out = run_restored(KV_HELD, tmp_path, str(engine_artifact), str(5 << 10), memcheck=False)
+    assert "fewer than one sequence of max_model_len=256 needs (16 blocks, 11 MiB)" in out["error"]
+    assert "MiB free of 8192 MiB, gpu_memory_utilization=0.4 leaves 0 MiB" in out["error"]
 
 
 @pytest.mark.parametrize(

@@ -245,7 +245,8 @@ slices: slices.yaml
         err = r.json()["error"]
         assert err["code"] == "model_start_failed"
         assert "failed to start 2 times" in err["message"]
-        assert "raise gpu_memory_utilization (0.01)" in err["message"]  # the worker's stderr
+        assert "gpu_memory_utilization=0.01 leaves" in err["message"]  # the worker's stderr
+        assert "raise --gpu-memory-utilization" in err["message"]
         (entry,) = [m for m in httpx.get(f"{base}/v1/models").json()["data"] if m["id"] == "broken"]
         assert entry["state"] == "failed" and "gpu_memory_utilization" in entry["error"]
         again = httpx.post(f"{base}/v1/chat/completions", json={"model": "broken", **CHAT})

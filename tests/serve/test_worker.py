@@ -64,6 +64,7 @@ def server():
     proc.terminate()
     out, _ = proc.communicate(timeout=30)
     assert "engine.startup kv_profile" in out  # the start-up stages are logged
+    assert "profiled (a forward pass at the largest batch)" in out  # and how the KV size came
 
 
 @pytest.fixture()
@@ -146,6 +147,7 @@ def test_models_health_and_metrics(client, server):
     client.completions.create(model="smollm2", prompt="Hi", max_tokens=2)
     text = httpx.get(f"{server}/metrics").text
     assert 'medusa_startup_seconds{stage="kv_profile"}' in text
+    assert 'medusa_kv_cache_blocks{source="profiled"}' in text
     assert "medusa_ttft_seconds_count" in text and "medusa_queue_length" in text
 
 

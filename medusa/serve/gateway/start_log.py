@@ -23,7 +23,7 @@ STAGES = {
     "tokenizer": "loading the tokenizer",
     "workspace": "allocating the workspace",
     "kv_profile": "profiling the KV-cache size",
-    "kv_restore": "restoring the KV-cache size from the artifact",
+    "kv_restore": "sizing the KV cache for this device from the artifact",
     "kv_alloc": "allocating the KV cache",
     "graph_capture": "capturing the decode graphs",
     "graph_restore": "restoring the decode graphs from the artifact",

@@ -81,6 +81,7 @@ FIGURES: dict[str, Callable[[str], str]] = {
     "weaver": lambda t: _lines(t, "spinning poll", "weaver engine tests"),
     "torch_restore": _torch,
     "weight_store": lambda t: _lines(t, "weight store vs cudaMemcpy from pinned memory:"),
+    "kv_slices": lambda t: _lines(t, "largest difference"),
     "vllm_coldstart": lambda t: re.sub(
         r"\s+", " ", _lines(t, "init engine: medusa", "medusa restore FELL BACK")
     ),

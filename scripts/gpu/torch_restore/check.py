@@ -8,9 +8,11 @@
 3. restore:     PROGRAM restore under the recorder in restore mode, in a fresh process: the
                 graphs restored from the artifact, replayed, compared with all three runs
 
-A stage that fails or runs out of time is named with its command and the end of its output;
-a program that prints "skipped: ..." first (no CUDA device) ends the check with exit 0. The last
-two lines are the restore's figures. Exit status: 0 when every graph is bit-identical.
+A stage that fails or runs out of time is named with its command and the end of its output (a
+failed materialize also with diagnose.py's two more recordings: the interposer's lines and the
+allocations by API); a program that prints "skipped: ..." first (no CUDA device) ends the check
+with exit 0. The last two lines are the restore's figures. Exit status: 0 when every graph is
+bit-identical.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from diagnose import diagnose  # beside this file
 
 LIMITS = {"plain": 90, "materialize": 240, "restore": 90}  # seconds, unless --limits
 
@@ -83,6 +87,7 @@ def run(program: list[str], work: Path, limits: dict[str, int]) -> int:
         "materialize", [*cmd, "--", *program, "record", "--ref", str(ref)], limits["materialize"]
     )
     if code:
+        diagnose(program, work, limits["plain"], _plain_env())
         return 1
     traced = [*medusa, "trace", "record", "--mode", "restore", "-o", str(work / "restore-%p.mtr")]
     restore = [*program, "restore", "--artifact", str(art), "--ref", str(ref)]
