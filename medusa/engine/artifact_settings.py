@@ -14,6 +14,7 @@ from medusa.artifact import ArtifactError, read_manifest
 from medusa.engine.config import EngineConfig, default_capture_sizes, default_prefill_sizes
 from medusa.errors import RefusedError
 from medusa.restore.compat import CONFIG_KEYS
+from medusa.restore.errors import RestoreError
 
 
 class SettingConflict(RefusedError, ValueError):
@@ -212,3 +213,21 @@ def same_model(model: str, art: ArtifactSettings) -> bool:
     except ModelError:  # the artifact's model is not here: compare what the weights are
         pass
     return open_model(path).identity() == art.identity
+
+
+def graph_keys(
+    graphs: dict[str, Any], config: EngineConfig, num_graphs: int
+) -> tuple[list[int], list[int]]:
+    """The artifact's decode batch sizes and prefill token counts, checked against what this
+    engine captures (in capture order, largest first) and the plan's graph count: keys are
+    trusted to size buffers, so a tampered list (a bucket beyond the workspace, a swapped order)
+    is refused, never used."""
+    sizes, prefill = list(graphs["keys"]), list(graphs.get("prefill_keys", []))
+    want = sorted(config.graph_sizes, reverse=True), sorted(config.prefill_sizes, reverse=True)
+    if (sizes, prefill) != want or len(sizes) + len(prefill) != num_graphs:
+        raise RestoreError(
+            f"the artifact's graphs (decode {sizes}, prefill {prefill}, {num_graphs} in its plan) "
+            f"are not the ones this engine captures (decode {want[0]}, prefill {want[1]}): "
+            "materialize again"
+        )
+    return sizes, prefill

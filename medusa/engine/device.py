@@ -95,6 +95,8 @@ class Device:
 
     def upload(self, dst: int | Buffer, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr)
+        if isinstance(dst, Buffer) and arr.nbytes > dst.nbytes:  # a GPU would overwrite silently
+            raise ValueError(f"upload of {arr.nbytes} bytes into a buffer of {dst.nbytes}")
         ptr = dst.ptr if isinstance(dst, Buffer) else dst
         self._check("cudaMemcpy", self._memcpy(ptr, arr.ctypes.data, arr.nbytes, 1))
 

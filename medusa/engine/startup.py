@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from medusa.artifact import Artifact, load_artifact
+from medusa.engine.artifact_settings import graph_keys
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
 from medusa.engine.kv_cache import KVCache, kv_cache_class
@@ -197,8 +198,7 @@ class StartUp(WeightStartUp):
                                      sizes=resized)  # fmt: skip
             self.runner.trigger()
             result = self.restorer.restore(self.device.stream)
-            sizes = art.manifest["graphs"]["keys"]
-            prefill = art.manifest["graphs"].get("prefill_keys", [])
+            sizes, prefill = graph_keys(art.manifest["graphs"], self.config, len(result.execs))
             n = len(sizes) + len(prefill)
             outs = [self.restorer.address("graph_capture", i) for i in range(n)]
             self.runner.adopt_graphs(result.execs, outs, sizes, prefill)

@@ -60,3 +60,16 @@ def test_default_buckets_and_refused_ones():
     assert EngineConfig(enforce_eager=True).prefill_sizes == ()
     with pytest.raises(ValueError, match=r"prefill_graph_sizes \[600\]: each must be in 1..512"):
         EngineConfig(prefill_graph_sizes=(64, 600))
+
+
+def test_an_upload_larger_than_its_buffer_is_refused_and_writes_nothing():
+    """A bucket beyond the workspace would copy past a buffer: on a GPU that overwrites whatever
+    lies next to it, silently, so the engine's upload checks the size first."""
+    from medusa.engine.device import Device
+
+    d = Device()
+    small, neighbour = d.alloc(16), d.alloc(16)
+    d.upload(neighbour, np.arange(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="upload of 32 bytes into a buffer of 16"):
+        d.upload(small, np.zeros(8, dtype=np.float32))
+    assert d.download(neighbour, np.float32, 4).tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -121,12 +121,23 @@ def _drop_setting(art: Path) -> None:
     (art / "seal.json").write_text(Seal.make(m).to_json())
 
 
+def _bucket_beyond_the_workspace(art: Path) -> None:
+    """A manifest whose largest prefill bucket no workspace holds, sealed again: replaying it
+    would copy past the engine's buffers."""
+    m = json.loads((art / "manifest.json").read_text())
+    m["graphs"]["prefill_keys"][0] = 1 << 20
+    (art / "manifest.json").write_text(json.dumps(m))
+    (art / "seal.json").write_text(Seal.make(m).to_json())
+
+
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
         (lambda a: reseal(a, _swap_prefill_graphs),
          "validation: the restored prefill graph for tokens 64 gives other outputs than eager"),
         (_drop_setting, "the artifact records no prefill_graph_sizes (materialized by an older"),
+        (_bucket_beyond_the_workspace,
+         "are not the ones this engine captures (decode [4, 2, 1], prefill [64, 32, 16])"),
     ],
 )  # fmt: skip
 def test_a_wrong_prefill_graph_or_an_older_artifact_falls_back(tiny_artifact, tmp_path, damage,
