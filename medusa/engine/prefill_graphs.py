@@ -9,12 +9,14 @@ eager launches a step for SmolLM2) to buy what the kernel gives for free here.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from medusa.engine.batches import Batch, upload
 from medusa.engine.device import Buffer
+from medusa.restore.errors import RestoreError
 
 if TYPE_CHECKING:
     from medusa.engine.model_runner import ModelRunner
@@ -110,3 +112,19 @@ class PrefillGraphs:
 def _split(tokens: int, most: int) -> list[int]:
     """`tokens` as sequences of at most `most` tokens each."""
     return [min(most, tokens - s) for s in range(0, tokens, most)]
+
+
+def validate_graphs(runner: ModelRunner, sizes: list[int], prefill: list[int]) -> None:
+    """Each restored graph, decode (by batch size) and prefill (by tokens), against eager
+    execution on a probe input; RestoreError names the first that differs."""
+    Probe = Callable[[int], tuple[np.ndarray, np.ndarray]]
+    decode: Probe = runner.probe
+    probes = [("decode graph for batch", s, decode) for s in sizes]
+    probes += [("prefill graph for tokens", t, runner.prefill.probe) for t in prefill]
+    for what, key, probe in probes:
+        tokens, logits = probe(key)
+        if not (np.array_equal(tokens[0], tokens[1]) and np.array_equal(logits[0], logits[1])):
+            raise RestoreError(
+                f"validation: the restored {what} {key} gives other outputs than eager "
+                "execution on the probe input"
+            )

@@ -13,8 +13,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from medusa.artifact import Artifact, load_artifact
 from medusa.engine.artifact_settings import graph_keys
 from medusa.engine.config import EngineConfig
@@ -23,6 +21,7 @@ from medusa.engine.kv_cache import KVCache, kv_cache_class
 from medusa.engine.kv_size import KVSize, blocks_that_fit
 from medusa.engine.loader import ModelSource
 from medusa.engine.model_runner import ModelRunner
+from medusa.engine.prefill_graphs import validate_graphs
 from medusa.engine.startup_weights import WeightStartUp
 from medusa.engine.tokenizer import Tokenizer
 from medusa.errors import MedusaError
@@ -205,21 +204,7 @@ class StartUp(WeightStartUp):
             self.restore_methods = dict(result.methods)
         if validate:
             with self._stage("validate"):
-                self._validate(sizes, prefill)
-
-    def _validate(self, sizes: list[int], prefill: list[int]) -> None:
-        """Each restored graph against eager execution on a probe input."""
-        Probe = Callable[[int], tuple[np.ndarray, np.ndarray]]
-        decode: Probe = self.runner.probe
-        probes = [("decode graph for batch", s, decode) for s in sizes]
-        probes += [("prefill graph for tokens", t, self.runner.prefill.probe) for t in prefill]
-        for what, key, probe in probes:
-            tokens, logits = probe(key)
-            if not (np.array_equal(tokens[0], tokens[1]) and np.array_equal(logits[0], logits[1])):
-                raise RestoreError(
-                    f"validation: the restored {what} {key} gives other outputs than eager "
-                    "execution on the probe input"
-                )
+                validate_graphs(self.runner, sizes, prefill)
 
     def _restored_kv_size(self, kv: dict[str, Any]) -> KVSize:
         """This device's block count: derived from the artifact's profiling peak and the memory
@@ -232,9 +217,13 @@ class StartUp(WeightStartUp):
                 f"the artifact's KV blocks are {kv['block_bytes']} bytes, this engine's {bb}: "
                 "materialize again"
             )
-        if self.config.kv_cache_memory is not None:
+        elastic = self.runner_kv_class.maps_on_demand  # its graphs point into the recorded range
+        if self.config.kv_cache_memory is not None and not elastic:
             return KVSize(self.config.kv_cache_memory // bb, bb, "configured")
-        if self.runner_kv_class.maps_on_demand or "profile_peak_bytes" not in kv:
+        if elastic or "profile_peak_bytes" not in kv:
+            if elastic and self.config.kv_cache_memory is not None:
+                log.warning("kv_cache_memory is not used: an elastic cache restores the range "
+                            "it was materialized with, its pages mapped on demand")  # fmt: skip
             self._check_kv_memory(kv)
             return KVSize(kv["num_blocks"], bb, "restored")
         free, total = self.device.mem_info()

@@ -90,3 +90,12 @@ def test_a_restored_elastic_worker_gives_the_tokens_of_a_normal_start(elastic_ar
     assert out["free"] < KV_BYTES  # less free than the artifact's KV: elastic, not refused
     assert out["tokens"] == out["fresh_tokens"]
     assert 0 < out["peak_pages"] <= 64 and out["ledger_free_after"] == 64  # idle: all back
+
+
+def test_another_kv_cache_memory_still_restores_the_recorded_range(elastic_artifact, tmp_path):
+    """The graphs point into the range the artifact reserved: a restore keeps it (and says the
+    setting is not used) instead of reserving another size and falling back."""
+    config = {**ELASTIC, "kv_cache_memory": 2 * KV_BYTES}
+    out = run_restored(COMPARE, tmp_path, str(elastic_artifact), config=config)
+    assert out["restored"] and out["error"] is None, out["error"]
+    assert out["tokens"] == out["fresh_tokens"]
