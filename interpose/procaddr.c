@@ -66,15 +66,26 @@ static void *identify(const char *base, void *fn, int version, cuuint64_t flags)
         if (strcmp(g_variants[i].base, base) == 0 && mi_real_dlsym(lib, g_variants[i].sym) == fn)
             v = &g_variants[i];
     bool exact = v != NULL;
-    if (!v)
-        v = by_version(base, version, flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
-    void *hook = v ? bind_variant(v, fn, exact, lib) : NULL;
+    /* An export under another name (a driver may answer one base with another function): its own
+     * hook, if any, has its signature; guessing by version could give a caller the wrong one. */
+    bool other_export = !exact && info.dli_saddr == fn && info.dli_sname;
+    void *hook = NULL;
+    if (other_export) {
+        int id = mi_hook_lookup(info.dli_sname);
+        hook = id >= 0 && mi_bind_real((hook_id)id, fn) ? mi_hook_addr((hook_id)id) : NULL;
+        v = NULL;
+    } else {
+        if (!v)
+            v = by_version(base, version, flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+        hook = v ? bind_variant(v, fn, exact, lib) : NULL;
+    }
     if (lib)
         dlclose(lib);
     if (!hook)
         mi_log("%s (version %d, flags %llu): the driver returned %s (%s in %s), which no hook "
                "stands for; calls through it are not recorded",
-               base, version, (unsigned long long)flags, v ? v->sym : "no variant hooks.def lists",
+               base, version, (unsigned long long)flags,
+               v ? v->sym : (other_export ? "another function" : "no variant hooks.def lists"),
                info.dli_sname ? info.dli_sname : "no symbol", info.dli_fname ? info.dli_fname : "?");
     return hook ? hook : fn;
 }

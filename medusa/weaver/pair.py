@@ -11,6 +11,7 @@ same. `--serve REGION` is the cold process's side."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--serve", metavar="REGION", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.timeout <= 0:
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
         ap.error(f"--timeout {args.timeout}: give positive seconds")
     if args.serve:
         serve(args.serve, args.cold_model, args.blocks)

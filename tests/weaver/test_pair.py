@@ -31,10 +31,13 @@ def test_a_receiver_given_up_on_is_stopped_and_the_run_ends_with_the_reason():
     assert time.monotonic() - t0 < 120  # the cold engine was not waited for until a timeout
 
 
-def test_the_timeout_must_be_positive():
+@pytest.mark.parametrize("bad", ["0", "nan", "inf"])
+def test_the_timeout_must_be_positive_seconds(bad):
     res = subprocess.run(
-        [sys.executable, "-m", "medusa.weaver.pair", "--timeout", "0"],
+        [sys.executable, "-m", "medusa.weaver.pair", "--timeout", bad],
         capture_output=True, text=True, timeout=60, env=without_medusa(os.environ),
     )  # fmt: skip
     assert res.returncode == 2
-    assert res.stderr.splitlines()[-1].endswith("error: --timeout 0.0: give positive seconds")
+    assert res.stderr.splitlines()[-1].endswith(
+        f"error: --timeout {float(bad)}: give positive seconds"
+    )
