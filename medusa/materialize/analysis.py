@@ -39,8 +39,8 @@ class AddressIndex:
         self.span = (min(d[0] for d in device), max(d[1] for d in device)) if device else (0, 0)
 
     def outside(self, value: int) -> bool:
-        """True when VALUE lies outside all device memory of the run, by a margin: no pointer
-        into any allocation, reservation or global the recorder saw."""
+        """True when VALUE lies outside all device memory of the run: no pointer into, or
+        between, any allocation, reservation or global the recorder saw."""
         lo, hi = self.span
         return value < lo or value > hi
 
@@ -126,6 +126,19 @@ class Unmoved:
 Foreign = Callable[[int, int], bool]
 
 
+Keep = Callable[[int, int, int], bool]  # (word index, value a, value b): kept as recorded
+HOST_FLOOR = 1 << 22  # no Linux x86-64 program maps below 4 MiB: smaller values are scalars
+
+
+def _closure_words(foreign: Foreign | None, layout: Sequence[tuple[int, int]]) -> Keep | None:
+    """Which differing words may be a by-value closure's host pointer (PyTorch's elementwise
+    lambdas hold one the kernel never reads): a whole 8-byte parameter, a host-sized value."""
+    whole = {o // 8 for o, size in layout if size == 8 and o % 8 == 0}
+    if foreign is None or not whole:
+        return None
+    return lambda w, va, vb: w in whole and min(va, vb) >= HOST_FLOOR and foreign(va, vb)
+
+
 def outside_both(ia: AddressIndex, ib: AddressIndex) -> Foreign:
     """A word that is no device address in either run: outside all device memory of both."""
     return lambda va, vb: ia.outside(va) and ib.outside(vb)
@@ -144,9 +157,12 @@ def relocate_words(
 ) -> list[tuple[int, int, int, int]]:
     """(byte offset, kind, index, addend) for every word that is a pointer; raises on a word that
     changed between the runs without moving with an allocation (parameters hold no stale bytes),
-    unless FOREIGN(value a, value b) says it is no device address at all: such a word is kept as
-    recorded. LAYOUT, (offset, size) per kernel parameter, names the parameter in an error."""
-    relocs, num_stale, first = _diff_words(a, b, find_a, find_b, where, unmoved, foreign)
+    unless it is a whole 8-byte parameter of LAYOUT ((offset, size) per kernel parameter, which
+    also names the parameter in an error) holding a host address in both runs (at least
+    HOST_FLOOR, and FOREIGN(value a, value b): no device address): such a word is kept as
+    recorded. A scalar (a count, a length, a seed) that differs is still refused."""
+    keep = _closure_words(foreign, layout)
+    relocs, num_stale, first = _diff_words(a, b, find_a, find_b, where, unmoved, keep)
     if first is not None:
         w, va, vb, ra, rb = first
         raise MaterializeError(
@@ -177,7 +193,7 @@ def _diff_words(
     find_b: Finder,
     where: str,
     unmoved: Unmoved | None,
-    foreign: Foreign | None = None,
+    keep: Keep | None = None,
 ) -> tuple[list[tuple[int, int, int, int]], int, tuple | None]:
     if len(a) != len(b):
         raise MaterializeError(f"{where}: {len(a)} bytes in one run, {len(b)} in the other")
@@ -193,7 +209,7 @@ def _diff_words(
     first: tuple | None = None
     idx = np.flatnonzero(differ)
     maybe_a, maybe_b = getattr(find_a, "maybe", None), getattr(find_b, "maybe", None)
-    if maybe_a is not None and maybe_b is not None and idx.size and foreign is None:
+    if maybe_a is not None and maybe_b is not None and idx.size and keep is None:
         cand = maybe_a(wa[idx]) & maybe_b(wb[idx])
         if not cand.all():
             w = int(idx[~cand][0])
@@ -202,7 +218,7 @@ def _diff_words(
     for w in idx.tolist():
         va, vb = int(wa[w]), int(wb[w])
         ra, rb = find_a(va), find_b(vb)
-        if ra is None and rb is None and foreign is not None and foreign(va, vb):
+        if ra is None and rb is None and keep is not None and keep(w, va, vb):
             continue  # NOTE: no device address in either run (a closure's host pointer): kept
         if ra is None or rb is None or ra != rb:
             num_stale += 1

@@ -71,3 +71,24 @@ def test_every_refused_node_of_a_graph_is_named_at_once():
     a, b = run(BASE_A, pa), run(BASE_B, pb)
     with pytest.raises(MaterializeError, match=r"node 0 .*and 2 more nodes: graph 0, node 1"):
         graph_plan(a, b, AddressIndex(a), AddressIndex(b), Funcs(), 0, Unmoved(a, b))
+
+
+def test_a_scalar_that_differs_between_the_runs_is_refused():
+    # a count N of 4096 in one run and 8192 in the other, in the word N shares with padding
+    pa = struct.pack("<iiQQQ", 4096, 0, 0x385C9BD0, BASE_A + 0x4000, BASE_A + (4 << 20))
+    pb = struct.pack("<iiQQQ", 8192, 0, 0x32328570, BASE_B + 0x4000, BASE_B + (4 << 20))
+    with pytest.raises(MaterializeError, match=r"byte 0, in parameter 0 \(4 bytes at offset 0\)"):
+        _relocate(pa, pb)
+
+
+def test_a_small_value_in_an_8_byte_parameter_is_a_scalar_and_refused():
+    with pytest.raises(MaterializeError, match="byte 8"):
+        _relocate(_params(BASE_A, 4096), _params(BASE_B, 8192))
+
+
+def test_without_the_kernels_parameter_layout_nothing_is_kept():
+    ia, ib = AddressIndex(_run(BASE_A)), AddressIndex(_run(BASE_B))
+    finds = (partial(ia.find, seq=10), partial(ib.find, seq=10))
+    with pytest.raises(MaterializeError, match="byte 8"):
+        relocate_words(_params(BASE_A, 0x385C9BD0), _params(BASE_B, 0x32328570), *finds,
+                       "graph 0, node 4 (pow)", foreign=outside_both(ia, ib))  # fmt: skip
