@@ -157,7 +157,8 @@ class Restorer:
         except ArtifactError as e:
             raise RestoreError(
                 f"an allocation sized for this device ({', '.join(map(str, smaller.values()))} "
-                f"bytes) is smaller than the restored graphs use: {e}"
+                f"bytes) is smaller than the restored graphs use: {e}; give the KV cache more "
+                "(--gpu-memory-utilization, --kv-cache-memory) or materialize on this device"
             ) from None
 
     @staticmethod
