@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from medusa.cuda.errors import CudaError
-from medusa.engine.device import Device
+from medusa.engine.device import Buffer, Device
 from medusa.errors import RefusedError
 from medusa.weaver.kv import OffloadedKV, StaticOffloadedKV
 from medusa.weaver.region import (
@@ -70,18 +70,25 @@ class WeaverReceiver:
                 f"{region.path}: {g.num_layers} layers of {g.kv_size} floats in blocks of "
                 f"{block_size} tokens, {num_blocks} of them: more than the kernels can index"
             )
-        self._dev_region = _register(region, device)  # first: on failure nothing to give back
-        self.kv = kv or StaticOffloadedKV(device, num_blocks, self._block_bytes)
+        self._dev_region = _register(region, device)
+        self._ws: dict[str, Buffer] = {}
+        try:  # NOTE: what fails from here gives back what was taken (the registration first)
+            self.kv = kv or StaticOffloadedKV(device, num_blocks, self._block_bytes)
+            # NOTE: the kernels read the checked copies of the task's counts here, never the
+            # region's: the sender could change those between the check and the kernel.
+            sizes = {"slots": g.max_tokens, "block_tables": g.max_seqs * num_blocks,
+                     "seq_lens": g.max_seqs, "query_start": g.max_seqs + 1}  # fmt: skip
+            for name, size in sizes.items():
+                self._ws[name] = device.alloc(4 * size)
+        except BaseException:
+            for buf in self._ws.values():
+                device.free(buf)
+            if kv is None and hasattr(self, "kv"):
+                self.kv.close()
+            device.host_unregister(region.address)
+            raise
         self.tables: dict[int, list[int]] = {}  # offloaded sequence -> its block ids here
         self.lengths: dict[int, int] = {}  # tokens of it held here
-        # NOTE: the kernels read the checked copies of the task's counts here, never the
-        # region's: the sender could change those between the check and the kernel.
-        self._ws = {
-            "slots": device.alloc(4 * region.geometry.max_tokens),
-            "block_tables": device.alloc(4 * g.max_seqs * self.max_blocks),
-            "seq_lens": device.alloc(4 * g.max_seqs),
-            "query_start": device.alloc(4 * (g.max_seqs + 1)),
-        }
         self.served = 0
         self.sender_gone: str | None = None  # why polling ended without the sender's STOP
         self._sender_checked = 0

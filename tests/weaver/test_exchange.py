@@ -245,3 +245,19 @@ def test_a_receiver_whose_sender_died_stops_polling(shm_path):
     finally:
         proc.kill()
     assert proc.returncode == 0 and out.split()[1] == "0"  # its digest, and no task served
+
+
+def test_a_receiver_that_cannot_allocate_gives_its_region_back(shm_path, dev):
+    """A receiver whose blocks do not fit fails, and what it took is given back: the region can
+    be served by the next receiver (before, it stayed registered: "already registered")."""
+    from medusa.cuda.errors import CudaError
+    from medusa.weaver.receiver import WeaverReceiver
+
+    region = ExchangeRegion.create(shm_path / "r", GEO)
+    opened = ExchangeRegion(shm_path / "r")
+    free = dev.mem_info()[0]
+    with pytest.raises(CudaError, match="out of memory"):
+        WeaverReceiver(opened, dev, 2**31 // GEO.max_seqs - 1, 4)
+    assert dev.mem_info()[0] == free
+    WeaverReceiver(opened, dev, 16, 4).close()
+    region.close()
