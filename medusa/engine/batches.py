@@ -135,7 +135,10 @@ class BatchBuilder:
         """Prefill `b` as a prefill graph of `tokens` tokens runs it: max_num_seqs rows, padding
         tokens cached nowhere (slot -1). Padding sequences own no token, but the last one owns
         the padding tokens: their attention rows are then zeros (a query before its sequence's
-        start), not stale values. Padding rows sample greedily from row 0."""
+        start). With no padding sequence (a full batch) the padding rows are attended by none
+        and keep whatever the buffer held; every operation is row-wise and nothing reads them
+        (the sampler reads the real sequences' last rows). Padding rows sample greedily from
+        row 0."""
         n, t, rows = b.num_seqs, b.num_tokens, self.config.max_num_seqs
         extra_t, extra_n = tokens - t, rows - n
         qs = np.full(rows + 1, t, np.int32)
