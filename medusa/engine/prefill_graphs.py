@@ -10,16 +10,48 @@ eager launches a step for SmolLM2) to buy what the kernel gives for free here.""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from medusa.engine.batches import Batch, upload
-from medusa.engine.device import Buffer
+from medusa.engine.batches import Batch, BatchBuilder, upload
+from medusa.engine.config import EngineConfig
+from medusa.engine.device import Buffer, Device
+from medusa.engine.forward import Forward
+from medusa.engine.kv_cache import KVCache
+from medusa.engine.runner_weights import RunnerWeights
+from medusa.engine.spec import ModelSpec
 from medusa.restore.errors import RestoreError
 
-if TYPE_CHECKING:
-    from medusa.engine.model_runner import ModelRunner
+
+class ModelRunner(Protocol):
+    """What prefill graphs use of medusa.engine.model_runner.ModelRunner (which owns them: a
+    protocol, not an import, so the two modules do not import each other)."""
+
+    config: EngineConfig
+    spec: ModelSpec
+    weights: RunnerWeights
+    batches: BatchBuilder
+    forward: Forward
+    ws: dict[str, Buffer]
+    kv: Buffer | None
+    kv_cache: KVCache | None
+    prefill: PrefillGraphs
+
+    @property
+    def dev(self) -> Device: ...
+
+    def run_batch(
+        self,
+        batch: Batch,
+        kv: Buffer | None,
+        out: Buffer,
+        after_attention: Callable[[int], None] | None = None,
+    ) -> list[int]: ...
+
+    def last_logits(self, num_seqs: int) -> np.ndarray: ...
+
+    def probe(self, size: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class PrefillGraphs:
