@@ -378,15 +378,4 @@ def test_a_command_program_restores_under_medusa_trace_record_as_the_readme_says
 # --- long steps say they started -----------------------------------------------------------------
 
 
-def test_weaver_pair_logs_a_line_as_each_long_step_starts():
-    res = subprocess.run(
-        [sys.executable, "-m", "medusa.weaver.pair", "--max-tokens", "2", "Hi"],
-        capture_output=True, text=True, timeout=300, env=without_medusa(os.environ),
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    assert res.stderr.splitlines() == [
-        "[1/3] starting the hot engine ...",
-        "[2/3] starting the cold engine in another process ...",
-        "[3/3] generating, 0.45 of the sequences offloaded ...",
-    ]
-    assert "hot: 'Hi' -> " in res.stdout
+# python -m medusa.weaver.pair's lines: tests/weaver/test_pair.py (one run of it checks both).

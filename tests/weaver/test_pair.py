@@ -17,7 +17,7 @@ from tests.cli.test_newcomer import without_medusa
 pytestmark = pytest.mark.e2e
 
 
-def test_a_receiver_given_up_on_is_stopped_and_the_run_ends_with_the_reason():
+def test_each_step_is_logged_and_a_receiver_given_up_on_is_stopped_with_the_reason():
     t0 = time.monotonic()
     res = subprocess.run(
         [sys.executable, "-m", "medusa.weaver.pair", "--ratio", "1", "--max-tokens", "4",
@@ -25,6 +25,12 @@ def test_a_receiver_given_up_on_is_stopped_and_the_run_ends_with_the_reason():
         capture_output=True, text=True, timeout=300, env=without_medusa(os.environ),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
+    # a line as each long step starts (the warnings of the lost receiver come between)
+    assert [line for line in res.stderr.splitlines() if line.startswith("[")] == [
+        "[1/3] starting the hot engine ...",
+        "[2/3] starting the cold engine in another process ...",
+        "[3/3] generating, 1.0 of the sequences offloaded ...",
+    ]
     assert "receiver lost: the receiver (pid" in res.stdout, res.stdout
     assert "hot: 'What is 2 + 2?' -> " in res.stdout  # recomputed locally
     assert "Traceback" not in res.stderr
