@@ -284,20 +284,17 @@ def load_backend(kind: str | None = None) -> Backend:
                 f"MEDUSA_DEVICE=cuda: {problem}; on a machine without a GPU use MEDUSA_DEVICE=sim "
                 "(or auto)"
             )
+    if _loaded is not None and _loaded.kind != kind:
+        raise RuntimeError(f"back-end {_loaded.kind} is loaded already; cannot switch to {kind}")
     if _loaded is not None:
-        if _loaded.kind != kind:
-            raise RuntimeError(
-                f"back-end {_loaded.kind} is loaded already; cannot switch to {kind}"
-            )
         return _loaded
     _loaded = Backend(kind, libraries(kind))
     return _loaded
 
 
 def libraries(kind: str) -> list[Path]:
-    """What back-end `kind` loads into the global scope. libsimcuda is runtime and driver in one;
-    on a GPU the driver is loaded too, because libcudart opens libcuda.so.1 privately and the
-    driver calls made from Python (cuDeviceGetName) would otherwise find no symbol."""
+    """What back-end `kind` loads into the global scope: libsimcuda (runtime and driver), or
+    libcudart and the driver, which libcudart opens privately (Python calls cuDeviceGetName)."""
     if kind == "sim":
         return [paths.library("simcuda")]
     return [_cudart_path(), Path(DRIVER)]

@@ -116,13 +116,7 @@ class ModelRunner:
             out = self.graph_out[size] = self.dev.alloc(size * 4)
             self._own_graph_out.append(out)
             batch = self.batches.padding(size)
-            self._upload(batch)
-            self.forward.run(batch.num_tokens, size, self.kv, out)  # warm-up: lazy modules load
-            self.dev.synchronize()
-            self.dev.begin_capture()
-            self.forward.run(batch.num_tokens, size, self.kv, out)
-            graph = self.dev.end_capture()
-            self.graphs[size] = self.dev.instantiate(graph)
+            self.graphs[size] = self.capture_step(batch, batch.num_tokens, size, out, warm=True)
         t1 = time.perf_counter()
         self._own_graph_out += self.prefill.capture(warm=not self.graphs)
         self.capture_seconds = {"decode": t1 - t0, "prefill": time.perf_counter() - t1}
@@ -160,12 +154,7 @@ class ModelRunner:
             batch.slots[:] = block * bs + np.arange(size) % bs
             eager = self.run_batch(batch, self.kv, self.ws["tokens"])
             eager_logits = self.last_logits(size).copy()
-            self.weights.settle()
-            self.weights.check_usable()
-            self._upload(batch)
-            self.dev.replay(self.graphs[size])
-            self.dev.synchronize()
-            graph = self.dev.download(self.graph_out[size], np.int32, size).tolist()
+            graph = self.replay_step(self.graphs[size], batch, self.graph_out[size], size)
         return np.array([eager, graph]), np.stack([eager_logits, self.last_logits(size)])
 
     def drop_graphs(self) -> None:
@@ -215,12 +204,7 @@ class ModelRunner:
         batch = self.batches.decode(seqs, size or len(seqs))
         if size is None:
             return self.run_batch(batch, self.kv, self.ws["tokens"])[: len(seqs)]
-        self.weights.settle()
-        self.weights.check_usable()
-        self._upload(batch)
-        self.dev.replay(self.graphs[size])
-        self.dev.synchronize()
-        return self.dev.download(self.graph_out[size], np.int32, size)[: len(seqs)].tolist()
+        return self.replay_step(self.graphs[size], batch, self.graph_out[size], len(seqs))
 
     def execute_woven(
         self, seqs: list[Sequence], remote: Container[int], after_attention: Callable[[int], None]
@@ -273,6 +257,26 @@ class ModelRunner:
 
     def _upload(self, batch: Batch) -> None:
         upload(self.dev, self.ws, batch)
+
+    def capture_step(self, batch: Batch, tokens: int, seqs: int, out: Buffer, warm: bool) -> int:
+        """A graph (its exec) of one step of `batch` ran as `tokens` tokens of `seqs` sequences,
+        sampling into `out`; `warm`: run it eagerly first (the lazy modules load)."""
+        self._upload(batch)
+        if warm:
+            self.forward.run(tokens, seqs, self.kv, out)
+            self.dev.synchronize()
+        self.dev.begin_capture()
+        self.forward.run(tokens, seqs, self.kv, out)
+        return self.dev.instantiate(self.dev.end_capture())
+
+    def replay_step(self, exec_: int, batch: Batch, out: Buffer, count: int) -> list[int]:
+        """One step of `batch` by graph `exec_`: the first `count` tokens it sampled into `out`."""
+        self.weights.settle()
+        self.weights.check_usable()
+        self._upload(batch)
+        self.dev.replay(exec_)
+        self.dev.synchronize()
+        return self.dev.download(out, np.int32, count).tolist()
 
     def run_batch(
         self,

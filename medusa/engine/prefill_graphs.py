@@ -14,10 +14,9 @@ from typing import Protocol
 
 import numpy as np
 
-from medusa.engine.batches import Batch, BatchBuilder, upload
+from medusa.engine.batches import Batch, BatchBuilder
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
-from medusa.engine.forward import Forward
 from medusa.engine.kv_cache import KVCache
 from medusa.engine.runner_weights import RunnerWeights
 from medusa.engine.spec import ModelSpec
@@ -32,7 +31,6 @@ class ModelRunner(Protocol):
     spec: ModelSpec
     weights: RunnerWeights
     batches: BatchBuilder
-    forward: Forward
     ws: dict[str, Buffer]
     kv: Buffer | None
     kv_cache: KVCache | None
@@ -48,6 +46,12 @@ class ModelRunner(Protocol):
         out: Buffer,
         after_attention: Callable[[int], None] | None = None,
     ) -> list[int]: ...
+
+    def capture_step(
+        self, batch: Batch, tokens: int, seqs: int, out: Buffer, warm: bool
+    ) -> int: ...
+
+    def replay_step(self, exec_: int, batch: Batch, out: Buffer, count: int) -> list[int]: ...
 
     def last_logits(self, num_seqs: int) -> np.ndarray: ...
 
@@ -74,19 +78,13 @@ class PrefillGraphs:
         """Captures every bucket, largest first (after the decode graphs: their warm-up loaded
         the lazy modules; `warm`: there were none, warm up once here). Returns the output
         buffers it allocated, one before each capture (the restore finds them by that order)."""
-        r = self.runner
+        r, n = self.runner, self.runner.config.max_num_seqs
         owned = []
         for tokens in sorted(r.config.prefill_sizes, reverse=True):
-            out = self.out[tokens] = r.dev.alloc(r.config.max_num_seqs * 4)
+            out = self.out[tokens] = r.dev.alloc(n * 4)
             owned.append(out)
-            upload(r.dev, r.ws, self._padding(tokens))
-            if warm:
-                r.forward.run(tokens, r.config.max_num_seqs, r.kv, out)
-                r.dev.synchronize()
-                warm = False
-            r.dev.begin_capture()
-            r.forward.run(tokens, r.config.max_num_seqs, r.kv, out)
-            self.graphs[tokens] = r.dev.instantiate(r.dev.end_capture())
+            self.graphs[tokens] = r.capture_step(self._padding(tokens), tokens, n, out, warm)
+            warm = False
         return owned
 
     def adopt(self, execs: list[int], outs: list[int], sizes: list[int]) -> None:
@@ -98,14 +96,10 @@ class PrefillGraphs:
 
     def replay(self, batch: Batch, tokens: int) -> list[int]:
         """The prefill `batch` by its bucket's graph: the tokens its sequences sample."""
-        r = self.runner
-        r.weights.settle()
-        r.weights.check_usable()
-        upload(r.dev, r.ws, r.batches.pad_prefill(batch, tokens))
-        r.dev.replay(self.graphs[tokens])
-        r.dev.synchronize()
-        n = r.config.max_num_seqs
-        return r.dev.download(self.out[tokens], np.int32, n)[: batch.num_seqs].tolist()
+        padded = self.runner.batches.pad_prefill(batch, tokens)
+        return self.runner.replay_step(
+            self.graphs[tokens], padded, self.out[tokens], batch.num_seqs
+        )
 
     def probe(self, tokens: int) -> tuple[np.ndarray, np.ndarray]:
         """A prefill of `tokens` probe tokens, eagerly (padded as the graph runs it) and by
