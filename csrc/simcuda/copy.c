@@ -4,8 +4,15 @@
 
 #include "internal.h"
 
-/* A pointer inside the arena must lie in a live allocation; anything else is host memory. */
+/* No process maps its lowest pages (Linux's vm.mmap_min_addr is 64 KiB by default). */
+#define NULL_PAGES ((uintptr_t)64 << 10)
+
+/* A pointer inside the arena must lie in a live allocation; anything else is host memory, except
+ * the null pages (cudaMalloc of 0 bytes hands out NULL): refused there, not a crash. */
 static CUresult check_side(uintptr_t p, size_t n, const char *what) {
+    if (n && p < NULL_PAGES)
+        return sim_fail(CUDA_ERROR_INVALID_VALUE, "memcpy/memset %s 0x%lx is a null pointer", what,
+                        (unsigned long)p);
     if (p - g_sim.va_base >= g_sim.va_size)
         return CUDA_SUCCESS;
     if (sim_check_range(p, n, false))

@@ -54,6 +54,8 @@ def test_input_the_real_runtime_leaves_undefined_gets_an_error_and_no_crash(cpro
     assert out["bad graph launch"] == "cudaErrorInvalidValue"
     assert out["copy from freed"] == "cudaErrorInvalidValue"
     assert out["copy past end"] == "cudaErrorInvalidValue"
+    assert out["copy to null"] == out["copy from null"] == "cudaErrorInvalidValue"
+    assert out["fill null"] == "cudaErrorInvalidValue"
 
 
 def test_memcheck_names_the_kernel_and_argument_of_a_stale_pointer(cprog, run):
