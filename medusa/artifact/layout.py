@@ -22,7 +22,10 @@ assert (FUNC.itemsize, PARAM.itemsize) == (16, 8)
 
 
 def pack_nodes(nodes: list[dict], param_base: int = 0, reloc_base: int = 0):  # type: ignore[no-untyped-def]
-    """(node rows, params blob, reloc rows) for a list of node dicts from the analysis."""
+    """(node rows, params blob, reloc rows, scaled) for a list of node dicts from the analysis;
+    scaled: [reloc row - reloc_base, slope] for each relocation whose offset follows a count
+    (a 5-element relocation from the analysis, slope last)."""
+    scaled: list[list[int]] = []
     rows = np.zeros(len(nodes), NODE)
     params = bytearray()
     relocs: list[tuple[int, ...]] = []
@@ -37,7 +40,10 @@ def pack_nodes(nodes: list[dict], param_base: int = 0, reloc_base: int = 0):  # 
         params += p
         rel = n.get("relocs", [])
         r["reloc_off"], r["reloc_len"] = reloc_base + len(relocs), len(rel)
-        relocs += [tuple(x) for x in rel]
+        for x in rel:
+            if len(x) > 4:
+                scaled.append([len(relocs), int(x[4])])
+            relocs.append(tuple(x[:4]))
         r["width"], r["height"], r["depth"], r["value"] = (
             n.get("width", 0),
             n.get("height", 0),
@@ -46,7 +52,7 @@ def pack_nodes(nodes: list[dict], param_base: int = 0, reloc_base: int = 0):  # 
         )
         mt = n.get("memtypes", (0, 0))
         r["elem"] = n.get("elem", 0) if n["type"] == 2 else (mt[0] | mt[1] << 8)
-    return rows, bytes(params), np.array(relocs, RELOC)
+    return rows, bytes(params), np.array(relocs, RELOC), scaled
 
 
 def pack_edges(edges: list) -> np.ndarray:  # type: ignore[type-arg]

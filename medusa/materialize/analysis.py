@@ -10,11 +10,12 @@ the kernel never reads) and is kept as recorded."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from medusa.errors import RefusedError
-from medusa.trace.run_view import GLOBAL, HOST, KIND_NAMES, NEVER, VMM, RunView
+from medusa.trace.run_view import DEVICE, GLOBAL, HOST, KIND_NAMES, NEVER, VMM, RunView
 
 
 class MaterializeError(RefusedError, ValueError):
@@ -126,6 +127,30 @@ class Unmoved:
 Foreign = Callable[[int, int], bool]
 
 
+@dataclass(frozen=True)
+class Scale:
+    """Device allocations whose size follows a count (the KV cache's blocks) that the second
+    recording was made with at another value. A word pointing into one of them at offset c in
+    one run and c + s x (count_b - count_a) in the other is a pointer whose offset grows by s
+    bytes per unit of the count (vLLM's value cache sits after a key cache of num_blocks pages):
+    a restore with another count moves it by s x the difference. Kernel-agnostic like every
+    relocation: nothing here knows what the allocation holds."""
+
+    allocs: frozenset[int]
+    count_a: int
+    count_b: int
+
+    def slope(self, ra: tuple[int, int, int] | None, rb: tuple[int, int, int] | None) -> int | None:
+        """Bytes per unit of the count, when RA and RB are one scaled allocation at offsets
+        that differ by a whole multiple of the counts' difference; else None."""
+        if ra is None or rb is None or ra[:2] != rb[:2] or ra[0] != DEVICE:
+            return None
+        if ra[1] not in self.allocs or self.count_a == self.count_b:
+            return None
+        q, r = divmod(rb[2] - ra[2], self.count_b - self.count_a)
+        return q if r == 0 else None
+
+
 Keep = Callable[[int, int, int], bool]  # (word index, value a, value b): kept as recorded
 HOST_FLOOR = 1 << 22  # no Linux x86-64 program maps below 4 MiB: smaller values are scalars
 
@@ -154,15 +179,17 @@ def relocate_words(
     *,
     foreign: Foreign | None = None,
     layout: Sequence[tuple[int, int]] = (),
-) -> list[tuple[int, int, int, int]]:
+    scale: Scale | None = None,
+) -> list[tuple[int, ...]]:
     """(byte offset, kind, index, addend) for every word that is a pointer; raises on a word that
     changed between the runs without moving with an allocation (parameters hold no stale bytes),
     unless it is a whole 8-byte parameter of LAYOUT ((offset, size) per kernel parameter, which
     also names the parameter in an error) holding a host address in both runs (at least
     HOST_FLOOR, and FOREIGN(value a, value b): no device address): such a word is kept as
-    recorded. A scalar (a count, a length, a seed) that differs is still refused."""
+    recorded. A scalar (a count, a length, a seed) that differs is still refused. With SCALE, a
+    pointer whose offset follows the count is a 5-tuple, its slope last."""
     keep = _closure_words(foreign, layout)
-    relocs, num_stale, first = _diff_words(a, b, find_a, find_b, where, unmoved, keep)
+    relocs, num_stale, first = _diff_words(a, b, find_a, find_b, where, unmoved, keep, scale)
     if first is not None:
         w, va, vb, ra, rb = first
         raise MaterializeError(
@@ -176,13 +203,27 @@ def relocate_words(
 
 
 def relocate_contents(
-    a: bytes, b: bytes, find_a: Finder, find_b: Finder, where: str, unmoved: Unmoved | None
-) -> tuple[list[tuple[int, int, int, int]], int]:
+    a: bytes,
+    b: bytes,
+    find_a: Finder,
+    find_b: Finder,
+    where: str,
+    unmoved: Unmoved | None,
+    scale: Scale | None = None,
+) -> tuple[list[tuple[int, ...]], int]:
     """Saved buffer contents: (relocations, number of stale words). Device memory is not cleared,
     so a word may differ between the runs because it holds what the last user left (stale bytes
     differ per process): such a word is kept as recorded. A word that points into the same
-    allocation at the same offset in both runs is a pointer."""
-    relocs, num_stale, _ = _diff_words(a, b, find_a, find_b, where, unmoved)
+    allocation at the same offset in both runs is a pointer. One whose offset follows SCALE's
+    count is refused: saved contents are written as recorded, not rescaled."""
+    relocs, num_stale, _ = _diff_words(a, b, find_a, find_b, where, unmoved, None, scale)
+    for r in relocs:
+        if len(r) > 4:
+            raise MaterializeError(
+                f"{where}, byte {r[0]}: a pointer into allocation #{r[2]} whose offset follows "
+                "the KV cache's size; saved contents cannot follow it: materialize with "
+                "the KV size fixed"
+            )
     return relocs, num_stale
 
 
@@ -194,7 +235,8 @@ def _diff_words(
     where: str,
     unmoved: Unmoved | None,
     keep: Keep | None = None,
-) -> tuple[list[tuple[int, int, int, int]], int, tuple | None]:
+    scale: Scale | None = None,
+) -> tuple[list[tuple[int, ...]], int, tuple | None]:
     if len(a) != len(b):
         raise MaterializeError(f"{where}: {len(a)} bytes in one run, {len(b)} in the other")
     n = len(a) // 8
@@ -204,7 +246,7 @@ def _diff_words(
     if unmoved is not None:
         same = np.flatnonzero(~differ)
         unmoved.check(wa[same], 8 * same, find_a, where)
-    relocs: list[tuple[int, int, int, int]] = []
+    relocs: list[tuple[int, ...]] = []
     num_stale = 0
     first: tuple | None = None
     idx = np.flatnonzero(differ)
@@ -220,11 +262,13 @@ def _diff_words(
         ra, rb = find_a(va), find_b(vb)
         if ra is None and rb is None and keep is not None and keep(w, va, vb):
             continue  # NOTE: no device address in either run (a closure's host pointer): kept
-        if ra is None or rb is None or ra != rb:
+        if ra is not None and ra == rb:
+            relocs.append((8 * w, *ra))
+        elif scale is not None and (slope := scale.slope(ra, rb)) is not None:
+            relocs.append((8 * w, *ra, slope))  # type: ignore[misc]
+        else:
             num_stale += 1
             first = first or (w, va, vb, ra, rb)
-        else:
-            relocs.append((8 * w, *ra))
     return relocs, num_stale, first
 
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from medusa.materialize.analysis import AddressIndex, MaterializeError, Unmoved, relocate_contents
+from medusa.materialize.analysis import (
+    AddressIndex,
+    MaterializeError,
+    Scale,
+    Unmoved,
+    relocate_contents,
+)
 from medusa.trace.run_view import DEVICE, HOST, NEVER, RunView
 
 # NOTE: saved contents live in the artifact and are uploaded at every restore; a bigger buffer
@@ -23,6 +29,7 @@ def saved_contents(
     unmoved: Unmoved,
     roots: set[int],
     skipped: Callable[[str], bool],
+    scale: Scale | None = None,
 ) -> dict[int, dict[str, Any]]:
     """The saved contents of every permanent buffer of a skipped phase that a graph can reach:
     named by a node, or reached from saved contents through a pointer word (a device-side
@@ -39,7 +46,7 @@ def saved_contents(
                 f"allocation #{i} ({al.size} bytes, phase {al.phase!r}) is used by a graph but "
                 "freed during start-up: the graph would point at freed memory"
             )
-        saved = _saved(a, b, ia, ib, unmoved, i)
+        saved = _saved(a, b, ia, ib, unmoved, i, scale)
         if saved is None:
             continue
         contents[i] = saved
@@ -51,7 +58,13 @@ def saved_contents(
 
 
 def _saved(
-    a: RunView, b: RunView, ia: AddressIndex, ib: AddressIndex, unmoved: Unmoved, i: int
+    a: RunView,
+    b: RunView,
+    ia: AddressIndex,
+    ib: AddressIndex,
+    unmoved: Unmoved,
+    i: int,
+    scale: Scale | None,
 ) -> dict[str, Any] | None:
     """One buffer's contents with its pointer words relocated; None when nothing worth saving
     was recorded (every word is stale: start-up never wrote it, so no graph can depend on it)."""
@@ -67,7 +80,8 @@ def _saved(
     seq_a, data_a = a.contents[al.seq]
     seq_b, data_b = b.contents[bl.seq]
     where = f"allocation #{i}'s contents"
-    relocs, stale = relocate_contents(data_a, data_b, ia.at(seq_a), ib.at(seq_b), where, unmoved)
+    finds = ia.at(seq_a), ib.at(seq_b)
+    relocs, stale = relocate_contents(data_a, data_b, *finds, where, unmoved, scale)
     if not relocs and stale == len(data_a) // 8:
         return None
     if len(data_a) > MAX_SAVED_BYTES:

@@ -88,11 +88,16 @@ def saved_images(a: RunView, plan: dict[str, Any]) -> dict[str, bytes]:
 
 
 def analyze_runs(
-    ta: Path, tb: Path, skipped: set[str], echo: Echo
+    ta: Path,
+    tb: Path,
+    skipped: set[str],
+    echo: Echo,
+    scale_by: tuple[str, int, int] | None = None,
 ) -> tuple[RunView, RunView, dict, float]:
+    """(run a, run b, the plan, seconds); scale_by: see plan.build_plan."""
     t0 = time.perf_counter()
     a, b = RunView.build(read_trace(ta)), RunView.build(read_trace(tb))
-    plan = build_plan(a, b, lambda phase: phase in skipped)
+    plan = build_plan(a, b, lambda phase: phase in skipped, scale_by)
     dt = time.perf_counter() - t0
     echo(f"  analyzed {len(plan['graphs'])} graphs, {plan['num_nodes']} nodes in {dt:.2f} s")
     return a, b, plan, dt

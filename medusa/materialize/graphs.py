@@ -12,6 +12,7 @@ from medusa.materialize.analysis import (
     Finder,
     Foreign,
     MaterializeError,
+    Scale,
     Unmoved,
     outside_both,
     relocate_words,
@@ -72,6 +73,7 @@ def _node(
     g: int,
     i: int,
     unmoved: Unmoved,
+    scale: Scale | None = None,
 ) -> Node:
     na, nb = a.graphs[g]["nodes"][i], b.graphs[g]["nodes"][i]
     sa, sb = a.graphs[g]["launch_seq"][i], b.graphs[g]["launch_seq"][i]
@@ -84,9 +86,9 @@ def _node(
         # NOTE: a by-value closure may carry a host pointer the kernel never reads (PyTorch's
         # elementwise lambdas do); only a word outside all device memory of both runs passes.
         foreign = outside_both(ia, ib)
-        node.update(_kernel(a, b, na, nb, funcs, where, finds, unmoved, foreign))
+        node.update(_kernel(a, b, na, nb, funcs, where, finds, unmoved, foreign, scale))
     elif na.type in (NodeType.MEMCPY, NodeType.MEMSET):
-        node.update(_copy_or_fill(na, nb, where, finds, unmoved))
+        node.update(_copy_or_fill(na, nb, where, finds, unmoved, scale))
     elif na.type != NodeType.EMPTY:
         raise MaterializeError(f"{where}: {NodeType(na.type).name} nodes cannot be restored yet")
     return node
@@ -102,6 +104,7 @@ def _kernel(
     finds: Finders,
     unmoved: Unmoved,
     foreign: Foreign,
+    scale: Scale | None,
 ) -> Node:
     fid, key = funcs.id(a, na.func, where)
     _, key_b = funcs.id(b, nb.func, where)
@@ -117,6 +120,7 @@ def _kernel(
         unmoved,
         foreign=foreign,
         layout=a.funcs[na.func].layout,
+        scale=scale,
     )
     return {
         "func": fid,
@@ -128,13 +132,16 @@ def _kernel(
     }
 
 
-def _copy_or_fill(na: Any, nb: Any, where: str, finds: Finders, unmoved: Unmoved) -> Node:
+def _copy_or_fill(
+    na: Any, nb: Any, where: str, finds: Finders, unmoved: Unmoved, scale: Scale | None
+) -> Node:
     _check_one_row(na, where)
     words_a = (na.dst, na.src) if na.type == NodeType.MEMCPY else (na.dst,)
     words_b = (nb.dst, nb.src) if nb.type == NodeType.MEMCPY else (nb.dst,)
     pa = b"".join(int(w).to_bytes(8, "little") for w in words_a)
     pb = b"".join(int(w).to_bytes(8, "little") for w in words_b)
-    relocs = relocate_words(pa, pb, *finds, f"{where} ({NodeType(na.type).name.lower()})", unmoved)
+    what = f"{where} ({NodeType(na.type).name.lower()})"
+    relocs = relocate_words(pa, pb, *finds, what, unmoved, scale=scale)
     if len(relocs) != len(pb) // 8:
         raise MaterializeError(f"{where}: a copy or fill of memory no allocation holds")
     return {
@@ -156,7 +163,10 @@ def graph_plan(
     funcs: Funcs,
     g: int,
     unmoved: Unmoved,
+    scale: Scale | None = None,
 ) -> dict[str, Any]:
+    """Graph G of both runs as one plan graph; with SCALE, pointers whose offset follows the
+    scaled allocations' count carry their slope (analysis.Scale)."""
     ga, gb = a.graphs[g], b.graphs[g]
     if len(ga["nodes"]) != len(gb["nodes"]) or ga["edges"] != gb["edges"]:
         raise MaterializeError(
@@ -166,7 +176,7 @@ def graph_plan(
     nodes, refused = [], []
     for i in range(len(ga["nodes"])):
         try:
-            nodes.append(_node(a, b, ia, ib, funcs, g, i, unmoved))
+            nodes.append(_node(a, b, ia, ib, funcs, g, i, unmoved, scale))
         except MaterializeError as e:  # NOTE: every refused node of the graph is named at once
             refused.append(str(e))
     if refused:

@@ -23,6 +23,7 @@ from medusa.cuda.backend import Backend
 from medusa.restore.builder import KINDS, GraphBuilder, name_kernel
 from medusa.restore.errors import RestoreError
 from medusa.restore.kernels import Images, KernelFinder, find_kernels, global_addresses
+from medusa.restore.scaled import scaled_allocs, scaled_plan
 from medusa.restore.validate import validate_plan
 from medusa.trace import Ev, read_trace
 from medusa.trace import control as trace
@@ -60,6 +61,7 @@ class Restorer:
         *,
         since: int = 0,
         sizes: Mapping[tuple[str, int], int] | None = None,
+        count: int | None = None,
     ) -> None:
         """since: the trace sequence number this start-up began after. A process that starts a
         second engine while the first lives (tessera's pipelined executor: one per request group
@@ -68,12 +70,17 @@ class Restorer:
         start-up runs that it makes at another size than recorded, (phase, ordinal) -> bytes (the
         engine's KV cache, sized for this device); pointers into them relocate by their base,
         and the plan is checked again against a smaller size. Every other allocation must match
-        its recorded size."""
+        its recorded size. count: this start-up's KV blocks, for a plan recorded at two counts
+        (plan["scale"]): its scaled allocations may have any size, pointers that follow the
+        count move with it (scaled.py), and the plan is checked again at this start-up's
+        sizes."""
         # NOTE: the plan is checked whole before any C call reads it (validate.py); a pooled
         # worker checked it at warm-up (Artifact.plan_checked).
         if not artifact.plan_checked:
             validate_plan(artifact.plan, str(artifact.path))
-        self.art, self.plan, self.b = artifact, artifact.plan, backend
+        self.art, self.b = artifact, backend
+        self.plan = artifact.plan if count is None else scaled_plan(artifact.plan, count)
+        self.any_size = scaled_allocs(self.plan) if count is not None else set()
         self.since = since
         self.sizes = dict(sizes or {})
         self.bases: list[np.ndarray] = [np.zeros(0, np.uint64) for _ in range(KINDS)]
@@ -126,6 +133,8 @@ class Restorer:
                     f"allocation #{i} (phase {phase!r} #{ordinal}, {size} bytes) was "
                     "not made in this start-up: it diverges from the recorded one"
                 )
+            if i in self.any_size:
+                self.sizes[(phase, ordinal)] = a.size  # sized by this start-up's count
             if (a.size, a.kind) != (self.sizes.get((phase, ordinal), size), kind):
                 raise RestoreError(
                     f"allocation #{i} (phase {phase!r} #{ordinal}) is {a.size} bytes "
@@ -148,9 +157,9 @@ class Restorer:
         smaller = {
             i: self.sizes[(p, o)]
             for i, (p, o, _k, size, _f) in enumerate(self.plan["allocs"])
-            if self.sizes.get((p, o), size) < size
+            if self.sizes.get((p, o), size) < size or i in self.any_size
         }
-        if not smaller:
+        if not smaller and self.plan is self.art.plan:
             return
         try:
             validate_plan(self.plan, str(self.art.path), sizes=smaller)

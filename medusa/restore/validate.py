@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 
 from medusa.artifact.errors import ArtifactError
+from medusa.artifact.layout import RELOC
 from medusa.restore.graph_check import MAX_PARAM_BYTES, check_graphs
 from medusa.restore.plan_records import MAX_TABLE, entries
 from medusa.restore.plan_tables import PlanTables, Targets
+from medusa.trace.run_view import DEVICE
 
 U63 = 1 << 63
 KEYS = {
@@ -74,8 +76,8 @@ def _sized_table(rows: list[dict[str, Any]], where: str) -> np.ndarray:
 def check_tables(plan: Any, resized: Mapping[int, int] | None = None) -> PlanTables:
     """The plan's top level, allocations, replay, kernels, globals and VMM reservations;
     `resized`: allocation index -> the size to check against instead of the recorded one."""
-    if type(plan) is not dict or plan.keys() != KEYS.keys():
-        raise ArtifactError(f"expected an object with fields {list(KEYS)}")
+    if type(plan) is not dict or plan.keys() - {"scale"} != KEYS.keys():
+        raise ArtifactError(f"expected an object with fields {list(KEYS)} (and scale)")
     for k, t in KEYS.items():
         if type(plan[k]) is not t:
             raise ArtifactError(f"{k}: expected {t.__name__}")
@@ -181,5 +183,39 @@ def validate_plan(plan: Any, source: str, sizes: Mapping[int, int] | None = None
     `sizes`, index -> bytes, at those sizes: a restore that sizes its KV cache for its device)."""
     try:
         check_graphs(plan, check_tables(plan, sizes))
+        if "scale" in plan:
+            _check_scale(plan)
     except ArtifactError as e:
         raise ArtifactError(f"{source}: restore plan: {e}; materialize again") from None
+
+
+SCALE = {"phase": str, "count": int, "allocs": list, "relocs": list}
+MAX_SLOPE = 1 << 40  # bytes per unit of the count: far beyond any KV block
+
+
+def _check_scale(plan: dict[str, Any]) -> None:
+    """plan["scale"] (materialize.plan.build_plan): device allocations of one phase, sized by a
+    count, and relocations into them whose offset follows it, each naming a relocation row of a
+    template or graph that points into one of those allocations."""
+    (sc,) = entries([plan["scale"]], "scale", SCALE)
+    where = "scale"
+    if sc["count"] <= 0:
+        raise ArtifactError(f"{where}: count must be positive")
+    allocs = ints(sc["allocs"], f"{where} allocs", hi=len(plan["allocs"]))
+    for i in allocs.tolist():
+        if plan["allocs"][i][0] != sc["phase"] or plan["allocs"][i][2] != DEVICE:
+            raise ArtifactError(f"{where}: allocation #{i} is no device allocation of its phase")
+    table, index, row, slope = _columns(sc["relocs"], f"{where} relocs", 4)
+    table = ints(table, f"{where} relocs table", hi=2)
+    slope = ints(slope, f"{where} relocs slope", -MAX_SLOPE, MAX_SLOPE)
+    tables = (plan["templates"], plan["graphs"])
+    for k, (t, i, r) in enumerate(zip(table, index, row, strict=True)):
+        rows = tables[int(t)]
+        if type(i) is not int or not 0 <= i < len(rows):
+            raise ArtifactError(f"{where} relocs[{k}]: no such template or graph")
+        relocs = np.frombuffer(rows[i]["relocs"], RELOC)
+        if type(r) is not int or not 0 <= r < len(relocs):
+            raise ArtifactError(f"{where} relocs[{k}]: no such relocation row")
+        rel = relocs[r]
+        if int(rel["kind"]) != DEVICE or int(rel["target"]) not in set(allocs.tolist()):
+            raise ArtifactError(f"{where} relocs[{k}]: it points outside the scaled allocations")

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from medusa.artifact import ArtifactError
 from medusa.integrations.vllm.analysis import graph_section
 from medusa.integrations.vllm.phases import SKIPPED
 from medusa.integrations.vllm.schema import vllm_section
 from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.driver import analyze_runs, record_run, write_artifact
+from medusa.restore.validate import validate_plan
 from medusa.trace import recorder_env
 from tests.processes import clean_env
 
@@ -47,23 +50,16 @@ def recorded(tmp_path_factory):
     return work, a, b, plan, sides, plain.stdout.strip()
 
 
-def test_outputs_are_relocated_and_a_restored_process_finds_them(recorded, tmp_path):
-    work, a, b, plan, (side_a, side_b), plain = recorded
-    assert side_a["graphs"][1]["output"]["addr"] != side_b["graphs"][1]["output"]["addr"]
-    joined = graph_section(a, b, side_a, side_b, CAPTURE, plan)
-    piece = joined["graphs"][1]["output"]
-    pool = a.allocs[piece["alloc"]]
-    assert (pool.phase, pool.size, piece["offset"]) == ("graph_capture", 8 * 256, 4 * 256)
-    assert "addr" not in piece and piece["shape"] == [128]
-    hidden = joined["outputs"]["hidden_states"]
-    assert a.allocs[hidden["alloc"]].size == 4 * 256 and hidden["offset"] == 0
-    assert joined["outputs"]["intermediate_tensors"] == {"t": "none"}
+EXPECTED = "n=256 hidden 163200.0 n=128 hidden 40640.0 piece 24384.0"
+
+
+def _artifact(out: Path, plan: dict, joined: dict) -> Path:
+    """What materialize_vllm writes, with this program's values."""
     section = vllm_section(
         version="test", kv_cache_memory_bytes=0, cudagraph_mode="FULL_AND_PIECEWISE",
         graphs=joined["graphs"], compile_cache={"dir": None, "sha256": None, "files": 0},
         outputs=joined["outputs"], wrappers=joined["wrappers"],
     )  # fmt: skip
-    out = tmp_path / "art"
     manifest = {
         "kind": "vllm",
         "model": {"identity": "vllm:test", "name": "vllm-like"},
@@ -77,18 +73,65 @@ def test_outputs_are_relocated_and_a_restored_process_finds_them(recorded, tmp_p
             "templates": len(plan["templates"]),
         },
         "relocations": plan["relocations"],
-    }  # fmt: skip  (what materialize_vllm writes, with this program's values)
+    }  # fmt: skip
     write_artifact(out, manifest, plan, {}, {}, lambda _m: None)
+    return out
+
+
+def _restore(art: Path, tmp_path: Path, blocks: int) -> subprocess.CompletedProcess:
     env = recorder_env(tmp_path / "r-%p.mtr", mode="restore", base=clean_env())
     env["MEDUSA_SIM_MEMCHECK"] = "1"
-    res = subprocess.run(
-        [sys.executable, str(PROGRAM), "restore", str(out)],
+    return subprocess.run(
+        [sys.executable, str(PROGRAM), "restore", str(art), str(blocks)],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_outputs_are_relocated_and_a_restored_process_finds_them(recorded, tmp_path):
+    work, a, b, plan, (side_a, side_b), plain = recorded
+    assert side_a["graphs"][1]["output"]["addr"] != side_b["graphs"][1]["output"]["addr"]
+    joined = graph_section(a, b, side_a, side_b, CAPTURE, plan)
+    piece = joined["graphs"][1]["output"]
+    pool = a.allocs[piece["alloc"]]
+    assert (pool.phase, pool.size, piece["offset"]) == ("graph_capture", 8 * 256, 4 * 256)
+    assert "addr" not in piece and piece["shape"] == [128]
+    hidden = joined["outputs"]["hidden_states"]
+    assert a.allocs[hidden["alloc"]].size == 4 * 256 and hidden["offset"] == 0
+    assert joined["outputs"]["intermediate_tensors"] == {"t": "none"}
+    res = _restore(_artifact(tmp_path / "art", plan, joined), tmp_path, 8)
     assert res.returncode == 0, res.stderr
     # the graphs write and read the native scratch block; simcuda hands the restored process
     # poisoned memory, so a wrong or missing replay of that block shows in the sums
-    assert res.stdout.strip() == plain == "n=256 hidden 130560.0 n=128 hidden 32512.0 piece 24384.0"
+    assert res.stdout.strip() == plain == EXPECTED
+    # recorded at one KV size only: a KV cache of another size is refused, not half-used
+    other = _restore(tmp_path / "art", tmp_path, 12)
+    assert other.returncode != 0
+    assert re.search(r"allocation #\d+ \(phase 'kv_alloc' #0\) is \d+ bytes here", other.stderr)
+
+
+def test_recorded_at_two_kv_sizes_graphs_restore_onto_a_kv_cache_of_any_size(tmp_path):
+    # vLLM's value cache starts after num_blocks key blocks: a graph's pointer to it moves with
+    # the block count. Recorded at 8 and 6 blocks, the plan keeps that pointer's slope (one
+    # page per block) and a restore with 4, 8 or 12 blocks reads the values where they are.
+    sides = []
+    for run, blocks in ((0, 8), (1, 6)):
+        side = tmp_path / f"{run}.side.json"
+        cmd = [sys.executable, str(PROGRAM), "record", str(side), str(blocks)]
+        record_run(cmd, tmp_path / f"{run}.mtr", run, "sim", lambda _m: None)
+        sides.append(json.loads(side.read_text()))
+    assert [s["kv_blocks"] for s in sides] == [8, 6]
+    a, b, plan, _ = analyze_runs(tmp_path / "0.mtr", tmp_path / "1.mtr", set(SKIPPED),
+                                 lambda _m: None, scale_by=("kv_alloc", 8, 6))  # fmt: skip
+    assert plan["scale"]["count"] == 8 and [r[3] for r in plan["scale"]["relocs"]] == [4 * 256] * 2
+    art = _artifact(tmp_path / "art", plan, graph_section(a, b, *sides, CAPTURE, plan))
+    for blocks in (4, 8, 12):
+        res = _restore(art, tmp_path, blocks)
+        assert (res.returncode, res.stdout.strip()) == (0, EXPECTED), res.stderr
+    # a plan whose count-following relocation names one that points elsewhere is refused whole
+    bad = copy.deepcopy(plan)
+    bad["scale"]["relocs"][0][2] = 0  # the first relocation of its table: the input, not the KV
+    with pytest.raises(ArtifactError, match="points outside the scaled allocations; materialize"):
+        validate_plan(bad, "art")
 
 
 def test_sidecars_that_do_not_match_the_traces_are_refused(recorded):

@@ -1,11 +1,14 @@
 """A program shaped like a vLLM start-up, on simcuda: persistent inputs made before the capture,
-a graph pool, a hidden-states buffer and a native scratch buffer (a cuBLAS workspace's stand-in)
-made during it, one "FULL" and one "PIECEWISE" graph, and
-the plugin's sidecar (graphs under descriptor keys, output tensors at raw addresses).
+a KV cache laid out as vLLM's FlashAttention one (all key blocks, then all value blocks: the value
+cache's address depends on the block count), a graph pool, a hidden-states buffer and a native
+scratch buffer (a cuBLAS workspace's stand-in) made during the capture, one "FULL" and one
+"PIECEWISE" graph, and the plugin's sidecar (graphs under descriptor keys, output tensors at raw
+addresses, the KV block count).
 
-  python vllm_like.py record SIDECAR   capture, write the sidecar, replay; print the outputs
-  python vllm_like.py restore DIR      restore from artifact DIR; find the outputs the way the
-                                       plugin's restore does (allocation + offset); same output
+  python vllm_like.py record SIDECAR [BLOCKS]  capture, write the sidecar, replay; print the outputs
+  python vllm_like.py restore DIR [BLOCKS]     restore from artifact DIR with a KV cache of BLOCKS
+                                               (default 8); find the outputs the way the plugin's
+                                               restore does (allocation + offset); same output
   python vllm_like.py record SIDECAR helper-first
                                        first run a helper process that touches the device (as
                                        vLLM's helpers may) before this one does
@@ -16,6 +19,7 @@ import struct
 import subprocess
 import sys
 
+BLOCKS = int(sys.argv[3]) if sys.argv[3:] and sys.argv[3].isdigit() else 8
 if sys.argv[3:] == ["helper-first"]:
     helper = "from medusa.cuda import load_backend; load_backend('sim').malloc(4096)"
     subprocess.run([sys.executable, "-c", helper], check=True)
@@ -63,6 +67,12 @@ trace.mark("load_model")
 inp = b.malloc(4 * N)
 b.memcpy_htod(inp, struct.pack(f"{N}f", *[float(i) for i in range(N)]))
 stream = b.stream_create()
+trace.mark("kv_alloc")
+PAGE = 4 * N  # one block of keys (or values): N floats
+kv = b.malloc(2 * BLOCKS * PAGE)
+key, value = kv, kv + BLOCKS * PAGE  # like kv_cache.unbind(0) of a (2, blocks, ...) tensor
+b.memcpy_htod(key, struct.pack(f"{N}f", *[float(i) for i in range(N)]))
+b.memcpy_htod(value, struct.pack(f"{N}f", *[float(2 * i) for i in range(N)]))
 
 if sys.argv[1] == "record":
     trace.mark("graph_capture")
@@ -75,9 +85,9 @@ if sys.argv[1] == "record":
     for k, n in enumerate((N, N // 2)):
         piece = pool + 4 * N * k
         b.begin_capture(stream)
-        b.launch("vector_add", 1, 32, [ws, inp, inp, n], stream=stream)  # 2x
+        b.launch("vector_add", 1, 32, [ws, key, inp, n], stream=stream)  # 2x
         b.launch("vector_add", 1, 32, [piece, ws, inp, n], stream=stream)  # 3x
-        b.launch("vector_add", 1, 32, [hidden, piece, inp, n], stream=stream)  # 4x
+        b.launch("vector_add", 1, 32, [hidden, piece, value, n], stream=stream)  # 5x
         graphs.append(b.graph_instantiate(b.end_capture(stream)))
     trace.mark("ready")
     side = {
@@ -98,6 +108,7 @@ if sys.argv[1] == "record":
         },
         "wrappers": [{"index": 0, "of": 1, "last": True}],
         "captures": 2,
+        "kv_blocks": BLOCKS,
         "capture_live": [
             [hidden, 4 * N, "python"],  # held by the manager, like mgr.hidden_states
             [ws, 4 * N, "native"],
@@ -112,7 +123,7 @@ else:
 
     art = load_artifact(sys.argv[2])
     trace.mark("graph_capture")
-    r = Restorer(art, b)
+    r = Restorer(art, b, count=BLOCKS)
     execs = r.restore(stream).execs
     section = art.manifest["vllm"]
     graphs = [execs[g["graph"]] for g in section["graphs"]]
