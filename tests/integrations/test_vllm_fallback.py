@@ -137,7 +137,7 @@ def test_a_restore_that_fails_half_way_leaves_the_runner_as_it_was(monkeypatch):
     released: list[bool] = []
 
     class FakeRestorer:  # the graphs instantiate; building their outputs then fails
-        def __init__(self, art, backend):
+        def __init__(self, art, backend, count=None):
             self.b, self.bases = backend, [[0x1000]]
 
         def restore(self, stream):

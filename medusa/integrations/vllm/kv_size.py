@@ -28,22 +28,51 @@ def open_artifact(path: str) -> Artifact:
     return art
 
 
-def kv_bytes_from(artifact: str | Path, free_bytes: int) -> int:
-    """The artifact's KV-cache bytes; RestoreError when they cannot be used here."""
+def kv_bytes_from(artifact: str | Path, requested: int, free: int) -> int:
+    """This device's KV-cache bytes from the artifact; RestoreError when they cannot be used."""
     try:
-        need = int(open_artifact(str(artifact)).manifest["vllm"]["kv_cache_memory_bytes"])
+        section = open_artifact(str(artifact)).manifest["vllm"]
     except (ArtifactError, OSError) as e:
         raise RestoreError(str(e)) from e
-    if need > free_bytes:
+    kv, how = kv_bytes_for(section, requested, free)
+    log.info("medusa: KV cache %.2f GiB, %s", kv / 2**30, how)
+    return kv
+
+
+def kv_bytes_for(section: dict[str, Any], requested: int, free: int) -> tuple[int, str]:
+    """(bytes, how they were found) for a device where vLLM may use `requested` bytes
+    (total x --gpu-memory-utilization) and `free` are free. With what profiling measured
+    (kv_budget): requested minus the memory the model needs outside the KV cache, vLLM's own rule
+    without its profiling forward. An artifact without it: the recorded size, if it is free."""
+    recorded = int(section["kv_cache_memory_bytes"])
+    budget = section.get("kv_budget")
+    if not budget:
+        if recorded > free:
+            raise RestoreError(
+                f"the artifact's KV cache needs {recorded >> 20} MiB, {free >> 20} MiB are free"
+            )
+        return recorded, "the artifact's recorded size (no profiling peak recorded)"
+    non_kv = int(budget["non_kv_bytes"])
+    kv = requested - non_kv
+    if kv <= 0:
         raise RestoreError(
-            f"the artifact's KV cache needs {need >> 20} MiB, {free_bytes >> 20} MiB are free"
+            f"vLLM may use {requested >> 20} MiB of this device (--gpu-memory-utilization), and "
+            f"the model needs {non_kv >> 20} MiB outside the KV cache (measured when it was "
+            "materialized): no room is left for a KV cache; use a larger device or raise "
+            "--gpu-memory-utilization"
         )
-    return need
+    how = (
+        f"derived without profiling: {requested >> 20} MiB requested - {non_kv >> 20} MiB "
+        f"outside the KV cache (recorded {recorded >> 20} MiB on a device with "
+        f"{int(budget['requested_memory']) >> 20} MiB requested)"
+    )
+    return kv, how
 
 
 def install_kv_size(worker_cls: Any, artifact: str) -> None:
     """Before the worker measures memory, set cache_config.kv_cache_memory_bytes from the
-    artifact (vLLM's own knob that skips the measurement and the profiling capture)."""
+    artifact (vLLM's own knob that skips the measurement and the profiling capture): derived for
+    this device from what profiling measured, where the artifact recorded it."""
     fn = worker_cls.determine_available_memory
     if getattr(fn, "_medusa_kv", False):
         return
@@ -55,7 +84,8 @@ def install_kv_size(worker_cls: Any, artifact: str) -> None:
         if self.cache_config.kv_cache_memory_bytes is None:
             try:
                 free, _ = torch.cuda.mem_get_info()
-                self.cache_config.kv_cache_memory_bytes = kv_bytes_from(artifact, free)
+                requested = int(self.requested_memory)  # set by vLLM's init_device
+                self.cache_config.kv_cache_memory_bytes = kv_bytes_from(artifact, requested, free)
             # NOTE: any failure (as in restore.py's capture_model): vLLM profiles as usual, and the
             # graph restore then refuses the KV size that differs.
             except Exception as e:

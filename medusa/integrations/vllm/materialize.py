@@ -1,15 +1,19 @@
 """`medusa materialize --engine vllm MODEL -- [vLLM args]`: learn vLLM's KV size, record its
-start-up twice with that size fixed (the second time shifted), and write a vLLM artifact.
+start-up twice (the second time shifted, with a KV cache 1/16 smaller), and write a vLLM artifact
+whose graphs restore onto a KV cache of any size.
 
 Three start-ups, one after another, each in its own process:
 1. a plain one (not recorded): vLLM profiles memory and settles on the KV-cache size; it also
    fills the torch.compile cache, so the recorded runs and every restore load the same kernels.
    It first resolves, as `vllm serve` would on this machine, the settings whose defaults differ
    between vllm.LLM and `vllm serve` (startup.SERVE_DEFAULTS), and starts with them pinned;
-2. and 3. recorded with those settings and `--kv-cache-memory-bytes` set to that size, which is
-   how a restore (`vllm serve` with the recorded arguments) starts too, so the phases a restore
-   runs allocate exactly as recorded. Each process records into its own trace; the engine core's
-   is picked by content (traces.py).
+2. and 3. recorded with those settings and `--kv-cache-memory-bytes` set (which is how a restore
+   starts too: the plugin sets the size it derives for its device), the second with fewer KV
+   blocks. Pointers into the KV cache whose offset follows its block count (vLLM's value cache
+   after num_blocks key blocks) are kept with their slope (materialize.analysis.Scale). Where the
+   two sizes cannot be joined (a kernel given a size-dependent scalar), the second run is recorded
+   again at the first's size, and the artifact restores onto a KV cache of that size only. Each
+   process records into its own trace; the engine core's is picked by content (traces.py).
 """
 
 from __future__ import annotations
@@ -83,16 +87,20 @@ def materialize_vllm(argv: list[str], out: Path, kind: str, echo: Echo) -> dict[
         base = {k: v for k, v in os.environ.items() if not k.startswith("MEDUSA_")}
         probe, kv = _probe(work, argv, base, echo, timings)
         recorded = with_kv_size(probe["argv"], kv)  # with vllm serve's defaults pinned
-        sides = _record_twice(work, recorded, base, echo, timings)
+        sides = [_record(work, 0, recorded, base, echo, timings)]
         if "graphs" not in sides[0]:
             raise MaterializeError(
                 "vLLM captured no graphs through the V2 model runner (enforce_eager, "
                 "cudagraph_mode NONE, or VLLM_USE_V2_MODEL_RUNNER=0?): nothing to materialize"
             )
-        echo("[4/5] analyzing")
-        ta, tb = (engine_core_trace(process_traces(work, str(run))) for run in (0, 1))
-        a, b, plan, timings["analyze"] = analyze_runs(ta, tb, set(SKIPPED), echo)
-        joined = graph_section(a, b, sides[0], sides[1], lambda phase: phase in SKIPPED, plan)
+        smaller = with_kv_size(probe["argv"], kv - kv // 16)
+        sides.append(_record(work, 1, smaller, base, echo, timings))
+        try:
+            a, b, plan, joined = _analyze(work, sides, echo, timings, scaled=True)
+        except MaterializeError as e:
+            echo(f"  the KV size cannot follow the device ({e}); recording again at one size")
+            sides[1] = _record(work, 1, recorded, base, echo, timings)
+            a, b, plan, joined = _analyze(work, sides, echo, timings, scaled=False)
         manifest = _manifest(argv[0], recorded, kv, probe, sides[0], joined, plan)
         return write_artifact(out, manifest, plan, saved_images(a, plan), timings, echo)
 
@@ -122,29 +130,55 @@ def _probe(
     probe_side = json.loads((work / "probe.side.json").read_text())
     probe = json.loads((work / "probe.json").read_text())
     kv = int(probe_side["kv_cache_memory_bytes"])
-    echo(f"  KV cache: {kv / 2**30:.2f} GiB; vLLM start-up {probe['startup_seconds']:.1f} s")
+    if "kv_budget" not in probe_side:
+        raise MaterializeError(
+            "the plain start-up did not profile memory (a KV size was given, or vLLM's "
+            "VLLM_ENABLE_STARTUP_PLAN applied a saved one): unset it so that the artifact "
+            "records what profiling measured"
+        )
+    probe["kv_budget"] = probe_side["kv_budget"]
+    echo(
+        f"  KV cache: {kv / 2**30:.2f} GiB of {probe['kv_budget']['requested_memory'] / 2**30:.2f}"
+        f" GiB requested; vLLM start-up {probe['startup_seconds']:.1f} s"
+    )
     return probe, kv
 
 
-def _record_twice(
-    work: Path, recorded: list[str], base: dict[str, str], echo: Echo, timings: dict[str, float]
-) -> list[dict[str, Any]]:
-    """Start-ups 2 and 3, recorded (the second shifted): each one's sidecar."""
-    sides = []
-    for run in (0, 1):
-        env = recorder_env(trace_pattern(work, str(run)), base=base)
-        env["MEDUSA_VLLM_SIDECAR"] = str(work / f"{run}.side.json")
-        if run == 1:
-            env["MEDUSA_TRACE_SHIFT"] = str(SHIFT_BYTES)
-        echo(f"[{run + 2}/5] recording the start-up" + (" (shifted)" if run else ""))
-        timings[f"record_{run + 1}"] = _run(
-            startup_command(work / f"{run}.json", recorded),
-            env,
-            f"recorded run {run + 1}",
-            echo,
-        )
-        sides.append(json.loads((work / f"{run}.side.json").read_text()))
-    return sides
+def _record(
+    work: Path,
+    run: int,
+    argv: list[str],
+    base: dict[str, str],
+    echo: Echo,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """Start-up 2 or 3 (run 0 or 1), recorded, the second shifted: its sidecar."""
+    for old in [*work.glob(f"{run}-*.mtr"), *work.glob(f"{run}.*")]:  # a run recorded again
+        old.unlink()
+    env = recorder_env(trace_pattern(work, str(run)), base=base)
+    env["MEDUSA_VLLM_SIDECAR"] = str(work / f"{run}.side.json")
+    if run == 1:
+        env["MEDUSA_TRACE_SHIFT"] = str(SHIFT_BYTES)
+    echo(f"[{run + 2}/5] recording the start-up" + (" (shifted)" if run else ""))
+    timings[f"record_{run + 1}"] = _run(
+        startup_command(work / f"{run}.json", argv), env, f"recorded run {run + 1}", echo
+    )
+    return json.loads((work / f"{run}.side.json").read_text())  # type: ignore[no-any-return]
+
+
+def _analyze(
+    work: Path, sides: list[dict[str, Any]], echo: Echo, timings: dict[str, float], *, scaled: bool
+) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    """(run a, run b, plan, graph section) of the two recorded runs; scaled: the runs differ in
+    their KV blocks, which the kv_alloc phase's allocations are sized by."""
+    echo("[4/5] analyzing")
+    ta, tb = (engine_core_trace(process_traces(work, str(run))) for run in (0, 1))
+    blocks = ("kv_alloc", int(sides[0]["kv_blocks"]), int(sides[1]["kv_blocks"]))
+    a, b, plan, timings["analyze"] = analyze_runs(
+        ta, tb, set(SKIPPED), echo, blocks if scaled else None
+    )
+    joined = graph_section(a, b, sides[0], sides[1], lambda phase: phase in SKIPPED, plan)
+    return a, b, plan, joined
 
 
 def _manifest(
@@ -159,6 +193,7 @@ def _manifest(
     section = vllm_section(
         version=side["vllm_version"],
         kv_cache_memory_bytes=kv,
+        kv_budget=probe["kv_budget"],
         cudagraph_mode=side["cudagraph_mode"],
         graphs=joined["graphs"],
         compile_cache=side["compile_cache"],

@@ -105,6 +105,13 @@ def _checks() -> list[tuple[str, Callable[[], bool]]]:
         (f"{worker}.determine_available_memory(self) honours kv_cache_memory_bytes",
          lambda: _params(_get(worker).determine_available_memory) == ["self"]
          and "kv_cache_memory_bytes" in inspect.getsource(_get(worker).determine_available_memory)),
+        (f"{worker}: requested_memory set by init_device, the KV size's budget",
+         lambda: "self.requested_memory =" in inspect.getsource(_get(worker).init_device)
+         and "self.requested_memory" in inspect.getsource(_get(worker).determine_available_memory)),
+        ("vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache keeps "
+         "kv_cache_config (num_blocks)",
+         lambda: "self.kv_cache_config = kv_cache_config" in inspect.getsource(
+             _get("vllm.v1.worker.gpu.model_runner:GPUModelRunner").initialize_kv_cache)),
         ("vllm.config.cache:CacheConfig.kv_cache_memory_bytes",
          lambda: "kv_cache_memory_bytes" in _fields(_get("vllm.config.cache:CacheConfig"))),
         *_runner_checks(),

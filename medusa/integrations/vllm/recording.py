@@ -30,7 +30,10 @@ def install_recording(worker_cls: Any, runner_cls: Any) -> None:
     @functools.wraps(measure)
     def determine_available_memory(self: Any) -> int:
         kv = measure(self)
-        write_sidecar({"kv_cache_memory_bytes": int(kv)})
+        data: dict[str, Any] = {"kv_cache_memory_bytes": int(kv)}
+        if self.cache_config.kv_cache_memory_bytes is None:  # vLLM profiled (no size was set)
+            data["kv_budget"] = kv_budget(self, int(kv))
+        write_sidecar(data)
         return kv
 
     @functools.wraps(capture)
@@ -49,6 +52,24 @@ def install_recording(worker_cls: Any, runner_cls: Any) -> None:
     capture_model._medusa_records = True  # type: ignore[attr-defined]
     worker_cls.determine_available_memory = determine_available_memory
     runner_cls.capture_model = capture_model
+
+
+def kv_budget(worker: Any, kv: int) -> dict[str, int | float]:
+    """What a profiling start-up measured besides the KV size. vLLM sizes the KV cache as
+    `requested_memory - non_kv_cache_memory - cudagraph_memory_estimate` (gpu_worker.py), with
+    requested_memory = total x --gpu-memory-utilization from init_device; so everything that is
+    not KV cache (weights, the profiling forward's peak, non-torch memory, the graphs' estimate)
+    is requested_memory - kv, which a restore on a device of another size subtracts from its own
+    requested memory (kv_size.derived_kv_bytes) without a profiling forward."""
+    requested = int(worker.requested_memory)
+    snap = worker.init_snapshot
+    return {
+        "requested_memory": requested,
+        "non_kv_bytes": requested - kv,
+        "total_memory": int(snap.total_memory),
+        "free_memory": int(snap.free_memory),
+        "gpu_memory_utilization": float(worker.cache_config.gpu_memory_utilization),
+    }
 
 
 def live_blocks() -> list[tuple[int, int]]:
@@ -120,6 +141,7 @@ def describe(runner: Any) -> dict[str, Any]:
         "vllm_version": vllm.__version__,
         "config": config_fingerprint(cfg),
         "cudagraph_mode": cfg.compilation_config.cudagraph_mode.name,
+        "kv_blocks": int(runner.kv_cache_config.num_blocks),
         "compile_cache": compile_cache_ref(cache_dir)
         if cache_dir
         else {"dir": None, "sha256": None, "files": 0},

@@ -84,10 +84,13 @@ def restore_into(runner: Any, artifact: str) -> int:
         )
 
     kv = runner.vllm_config.cache_config.kv_cache_memory_bytes
-    if kv != section["kv_cache_memory_bytes"]:
+    if kv != section["kv_cache_memory_bytes"] and "scale" not in art.plan:
         raise RestoreError(
             f"this start-up sized the KV cache at {kv} bytes, the recorded one at "
-            f"{section['kv_cache_memory_bytes']}: its allocations cannot match the recorded ones"
+            f"{section['kv_cache_memory_bytes']} (a device of another size), and the artifact was "
+            "recorded at one KV size (materialize could not join two): vLLM's graphs hold "
+            "addresses inside the KV cache that depend on its size, so they are captured anew "
+            "(the profiling forward is still skipped)"
         )
     return _build(runner, art, wrappers, t0)
 
@@ -147,7 +150,9 @@ def _build(runner: Any, art: Artifact, wrappers: list[Any], t0: float) -> int:
     restorer: Restorer | None = None
     done = False
     try:
-        restorer = Restorer(art, load_backend("cuda"))
+        # the graphs' pointers into the KV cache follow this start-up's block count (scaled.py)
+        count = int(runner.kv_cache_config.num_blocks) if "scale" in art.plan else None
+        restorer = Restorer(art, load_backend("cuda"), count=count)
         result = restorer.restore(torch.cuda.current_stream().cuda_stream)
         _install_graphs(section, mgr, wrappers, result.execs, restorer)
         plan = art.plan

@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-SECTION_VERSION = 2
+SECTION_VERSION = 3  # 3: kv_budget (the KV size follows the device)
 
 
 def compile_cache_ref(cache_dir: str | Path) -> dict[str, Any]:
@@ -68,6 +68,7 @@ def vllm_section(
     version: str,
     kv_cache_memory_bytes: int,
     cudagraph_mode: str,
+    kv_budget: dict[str, Any] | None = None,
     graphs: list[dict[str, Any]],
     compile_cache: dict[str, Any],
     config: dict[str, Any] | None = None,
@@ -83,6 +84,7 @@ def vllm_section(
         "version": SECTION_VERSION,
         "vllm_version": version,
         "kv_cache_memory_bytes": int(kv_cache_memory_bytes),
+        "kv_budget": dict(kv_budget) if kv_budget else None,
         "cudagraph_mode": cudagraph_mode,
         "config": config or {},
         "graphs": graphs,
@@ -95,10 +97,21 @@ def vllm_section(
 def check_section(section: dict[str, Any], *, vllm_version: str) -> None:
     if section.get("version") != SECTION_VERSION:
         raise ValueError(
-            f"vLLM section version {section.get('version')}; this medusa reads {SECTION_VERSION}"
+            f"vLLM section version {section.get('version')}; this medusa reads {SECTION_VERSION}: "
+            "materialize again"
         )
     if section.get("vllm_version") != vllm_version:
         raise ValueError(
             f"the artifact was made with vLLM {section.get('vllm_version')}, this is "
             f"{vllm_version}: materialize again"
         )
+    budget = section.get("kv_budget")
+    if budget is not None:
+        fields = ("requested_memory", "non_kv_bytes")
+        if not isinstance(budget, dict) or not all(
+            type(budget.get(k)) is int and budget[k] >= 0 for k in fields
+        ):
+            raise ValueError(
+                "the vLLM section's kv_budget needs requested_memory and non_kv_bytes as "
+                "non-negative integers: the artifact is damaged; materialize again"
+            )
