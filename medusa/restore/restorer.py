@@ -155,10 +155,11 @@ class Restorer:
         """The plan checked again with the sizes this start-up chose, where one is smaller than
         recorded: no relocation, copy or fill of a graph may reach past the end."""
         smaller = {
-            i: self.sizes[(p, o)]
+            i: self.sizes.get((p, o))
             for i, (p, o, _k, size, _f) in enumerate(self.plan["allocs"])
             if self.sizes.get((p, o), size) < size or i in self.any_size
         }
+        smaller = {i: n for i, n in smaller.items() if n is not None}
         if not smaller and self.plan is self.art.plan:
             return
         try:

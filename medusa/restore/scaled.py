@@ -30,7 +30,13 @@ def scaled_plan(plan: dict[str, Any], count: int) -> dict[str, Any]:
         key = (table, i)
         if key not in arrays:
             arrays[key] = np.frombuffer(tables[table][i]["relocs"], RELOC).copy()
-        arrays[key]["addend"][row] += slope * (count - sc["count"])
+        addend = int(arrays[key]["addend"][row]) + slope * (count - sc["count"])
+        if not 0 <= addend < 1 << 63:
+            raise RestoreError(
+                f"at {count} {sc['phase']!r} blocks a relocation of the restored graphs points "
+                "outside its allocation: the KV cache is too small for them"
+            )
+        arrays[key]["addend"][row] = addend
     for (table, i), rel in arrays.items():
         tables[table][i] = {**tables[table][i], "relocs": rel.tobytes()}
     return out

@@ -191,31 +191,44 @@ def validate_plan(plan: Any, source: str, sizes: Mapping[int, int] | None = None
 
 SCALE = {"phase": str, "count": int, "allocs": list, "relocs": list}
 MAX_SLOPE = 1 << 40  # bytes per unit of the count: far beyond any KV block
+MAX_COUNT = 1 << 32  # KV blocks
 
 
 def _check_scale(plan: dict[str, Any]) -> None:
-    """plan["scale"] (materialize.plan.build_plan): device allocations of one phase, sized by a
-    count, and relocations into them whose offset follows it, each naming a relocation row of a
-    template or graph that points into one of those allocations."""
+    """plan["scale"] (materialize.plan.build_plan): device allocations of one phase the restore
+    runs, sized by a count, and relocations into them whose offset follows it, each naming a
+    distinct relocation row of a template or graph that points into one of those allocations."""
     (sc,) = entries([plan["scale"]], "scale", SCALE)
     where = "scale"
-    if sc["count"] <= 0:
-        raise ArtifactError(f"{where}: count must be positive")
+    if not 0 < sc["count"] < MAX_COUNT:
+        raise ArtifactError(f"{where}: count must be between 1 and {MAX_COUNT - 1}")
+    if sc["phase"] in plan["skipped_phases"]:
+        raise ArtifactError(f"{where}: phase {sc['phase'][:40]!r} is one the restore replays")
     allocs = ints(sc["allocs"], f"{where} allocs", hi=len(plan["allocs"]))
     for i in allocs.tolist():
         if plan["allocs"][i][0] != sc["phase"] or plan["allocs"][i][2] != DEVICE:
             raise ArtifactError(f"{where}: allocation #{i} is no device allocation of its phase")
     table, index, row, slope = _columns(sc["relocs"], f"{where} relocs", 4)
     table = ints(table, f"{where} relocs table", hi=2)
-    slope = ints(slope, f"{where} relocs slope", -MAX_SLOPE, MAX_SLOPE)
+    ints(slope, f"{where} relocs slope", -MAX_SLOPE, MAX_SLOPE)
+    index, row = ints(index, f"{where} relocs index"), ints(row, f"{where} relocs row")
     tables = (plan["templates"], plan["graphs"])
-    for k, (t, i, r) in enumerate(zip(table, index, row, strict=True)):
-        rows = tables[int(t)]
-        if type(i) is not int or not 0 <= i < len(rows):
-            raise ArtifactError(f"{where} relocs[{k}]: no such template or graph")
-        relocs = np.frombuffer(rows[i]["relocs"], RELOC)
-        if type(r) is not int or not 0 <= r < len(relocs):
-            raise ArtifactError(f"{where} relocs[{k}]: no such relocation row")
-        rel = relocs[r]
-        if int(rel["kind"]) != DEVICE or int(rel["target"]) not in set(allocs.tolist()):
-            raise ArtifactError(f"{where} relocs[{k}]: it points outside the scaled allocations")
+    keys = np.stack([table, index, row], 1) if len(table) else np.zeros((0, 3), np.int64)
+    if len(np.unique(keys, axis=0)) != len(keys):
+        raise ArtifactError(f"{where} relocs: a relocation is listed twice")
+    for t in (0, 1):
+        mine = table == t
+        if (index[mine] >= len(tables[t])).any():
+            raise ArtifactError(f"{where} relocs: no such template or graph")
+        counts = np.array([len(x["relocs"]) // RELOC.itemsize for x in tables[t]], np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        if (row[mine] >= counts[index[mine]]).any():
+            raise ArtifactError(f"{where} relocs: no such relocation row")
+        if not mine.any():
+            continue
+        rel = np.frombuffer(b"".join(x["relocs"] for x in tables[t]), RELOC)
+        hit = rel[starts[index[mine]] + row[mine]]
+        inside = np.zeros(len(plan["allocs"]), bool)
+        inside[allocs] = True
+        if ((hit["kind"] != DEVICE) | ~inside[np.minimum(hit["target"], len(inside) - 1)]).any():
+            raise ArtifactError(f"{where} relocs: one points outside the scaled allocations")

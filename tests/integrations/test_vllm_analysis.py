@@ -20,6 +20,8 @@ from medusa.integrations.vllm.phases import SKIPPED
 from medusa.integrations.vllm.schema import vllm_section
 from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.driver import analyze_runs, record_run, write_artifact
+from medusa.restore.errors import RestoreError
+from medusa.restore.scaled import scaled_plan
 from medusa.restore.validate import validate_plan
 from medusa.trace import recorder_env
 from tests.processes import clean_env
@@ -132,6 +134,18 @@ def test_recorded_at_two_kv_sizes_graphs_restore_onto_a_kv_cache_of_any_size(tmp
     bad["scale"]["relocs"][0][2] = 0  # the first relocation of its table: the input, not the KV
     with pytest.raises(ArtifactError, match="points outside the scaled allocations; materialize"):
         validate_plan(bad, "art")
+    crafted = [
+        ({"count": 1 << 62}, "count must be between 1 and"),
+        ({"phase": "graph_capture"}, "is one the restore replays"),
+        ({"relocs": plan["scale"]["relocs"] * 2}, "a relocation is listed twice"),
+    ]
+    for change, why in crafted:
+        with pytest.raises(ArtifactError, match=why):
+            validate_plan({**plan, "scale": {**plan["scale"], **change}}, "art")
+    # a count whose shift leaves int64 is refused by the restore, not an OverflowError
+    steep = {**plan, "scale": {**plan["scale"], "relocs": [[0, 0, 8, 1 << 40]]}}
+    with pytest.raises(RestoreError, match="the KV cache is too small for them"):
+        scaled_plan(steep, 1 << 30)
 
 
 def test_sidecars_that_do_not_match_the_traces_are_refused(recorded):

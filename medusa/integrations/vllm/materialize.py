@@ -35,6 +35,7 @@ from medusa.integrations.vllm.traces import engine_core_trace, process_traces, t
 from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.driver import SHIFT_BYTES, Echo, analyze_runs, saved_images, write_artifact
 from medusa.trace import recorder_env
+from medusa.trace.control import remove_trace
 
 
 def startup_command(
@@ -153,7 +154,9 @@ def _record(
     timings: dict[str, float],
 ) -> dict[str, Any]:
     """Start-up 2 or 3 (run 0 or 1), recorded, the second shifted: its sidecar."""
-    for old in [*work.glob(f"{run}-*.mtr"), *work.glob(f"{run}.*")]:  # a run recorded again
+    for old in work.glob(f"{run}-*.mtr"):  # a run recorded again: its traces and side files
+        remove_trace(old)
+    for old in work.glob(f"{run}.*"):
         old.unlink()
     env = recorder_env(trace_pattern(work, str(run)), base=base)
     env["MEDUSA_VLLM_SIDECAR"] = str(work / f"{run}.side.json")
