@@ -42,6 +42,15 @@ SIM_MEMORY = EnvVar("MEDUSA_SIM_MEMORY", "8G", "simcuda: device memory size (e.g
 SIM_SMS = EnvVar("MEDUSA_SIM_SMS", 132, "simcuda: number of SMs the device reports")
 SIM_CC = EnvVar("MEDUSA_SIM_CC", "9.0", "simcuda: compute capability the device reports")
 SIM_DEVICE_NAME = EnvVar("MEDUSA_SIM_DEVICE_NAME", "", "simcuda: device name it reports")
+SIM_DEVICE_INDEX = EnvVar(
+    "MEDUSA_SIM_DEVICE_INDEX", 0, "simcuda: which board of a multi-GPU machine (UUID, PCI bus)"
+)
+NCCL_TIMEOUT = EnvVar(
+    "MEDUSA_NCCL_TIMEOUT", 30.0, "libmedusa_nccl: seconds a collective waits for the other ranks"
+)
+NCCL_SLOT_BYTES = EnvVar(
+    "MEDUSA_NCCL_SLOT_BYTES", 4 << 20, "libmedusa_nccl: bytes per rank exchanged per step"
+)
 SIM_MEMCHECK = EnvVar("MEDUSA_SIM_MEMCHECK", False, "simcuda: check kernel pointer arguments")
 SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messages to stderr")
 SIM_POISON = EnvVar(
@@ -165,6 +174,9 @@ ALL: tuple[EnvVar, ...] = (
     SIM_SMS,
     SIM_CC,
     SIM_DEVICE_NAME,
+    SIM_DEVICE_INDEX,
+    NCCL_TIMEOUT,
+    NCCL_SLOT_BYTES,
     SIM_MEMCHECK,
     SIM_VERBOSE,
     SIM_POISON,

@@ -90,7 +90,7 @@ int sim_device_attribute(CUdevice_attribute a) {
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: return 1980000;
     case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 5120;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: return 2048;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x19;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x19 + g_sim.cfg.board; /* one bus per board */
     default: return 0;
     }
 }

@@ -59,6 +59,7 @@ typedef struct sim_config {
     char name[256];
     size_t total_mem;
     int sms;
+    int board; /* MEDUSA_SIM_DEVICE_INDEX: which board of a multi-GPU machine this process has */
     int cc_major, cc_minor;
     uint64_t seed;
     bool seeded;

@@ -1,6 +1,7 @@
 /* Kernel launch: parameter packing, launch checks, memcheck, and running a CPU kernel with faults
  * turned into CUDA_ERROR_ILLEGAL_ADDRESS (sticky, as on a GPU) instead of a crash. */
 #include <setjmp.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -16,6 +17,24 @@ static __thread sigjmp_buf t_jmp;
 static __thread volatile int t_in_kernel;
 static __thread volatile uintptr_t t_fault_addr;
 static __thread volatile int t_fault_sig, t_fault_code; /* the fault's signal and si_code */
+#define TRAP_SIG (-1)                /* t_fault_sig of a kernel that called simcudaTrap */
+static __thread char t_trap_why[256];
+
+SIMCUDA_EXPORT void simcudaTrap(const char *why) {
+    if (!t_in_kernel)
+        return;
+    snprintf(t_trap_why, sizeof t_trap_why, "%s", why ? why : "");
+    t_fault_sig = TRAP_SIG;
+    siglongjmp(t_jmp, 1);
+}
+
+static CUresult kernel_trap(const sim_func *f) {
+    sim_lock();
+    CUresult e = sim_sticky_locked(CUDA_ERROR_LAUNCH_FAILED, "kernel %s trapped: %s", f->name,
+                                   t_trap_why);
+    sim_unlock();
+    return e;
+}
 static __thread void *t_shared;
 static __thread size_t t_shared_size;
 static struct sigaction g_old_segv, g_old_bus;
@@ -265,6 +284,8 @@ static CUresult run_kernel(const sim_kernel_op *op) {
             sim_acc_end(f, false);
         if (guard)
             ro_guard(false);
+        if (t_fault_sig == TRAP_SIG)
+            return kernel_trap(f);
         return kernel_fault(f, t_fault_addr, t_fault_sig, t_fault_code);
     }
     t_in_kernel = 1;

@@ -201,6 +201,7 @@ static void load_config(sim_config *c) {
     c->total_mem = parse_size(getenv("MEDUSA_SIM_MEMORY"), (size_t)8 << 30);
     c->total_mem = (c->total_mem + SIM_VMM_GRANULARITY - 1) & ~(size_t)(SIM_VMM_GRANULARITY - 1);
     c->sms = (e = getenv("MEDUSA_SIM_SMS")) && atoi(e) > 0 ? atoi(e) : 132;
+    c->board = (e = getenv("MEDUSA_SIM_DEVICE_INDEX")) && atoi(e) > 0 && atoi(e) < 64 ? atoi(e) : 0;
     c->cc_major = 9;
     c->cc_minor = 0;
     if ((e = getenv("MEDUSA_SIM_CC")) && *e)
@@ -232,11 +233,12 @@ static void load_config(sim_config *c) {
                         !strcasecmp(e, "off")));
     if (getrandom(&c->poison_key, sizeof c->poison_key, 0) != sizeof c->poison_key)
         c->poison_key = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ULL ^ (uint64_t)getpid();
-    /* A device UUID stable for a given name and memory size, like a board's. */
+    /* A device UUID stable for a given name, memory size and board index, like a board's. */
     uint64_t h = 1469598103934665603ULL;
     for (const char *p = c->name; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ULL;
     h ^= c->total_mem;
+    h ^= (uint64_t)c->board * 0x9e3779b97f4a7c15ULL;
     memcpy(c->uuid, &h, 8);
     h = h * 6364136223846793005ULL + (uint64_t)c->sms;
     memcpy(c->uuid + 8, &h, 8);

@@ -103,6 +103,11 @@ SIMCUDA_EXPORT uint64_t simcudaCountLive(int kind);
 /* The message of the last memcheck or launch failure on this thread ("" if none). */
 SIMCUDA_EXPORT const char *simcudaGetLastMessage(void);
 
+/* From inside a kernel: stops it as a device-side __trap() does. The launch fails with
+ * CUDA_ERROR_LAUNCH_FAILED, sticky (the context is lost, as on a GPU), and WHY becomes the
+ * message. Outside a kernel it does nothing. Hold no lock when calling it: it does not return. */
+SIMCUDA_EXPORT void simcudaTrap(const char *why);
+
 /* Arena placement, for diagnostics: base address and size of the device address space. */
 SIMCUDA_EXPORT int simcudaGetArenaInfo(uint64_t *base, uint64_t *size);
 
