@@ -5,12 +5,16 @@ under serve-while-loading each part first waits for its own weights (medusa.engi
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Buffer, Device
 from medusa.engine.hybrid_gemm import HOST_TILES
 from medusa.engine.runner_weights import F32, RunnerWeights
 from medusa.engine.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from medusa.engine.tensor_parallel import TPGroup
 
 
 class Forward:
@@ -26,6 +30,7 @@ class Forward:
         device: Device,
     ) -> None:
         self.config, self.spec, self.weights, self.ws, self.dev = config, spec, weights, ws, device
+        self.tp: TPGroup | None = None  # tensor parallelism: this rank's shard and communicator
 
     @property
     def block_bytes(self) -> int:
@@ -119,12 +124,24 @@ class Forward:
         """Layer i from its attention's output: the o projection, the MLP, the residual adds."""
         d, s, a = self.dev, self.spec, self.ws
         dim, inter = s.hidden_size, s.intermediate_size
-        self._linear(i, a["x"].ptr, a["attn"].ptr, f"layers.{i}.o", t, dim, s.q_size, True)
+        self._residual(i, a["attn"].ptr, "o", t, s.q_size)
         ffn_norm = self.weights.buffers[f"layers.{i}.ffn_norm"].ptr
         d.launch("rms_norm_kernel", a["h"].ptr, a["x"].ptr, ffn_norm, t, dim, s.rms_eps)
         self._linear(i, a["gate_up"].ptr, a["h"].ptr, f"layers.{i}.gate_up", t, 2 * inter, dim)
         d.launch("silu_and_mul_kernel", a["act"].ptr, a["gate_up"].ptr, t, inter)
-        self._linear(i, a["x"].ptr, a["act"].ptr, f"layers.{i}.down", t, dim, inter, True)
+        self._residual(i, a["act"].ptr, "down", t, inter)
+
+    def _residual(self, i: int, src: int, w: str, t: int, k: int) -> None:
+        """x += src @ layer i's w^T; under tensor parallelism a row-parallel projection: each
+        rank's partial product, summed over the ranks by one all-reduce, then added."""
+        x, dim = self.ws["x"].ptr, self.spec.hidden_size
+        if self.tp is None:
+            self._linear(i, x, src, f"layers.{i}.{w}", t, dim, k, True)
+            return
+        proj = self.ws["proj"].ptr
+        self._linear(i, proj, src, f"layers.{i}.{w}", t, dim, k)
+        self.tp.all_reduce(proj, t * dim)
+        self.dev.launch("add_inplace_kernel", x, proj, t * dim)
 
     def _head(self, n: int, out: Buffer) -> None:
         """The last rows' logits and the sampled tokens."""
@@ -133,18 +150,43 @@ class Forward:
         d.launch("gather_rows_kernel", a["last"].ptr, a["x"].ptr, a["last_rows"].ptr, n, dim)
         d.launch("rms_norm_kernel", a["last_h"].ptr, a["last"].ptr, w["norm"].ptr, n, dim,
                  s.rms_eps)  # fmt: skip
-        head = "embed" if s.tie_embeddings else "lm_head"
-        self._linear(s.num_layers, a["logits"].ptr, a["last_h"].ptr, head, n, s.vocab_size, dim)
+        if self.tp is not None and self.tp.shard.vocab_parallel:
+            self._sharded_logits(n)
+        else:  # NOTE: a tensor-parallel rank holds the (replicated) head as lm_head
+            head = "embed" if s.tie_embeddings and self.tp is None else "lm_head"
+            self._linear(s.num_layers, a["logits"].ptr, a["last_h"].ptr, head, n, s.vocab_size,
+                         dim)  # fmt: skip
         d.launch("sample_tokens_kernel", out.ptr, a["logits"].ptr, a["temperature"].ptr,
                  a["top_p"].ptr, a["seeds"].ptr, n, s.vocab_size)  # fmt: skip
 
+    def _sharded_logits(self, n: int) -> None:
+        """The logits under tensor parallelism: this rank's vocabulary range, every rank's joined
+        by an all-gather (rank-major), then reordered into [n, vocab] (ws unshard, uploaded with
+        the batch: medusa.engine.tensor_parallel.unshard_rows)."""
+        assert self.tp is not None
+        a, v, size = self.ws, len(self.tp.shard.vocab), self.tp.size
+        self._linear(self.spec.num_layers, a["logits_part"].ptr, a["last_h"].ptr, "lm_head", n, v,
+                     self.spec.hidden_size)  # fmt: skip
+        self.tp.all_gather(a["logits_part"].ptr, a["logits_all"].ptr, n * v)
+        self.dev.launch("gather_rows_kernel", a["logits"].ptr, a["logits_all"].ptr,
+                        a["unshard"].ptr, n * size, v)  # fmt: skip
 
-def workspace_sizes(config: EngineConfig, spec: ModelSpec) -> dict[str, int]:
+
+def workspace_sizes(
+    config: EngineConfig, spec: ModelSpec, tp: TPGroup | None = None
+) -> dict[str, int]:
     """The workspace buffers (bytes, by name) of the largest step: its batch's arrays
-    (medusa.engine.batches) and the forward pass's activations."""
+    (medusa.engine.batches) and the forward pass's activations; under tensor parallelism also
+    the logits' shards (Forward._sharded_logits)."""
     c, s = config, spec
     t, n = c.max_num_batched_tokens, c.max_num_seqs
+    sharded = {}
+    if tp is not None and tp.shard.vocab_parallel:
+        v = len(tp.shard.vocab)
+        sharded = {"logits_part": n * v * F32, "logits_all": tp.size * n * v * F32,
+                   "unshard": tp.size * n * 4}  # fmt: skip
     return {
+        **sharded,
         "ids": t * 4,
         "positions": t * 4,
         "slots": t * 4,

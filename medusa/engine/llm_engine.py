@@ -21,6 +21,7 @@ from medusa.engine.scheduler import Scheduler
 from medusa.engine.sequence import Sequence, StepOutput
 from medusa.engine.startup import StartUp, without_gc
 from medusa.engine.step_hooks import Step, StepHook, step_hook_factory
+from medusa.engine.tensor_parallel import TPRank
 from medusa.engine.tokenizer import IncrementalDecoder, Tokenizer
 from medusa.weights import WeightStore
 
@@ -47,6 +48,7 @@ class LLMEngine:
         store_checked: str = "",
         restore_since: int = 0,
         on_stage: Callable[[str], None] | None = None,
+        tensor_parallel: TPRank | None = None,
     ) -> None:
         """artifact: a directory, or an Artifact loaded and checked ahead (a pooled worker's).
         device: a Device made earlier in this process (a pooled worker's, whose runtime and
@@ -58,12 +60,15 @@ class LLMEngine:
         this process's trace sequence number this engine's start-up began after (another engine
         lives on in the process: medusa.restore.Restorer's `since`). The plug-ins the config
         names (kv_memory, step_hooks) must be registered (medusa.plugins). on_stage: called
-        with each start-up stage's name as it begins."""
+        with each start-up stage's name as it begins. tensor_parallel: this process's rank of a
+        tensor-parallel group (medusa.engine.tensor_parallel); every rank is given the same
+        requests in the same order."""
         kv_cache_class(config.kv_memory)  # NOTE: a plug-in not registered fails before any work
         hook_factories = [step_hook_factory(name) for name in config.step_hooks]
         self.config = config
         self.startup = StartUp(config, require=require_artifact, store_checked=store_checked,
-                               restore_since=restore_since, on_stage=on_stage)  # fmt: skip
+                               restore_since=restore_since, on_stage=on_stage,
+                               tensor_parallel=tensor_parallel)  # fmt: skip
         self.startup.run(source, artifact, trust, device, store, validate)
         s = self.startup
         self.device, self.source, self.spec, self.runner = s.device, s.source, s.spec, s.runner

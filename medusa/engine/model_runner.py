@@ -22,6 +22,7 @@ from medusa.engine.prefill_graphs import PrefillGraphs
 from medusa.engine.runner_weights import RunnerWeights
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
+from medusa.engine.tensor_parallel import TPGroup, TPRank, unshard_rows
 
 
 class ModelRunner:
@@ -29,12 +30,22 @@ class ModelRunner:
     (Forward), the workspace buffers `ws`, the KV cache, the decode graphs and `prefill`
     (PrefillGraphs)."""
 
-    def __init__(self, config: EngineConfig, spec: ModelSpec, device: Device) -> None:
+    def __init__(
+        self, config: EngineConfig, spec: ModelSpec, device: Device, tp: TPRank | None = None
+    ) -> None:
+        """tp: this process's rank of a tensor-parallel group; the runner then holds the rank's
+        shard (medusa.engine.tensor_parallel) and `spec` becomes the rank's."""
+        self.tp = TPGroup(tp, device, spec) if tp is not None else None
+        if self.tp is not None:
+            spec = self.tp.shard.spec(spec)
         self.config, self.spec, self._dev = config, spec, device
         self.weights = RunnerWeights(config, spec, device)
+        if self.tp is not None:
+            self.weights.shapes = self.tp.shard.weight_shapes(spec)
         self.batches = BatchBuilder(config)
         self.ws: dict[str, Buffer] = {}  # NOTE: filled and emptied in place: forward reads it
         self.forward = Forward(config, spec, self.weights, self.ws, device)
+        self.forward.tp = self.tp
         self.kv: Buffer | None = None
         self.kv_cache: KVCache | None = None
         self.num_blocks = 0
@@ -74,7 +85,7 @@ class ModelRunner:
 
     # ---- start-up stages ----
     def allocate_workspace(self) -> None:
-        sizes = workspace_sizes(self.config, self.spec)
+        sizes = workspace_sizes(self.config, self.spec, self.tp)
         self.ws.update({k: self.dev.alloc(v) for k, v in sizes.items()})
 
     def profile_kv(self) -> KVSize:
@@ -186,6 +197,8 @@ class ModelRunner:
         self.weights.release()
         self.graphs, self.graph_out, self._own_graph_out = {}, {}, []
         self.ws.clear()
+        if self.tp is not None:
+            self.tp.close()
 
     # ---- steps ----
     def execute(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
@@ -257,6 +270,8 @@ class ModelRunner:
 
     def _upload(self, batch: Batch) -> None:
         upload(self.dev, self.ws, batch)
+        if self.tp is not None and self.tp.shard.vocab_parallel:  # depends on the rows
+            self.dev.upload(self.ws["unshard"], unshard_rows(batch.num_seqs, self.tp.size))
 
     def capture_step(self, batch: Batch, tokens: int, seqs: int, out: Buffer, warm: bool) -> int:
         """A graph (its exec) of one step of `batch` ran as `tokens` tokens of `seqs` sequences,

@@ -36,6 +36,7 @@ class RunnerWeights:
         self.gate: LayerGate | None = None  # while a store's weights arrive (serve while loading)
         self._settle: Callable[[], None] | None = None
         self.unusable: str | None = None  # why the weights may not be read (a failed settle)
+        self.shapes: dict[str, tuple[int, ...]] | None = None  # a tensor-parallel rank's own
 
     def allocate(self, store: WeightStore | None = None) -> None:
         """On the device, or (weights="host") the projections and the embedding in host-mapped
@@ -52,7 +53,7 @@ class RunnerWeights:
             self._registered = store.address
             data = base + store.header.data_offset
             offsets = {t.name: data + t.offset for t in store.header.tensors if len(t.shape) == 2}
-        for name, shape in self.spec.weight_shapes().items():
+        for name, shape in (self.shapes or self.spec.weight_shapes()).items():
             nbytes = int(np.prod(shape)) * F32
             if name in offsets:
                 self.buffers[name] = Buffer(offsets[name], nbytes)

@@ -4,6 +4,7 @@ stages are in medusa.engine.startup_weights. LLMEngine makes one and runs it."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import logging
@@ -23,6 +24,7 @@ from medusa.engine.loader import ModelSource
 from medusa.engine.model_runner import ModelRunner
 from medusa.engine.prefill_graphs import validate_graphs
 from medusa.engine.startup_weights import WeightStartUp
+from medusa.engine.tensor_parallel import TPRank, check_tensor_parallel
 from medusa.engine.tokenizer import Tokenizer
 from medusa.errors import MedusaError
 from medusa.restore import RestoreError, Restorer
@@ -47,8 +49,10 @@ class StartUp(WeightStartUp):
         store_checked: str,
         restore_since: int,
         on_stage: Callable[[str], None] | None = None,
+        tensor_parallel: TPRank | None = None,
     ) -> None:
         super().__init__(config, require=require, store_checked=store_checked, on_stage=on_stage)
+        self._tp = tensor_parallel
         self.kv_profile: dict[str, int] = {}  # a profiled start's measurements (KVSize)
         self.kv_size: KVSize | None = None
         self.restored = False
@@ -75,7 +79,9 @@ class StartUp(WeightStartUp):
             self.source = self._model_source(source)
             self.spec = self.source.spec
         art = self._check_artifact(loaded)
-        self.runner = ModelRunner(self.config, self.spec, self.device)
+        if self._tp is not None:
+            check_tensor_parallel(self.config, art, self.store)
+        self.runner = ModelRunner(self.config, self.spec, self.device, self._tp)
         with self._stage("weights_alloc"):
             self.runner.weights.allocate(self.store)
         with self._stage("weights_load"):
@@ -180,6 +186,8 @@ class StartUp(WeightStartUp):
             self.restorer = None
 
     def _allocate_kv(self, kv: KVSize) -> None:
+        if self.runner.tp is not None:  # the ranks share one block table: the fewest blocks
+            kv = dataclasses.replace(kv, num_blocks=self.runner.tp.agree_min(kv.num_blocks))
         log.info("%s", kv.describe())
         self.kv_size = kv
         with self._stage("kv_alloc"):

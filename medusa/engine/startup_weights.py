@@ -16,6 +16,7 @@ from medusa.engine.device import Device
 from medusa.engine.loader import ModelSource, open_model
 from medusa.engine.loader.stored import StoredModel, check_tensors
 from medusa.engine.model_runner import ModelRunner
+from medusa.engine.tensor_parallel import shard_weights
 from medusa.restore import RestoreError
 from medusa.trace import control as trace
 from medusa.weights import WeightStore, WeightStoreError, open_store
@@ -135,8 +136,11 @@ class WeightStartUp:
                 return
             except WeightStoreError as e:
                 self._store_failed(str(e))
+        weights = self._model_file().weights()
+        if self.runner.tp is not None:  # this rank's shard of every weight
+            weights = shard_weights(weights, self.source.spec, self.runner.tp.shard)
         with self.runner.weights.staging():
-            self.runner.weights.load_weights(self._model_file().weights())
+            self.runner.weights.load_weights(weights)
 
     def _gate_weights(self) -> bool:
         """Serve while loading (config.serve_while_loading), before a restore: instead of waiting
