@@ -188,6 +188,13 @@ def check_tensor_parallel(config: EngineConfig, artifact: object, store: object)
             "a tensor-parallel start cannot restore an artifact yet (each rank's plan is not "
             "recorded); start it without --artifact"
         )
+    if config.step_hooks or config.kv_memory != "static":
+        # NOTE: Weaver's fallback and an elastic cache's preemption decide per rank: the ranks
+        # would run different steps
+        raise TensorParallelError(
+            "a tensor-parallel start runs the same steps on every rank: Weaver (step hooks) and "
+            "kv_memory='elastic' decide per rank and are not supported with it"
+        )
     if store is not None or config.weights == "host":
         raise TensorParallelError(
             "a tensor-parallel rank loads its shard from the model file: drop the weight store "

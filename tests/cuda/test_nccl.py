@@ -69,6 +69,15 @@ def test_a_dead_rank_fails_the_others_collectives_within_the_timeout(nccl):
         assert s["seconds"] < 10 and s["async_error"] == 6  # ncclRemoteError
 
 
+def test_ranks_that_call_different_collectives_fail_instead_of_pairing_wrongly(nccl):
+    # rank 0 sums 3000 floats, the others 1000: NCCL leaves this undefined; here every rank's
+    # launch fails at the first meeting, naming the cause, rather than return mixed sums
+    done = ranks(nccl, 3, "mismatch", MEDUSA_NCCL_TIMEOUT="20")
+    for p in done:
+        out = json.loads(p.stdout)
+        assert "called different collectives" in out["error"] and out["seconds"] < 10
+
+
 def test_bad_use_gets_nccls_error_codes(nccl):
     uid = nccl.unique_id()
     cases = [
@@ -77,6 +86,12 @@ def test_bad_use_gets_nccls_error_codes(nccl):
         (lambda: nccl.init_rank(2, uid, 2), 4, "rank 2 of 2"),
         (lambda: nccl.init_rank(9, uid, 0), 4, "1 to 8 ranks"),
     ]
+    os.environ["MEDUSA_NCCL_SLOT_BYTES"] = str(1 << 63)  # would wrap the segment's size
+    try:
+        with pytest.raises(NcclError, match="64 bytes to 1 GiB"):
+            nccl.init_rank(1, uid, 0)
+    finally:
+        del os.environ["MEDUSA_NCCL_SLOT_BYTES"]
     for call, code, why in cases:
         with pytest.raises(NcclError, match=why) as e:
             call()
@@ -126,8 +141,9 @@ def test_a_planted_or_foreign_segment_is_refused(nccl, tmp_path):
 BOARD = (
     "import ctypes; from medusa.cuda import load_backend, paths; load_backend('sim').mem_get_info()"
     "\nlib = ctypes.CDLL(str(paths.library('simcuda'))); u = ctypes.create_string_buffer(16)"
-    "\nbus = ctypes.c_int(); lib.cuDeviceGetUuid_v2(u, 0); lib.cuDeviceGetAttribute(ctypes.byref(bus),"
-    " 33, 0); print(u.raw.hex(), bus.value)"  # 33: CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
+    "\nbus = ctypes.c_int(); lib.cuDeviceGetUuid_v2(u, 0)"
+    "\nlib.cuDeviceGetAttribute(ctypes.byref(bus), 33, 0)"  # 33: CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
+    "\nprint(u.raw.hex(), bus.value)"
 )
 
 

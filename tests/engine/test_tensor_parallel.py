@@ -18,8 +18,9 @@ import pytest
 
 from medusa.cuda import load_backend
 from medusa.cuda.nccl import Nccl
+from medusa.engine.config import EngineConfig
 from medusa.engine.loader import open_model
-from medusa.engine.tensor_parallel import TensorParallelError, plan_shard
+from medusa.engine.tensor_parallel import TensorParallelError, check_tensor_parallel, plan_shard
 from tests.engine.tiny_models import write_hf, write_qwen2
 from tests.processes import clean_env
 
@@ -94,3 +95,13 @@ def test_heads_split_by_kv_head_or_copied_when_ranks_outnumber_them():
     )
     with pytest.raises(TensorParallelError, match="at most 9"):
         plan_shard(spec, 0, 16)
+
+
+def test_what_decides_per_rank_is_refused_before_any_work():
+    with pytest.raises(TensorParallelError, match="Weaver .* kv_memory='elastic'"):
+        check_tensor_parallel(EngineConfig(kv_memory="elastic"), None, None)
+    with pytest.raises(TensorParallelError, match="cannot restore an artifact yet"):
+        check_tensor_parallel(EngineConfig(), object(), None)
+    with pytest.raises(TensorParallelError, match="drop the weight store"):
+        check_tensor_parallel(EngineConfig(weights="host"), None, None)
+    check_tensor_parallel(EngineConfig(), None, None)

@@ -1,10 +1,11 @@
 """One rank of a communicator on simcuda (libmedusa_nccl), for tests/cuda/test_nccl.py.
 
-  python nccl_rank.py UID_HEX NRANKS RANK [die|stop]
+  python nccl_rank.py UID_HEX NRANKS RANK [die|mismatch]
 
 Prints one JSON line: every collective's result (all-reduce eager, in place and chunked; all-gather;
 an all-reduce captured into a graph and replayed on new data). With `die`, rank 1 exits after
-joining and the others report how their all-reduce ended and how long it took.
+joining and the others report how their all-reduce ended and how long it took; with `mismatch`,
+rank 0 all-reduces more elements than the others and every rank reports how that ended.
 """
 
 import json
@@ -37,12 +38,12 @@ def get(p, count, fmt="f"):
 
 x = put([float(rank * 1000 + i) for i in range(COUNT)])
 stream = b.stream_create()
-if mode == "die":
-    if rank == 1:
+if mode in ("die", "mismatch"):
+    if mode == "die" and rank == 1:
         os._exit(0)
     t0 = time.monotonic()
     try:
-        comm.all_reduce(x, x, COUNT, stream=stream)
+        comm.all_reduce(x, x, COUNT if rank == 0 or mode == "die" else 1000, stream=stream)
         b.stream_synchronize(stream)
         out = {"error": None}
     except CudaError as e:

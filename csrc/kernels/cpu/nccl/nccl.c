@@ -77,7 +77,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId uid, in
     if (cudaFree(0) != cudaSuccess)
         return FAIL(ncclUnhandledCudaError, "ncclCommInitRank: no CUDA device: %s",
                     cudaGetErrorString(cudaGetLastError()));
-    uint64_t slot = env_u64("MEDUSA_NCCL_SLOT_BYTES", 4u << 20, 1) & ~(uint64_t)63;
+    uint64_t slot = env_u64("MEDUSA_NCCL_SLOT_BYTES", 4u << 20, 1);
+    slot = slot > MNCCL_MAX_SLOT ? MNCCL_MAX_SLOT + 64 : slot & ~(uint64_t)63; /* over: refused */
     uint64_t timeout = env_u64("MEDUSA_NCCL_TIMEOUT", 30000000000u, 1000000000u);
     struct ncclComm *c = calloc(1, sizeof *c);
     if (!c)
@@ -87,7 +88,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId uid, in
         free(c);
         return (ncclResult_t)e;
     }
-    mnccl_state st = {MNCCL_STATE_MAGIC, c->shm, rank, nranks, slot ? slot : 64, timeout};
+    mnccl_state st = {MNCCL_STATE_MAGIC, c->shm, 0, rank, nranks, slot ? slot : 64, timeout};
     if (cudaMalloc((void **)&c->dev, sizeof st) != cudaSuccess ||
         cudaMemcpy(c->dev, &st, sizeof st, cudaMemcpyHostToDevice) != cudaSuccess) {
         munmap(c->shm, c->bytes);
@@ -182,53 +183,86 @@ struct coll_args {
 };
 
 static void trap(const mnccl_state *s, const char *what) {
+    atomic_store(&s->shm->active[s->rank], 0); /* the kernel ends here */
     char why[320];
     snprintf(why, sizeof why, "%s: %.255s", what, s->shm->why);
     simcudaTrap(why);
 }
 
+/* Marks this rank's collective running and publishes what it is; after the first meeting,
+ * every rank checks that all called the same one (as NCCL requires of its callers: different
+ * calls would otherwise pair slots wrongly and return wrong sums without an error). */
+static void begin(mnccl_state *s, const struct coll_args *a, uint64_t kind) {
+    if (atomic_exchange(&s->shm->active[s->rank], 1))
+        simcudaTrap("two collectives of one communicator ran at once (NCCL runs them in issue "
+                    "order: launch them on one stream, or order the streams)");
+    uint64_t *c = s->shm->calls[s->rank];
+    c[0] = kind, c[1] = (uint64_t)a->type, c[2] = (uint64_t)a->op, c[3] = a->count, c[4] = s->seq++;
+}
+
+static void check_calls(const mnccl_state *s) {
+    for (int r = 0; r < s->nranks; r++)
+        if (memcmp(s->shm->calls[r], s->shm->calls[s->rank], sizeof s->shm->calls[r])) {
+            char why[200];
+            snprintf(why, sizeof why, "ranks %d and %d called different collectives (kind, type, "
+                     "op, count or order differ)", s->rank, r);
+            mnccl_abort(s->shm, why);
+            trap(s, "collective");
+        }
+}
+
+static void end(const mnccl_state *s) { atomic_store(&s->shm->active[s->rank], 0); }
+
 static void all_reduce(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct coll_args *a = p;
-    const mnccl_state *s = a->st;
+    mnccl_state *s = (mnccl_state *)a->st;
     size_t es = mnccl_type_size(a->type), total = a->count * es;
-    simcudaAccess(s, sizeof *s, SIMCUDA_READ);
+    simcudaAccess(s, sizeof *s, SIMCUDA_READ | SIMCUDA_WRITE);
     simcudaAccess(a->send, total, SIMCUDA_READ);
     simcudaAccess(a->recv, total, SIMCUDA_WRITE);
     size_t chunk = s->slot_bytes / es * es;
     const uint8_t *src[MNCCL_MAX_RANKS];
+    begin(s, a, 1);
     for (size_t off = 0; off < total; off += chunk) {
         size_t n = total - off < chunk ? total - off : chunk;
         memcpy(mnccl_slot(s, s->rank), a->send + off, n);
         if (mnccl_barrier(s->shm, s->nranks, s->timeout_ns, s->rank))
             trap(s, "ncclAllReduce");
+        if (off == 0)
+            check_calls(s);
         for (int r = 0; r < s->nranks; r++)
             src[r] = mnccl_slot(s, r);
         mnccl_reduce(a->recv + off, src, s->nranks, n / es, a->type, a->op);
         if (mnccl_barrier(s->shm, s->nranks, s->timeout_ns, s->rank))
             trap(s, "ncclAllReduce");
     }
+    end(s);
 }
 
 static void all_gather(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct coll_args *a = p;
-    const mnccl_state *s = a->st;
+    mnccl_state *s = (mnccl_state *)a->st;
     size_t es = mnccl_type_size(a->type), each = a->count * es;
-    simcudaAccess(s, sizeof *s, SIMCUDA_READ);
+    simcudaAccess(s, sizeof *s, SIMCUDA_READ | SIMCUDA_WRITE);
     simcudaAccess(a->send, each, SIMCUDA_READ);
     simcudaAccess(a->recv, each * (size_t)s->nranks, SIMCUDA_WRITE);
     size_t chunk = s->slot_bytes;
+    begin(s, a, 2);
     for (size_t off = 0; off < each; off += chunk) {
         size_t n = each - off < chunk ? each - off : chunk;
         memcpy(mnccl_slot(s, s->rank), a->send + off, n);
         if (mnccl_barrier(s->shm, s->nranks, s->timeout_ns, s->rank))
             trap(s, "ncclAllGather");
+        if (off == 0)
+            check_calls(s);
         for (int r = 0; r < s->nranks; r++)
             memcpy(a->recv + (size_t)r * each + off, mnccl_slot(s, r), n);
         if (mnccl_barrier(s->shm, s->nranks, s->timeout_ns, s->rank))
             trap(s, "ncclAllGather");
     }
+    end(s);
 }
 
 SIMCUDA_HIDDEN_STUB(all_reduce_stub)

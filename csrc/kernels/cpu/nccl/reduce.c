@@ -65,16 +65,17 @@ static double combine(double acc, double x, int op) {
 #define BF_LOAD(x) ((double)bf16_to_f(x))
 #define BF_STORE(x) (f_to_bf16((float)(x)))
 
-/* Integer types combine in their own type (exact, wrapping as NCCL's do). */
-#define REDUCE_INT(T)                                                                              \
+/* Integer types combine in their own type, sums and products wrapping (computed unsigned:
+ * signed overflow is undefined in C). */
+#define REDUCE_INT(T, U)                                                                           \
     for (size_t i = 0; i < count; i++) {                                                           \
         T acc = ((const T *)src[0])[i];                                                            \
         for (int r = 1; r < n; r++) {                                                              \
             T x = ((const T *)src[r])[i];                                                          \
-            acc = op == ncclProd  ? (T)(acc * x)                                                   \
+            acc = op == ncclProd  ? (T)((U)acc * (U)x)                                             \
                   : op == ncclMax ? (x > acc ? x : acc)                                            \
                   : op == ncclMin ? (x < acc ? x : acc)                                            \
-                                  : (T)(acc + x);                                                  \
+                                  : (T)((U)acc + (U)x);                                            \
         }                                                                                          \
         ((T *)dst)[i] = op == ncclAvg ? (T)(acc / (T)n) : acc;                                     \
     }
@@ -90,12 +91,12 @@ static double combine(double acc, double x, int op) {
 
 void mnccl_reduce(void *dst, const uint8_t *const *src, int n, size_t count, int type, int op) {
     switch (type) {
-    case ncclInt8: REDUCE_INT(int8_t) break;
-    case ncclUint8: REDUCE_INT(uint8_t) break;
-    case ncclInt32: REDUCE_INT(int32_t) break;
-    case ncclUint32: REDUCE_INT(uint32_t) break;
-    case ncclInt64: REDUCE_INT(int64_t) break;
-    case ncclUint64: REDUCE_INT(uint64_t) break;
+    case ncclInt8: REDUCE_INT(int8_t, uint32_t) break;
+    case ncclUint8: REDUCE_INT(uint8_t, uint32_t) break;
+    case ncclInt32: REDUCE_INT(int32_t, uint32_t) break;
+    case ncclUint32: REDUCE_INT(uint32_t, uint32_t) break;
+    case ncclInt64: REDUCE_INT(int64_t, uint64_t) break;
+    case ncclUint64: REDUCE_INT(uint64_t, uint64_t) break;
     case ncclFloat32: REDUCE_F32() break;
     case ncclFloat64: REDUCE_AS(double, SAME, SAME) break;
     case ncclFloat16: REDUCE_AS(_Float16, F16_LOAD, F16_STORE) break;

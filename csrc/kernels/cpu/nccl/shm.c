@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <linux/futex.h>
 #include <stdio.h>
 #include <string.h>
@@ -83,7 +84,11 @@ static int create(const mnccl_id *id, int nranks, uint64_t slot_bytes, size_t by
     if (fd < 0)
         return FAIL(-ncclSystemError, "shm_open(%s) for rank 0: %s (another process made that "
                     "name: use a fresh ncclGetUniqueId)", id->name, strerror(errno));
-    if (fchmod(fd, 0600) || ftruncate(fd, (off_t)bytes)) {
+    /* NOTE: reserved now, so that another user filling /dev/shm fails this start, not a
+     * collective half-way (a SIGBUS) */
+    int err = fchmod(fd, 0600) ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+    if (err) {
+        errno = err;
         close(fd);
         shm_unlink(id->name);
         return FAIL(-ncclSystemError, "sizing %s: %s", id->name, strerror(errno));
@@ -98,13 +103,20 @@ static int open_made(const mnccl_id *id, size_t bytes, uint64_t deadline) {
         int fd = shm_open(id->name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
         if (fd >= 0) {
             struct stat st;
-            if (fstat(fd, &st) || st.st_uid != geteuid() || (st.st_mode & 0777) != 0600 ||
-                (size_t)st.st_size != bytes) {
+            if (fstat(fd, &st) || st.st_uid != geteuid() ||
+                (st.st_size != 0 && (size_t)st.st_size != bytes)) {
                 close(fd);
                 return FAIL(-ncclSystemError, "%s is not the segment rank 0 made (owner, mode or "
                             "size differ): refusing it", id->name);
             }
-            return fd;
+            if ((st.st_mode & 0777) == 0600 && (size_t)st.st_size == bytes)
+                return fd;
+            close(fd); /* rank 0 made it and is still sizing it: wait */
+            if (mnccl_now_ns() > deadline)
+                return FAIL(-ncclSystemError, "%s stayed unsized or not 0600: refusing it",
+                            id->name);
+            nap();
+            continue;
         }
         if (errno != ENOENT)
             return FAIL(-ncclSystemError, "shm_open(%s): %s", id->name, strerror(errno));
@@ -135,7 +147,9 @@ static int check_header(mnccl_header *h, const mnccl_id *id, int nranks, uint64_
 
 int mnccl_join(const mnccl_id *id, int nranks, int rank, uint64_t slot_bytes, uint64_t timeout_ns,
                mnccl_header **hdr, size_t *bytes) {
-    size_t n = MNCCL_HEADER + (size_t)nranks * slot_bytes;
+    if (slot_bytes == 0 || slot_bytes > MNCCL_MAX_SLOT)
+        return FAIL(ncclInvalidArgument, "MEDUSA_NCCL_SLOT_BYTES must be 64 bytes to 1 GiB");
+    size_t n = MNCCL_HEADER + (size_t)nranks * slot_bytes; /* at most 8 GiB + 4 KiB: no wrap */
     uint64_t deadline = mnccl_now_ns() + timeout_ns;
     int fd = rank == 0 ? create(id, nranks, slot_bytes, n) : open_made(id, n, deadline);
     if (fd < 0)

@@ -11,6 +11,7 @@
 #define MNCCL_SECRET 32
 #define MNCCL_NAME 48
 #define MNCCL_HEADER 4096 /* the slots start here */
+#define MNCCL_MAX_SLOT ((uint64_t)1 << 30)
 
 /* What ncclGetUniqueId writes (NCCL's 128-byte id). */
 typedef struct {
@@ -28,6 +29,10 @@ typedef struct {
     _Atomic uint32_t arrived, gen; /* the barrier: arrivals this round, rounds completed */
     _Atomic uint32_t aborted;      /* a rank gave up waiting or aborted: every wait fails */
     _Atomic int32_t pids[MNCCL_MAX_RANKS];
+    /* what each rank's current collective is (kind, type, op, count, its sequence number), so
+     * that ranks which called different collectives find out at the first meeting */
+    uint64_t calls[MNCCL_MAX_RANKS][5];
+    _Atomic uint32_t active[MNCCL_MAX_RANKS]; /* a collective of this rank is running */
     char why[256];
 } mnccl_header;
 
@@ -35,6 +40,7 @@ typedef struct {
 typedef struct {
     uint64_t magic;
     mnccl_header *shm;
+    uint64_t seq; /* collectives this rank has run (device memory: replays count too) */
     int32_t rank, nranks;
     uint64_t slot_bytes;
     uint64_t timeout_ns;
