@@ -39,12 +39,12 @@ def models(tmp_path_factory):
     return {"smollm2": "smollm2", "llama": str(root / "llama"), "qwen2": str(root / "qwen2")}
 
 
-def run_ranks(model: str, n: int, out: Path) -> list[dict]:
+def run_ranks(model: str, n: int, out: Path, *flags: str) -> list[dict]:
     out.mkdir()
-    uid = Nccl(load_backend("sim")).unique_id().hex() if n > 1 else "00"
+    uid = Nccl(load_backend("sim")).unique_id().hex()
     procs = [
         subprocess.Popen([sys.executable, str(PROGRAM), uid, str(n), str(r), model, str(out),
-                          *(["short"] if model == "smollm2" else [])],
+                          *(["short"] if model == "smollm2" else []), *flags],
                          env={**clean_env(), "MEDUSA_NCCL_TIMEOUT": "60"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(n)
@@ -60,6 +60,9 @@ def run_ranks(model: str, n: int, out: Path) -> list[dict]:
 @pytest.mark.parametrize("model", ["smollm2", "llama", "qwen2"])
 def test_two_and_four_ranks_give_the_tokens_of_one(models, model, tmp_path):
     one = run_ranks(models[model], 1, tmp_path / "1")[0]
+    if model == "llama":  # a group of one: the collectives run, over one rank
+        alone = run_ranks(models[model], 1, tmp_path / "1tp", "tp")[0]
+        assert alone["tokens"] == one["tokens"] and np.array_equal(alone["logits"], one["logits"])
     for n in (2, 4):
         ranks = run_ranks(models[model], n, tmp_path / str(n))
         for r in ranks:

@@ -1,12 +1,13 @@
 """One rank of a tensor-parallel engine (or the whole model, at 1 rank), for
 tests/engine/test_tensor_parallel.py.
 
-  python tp_rank.py UID_HEX NRANKS RANK MODEL OUT_DIR [short]
+  python tp_rank.py UID_HEX NRANKS RANK MODEL OUT_DIR [short] [tp]
 
 Every rank is given the same prompts (greedy; unless `short`, one longer than a step's token
 budget, so its prefill is chunked) and writes OUT_DIR/rank<R>.json: the completions' token
 ids, the KV block count, the start-up's timings, and the logits of every step
-(OUT_DIR/rank<R>.npy, the first sequence's row).
+(OUT_DIR/rank<R>.npy, the first sequence's row). `tp` makes a single process a tensor-parallel
+group of one (its collectives run, over one rank).
 """
 
 import json
@@ -23,11 +24,11 @@ from medusa.engine.tensor_parallel import TPRank
 
 uid, n, rank, model, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
-if sys.argv[6:] != ["short"]:
+if "short" not in sys.argv[6:]:
     PROMPTS.append("Once upon a time " * 12)
 cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256,
                    max_prefill_chunk=64, gpu_memory_utilization=0.3)  # fmt: skip
-tp = TPRank(rank, n, bytes.fromhex(uid)) if n > 1 else None
+tp = TPRank(rank, n, bytes.fromhex(uid)) if n > 1 or "tp" in sys.argv[6:] else None
 engine = LLMEngine(cfg, source=open_model(model), tensor_parallel=tp)
 logits = []
 seqs = [engine.add_request(engine.tokenizer.encode(p), SamplingParams(max_tokens=8))
