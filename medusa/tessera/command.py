@@ -141,6 +141,8 @@ def place_cmd(artifact: Path, out: Path, how: str, seed: int) -> None:
     # on device 0, as it ran eager prefill
     n = len(load_artifact(artifact).manifest["graphs"]["keys"])
     nodes = ", ".join(str(len(g)) for g in p.graphs[:n])
-    whole = f", {len(p.graphs) - n} prefill graphs whole on device 0" if len(p.graphs) > n else ""
-    click.echo(f"{out}: {how} placement of {n} decode graphs ({nodes} nodes){whole}; "
+    rest = len(p.graphs) - n
+    whole = f", {rest} prefill graph{'s' * (rest != 1)} whole on device 0" if rest > 0 else ""
+    graphs = f"{n} decode graph{'s' * (n != 1)}"
+    click.echo(f"{out}: {how} placement of {graphs} ({nodes} nodes){whole}; "
                f"accesses recorded in {p.accesses}")  # fmt: skip
