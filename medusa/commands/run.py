@@ -101,6 +101,15 @@ from medusa.commands.run_vllm import run_vllm
     "step; past it the engine fails (503, /health) instead of waiting.",
 )
 @click.option(
+    "--tensor-parallel-size",
+    type=click.IntRange(1, 8),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Split the model over N devices, one process each (this one serves HTTP); a rank that "
+    "dies or stops fails the engine (503, /health) within MEDUSA_NCCL_TIMEOUT seconds.",
+)
+@click.option(
     "--demo",
     metavar="PROMPT",
     default=None,
@@ -150,6 +159,7 @@ def run(
     validate: bool,
     partition: str | None,
     partition_timeout: float,
+    tensor_parallel_size: int,
     verbose: bool,
     max_request_bytes: int,
     pool: bool,
@@ -189,6 +199,11 @@ def run(
     check_run_inputs(config.model, artifact)
     where = where_to_listen(host, port, uds, fd, demo)
     check_partition(partition, artifact, pool)
+    if tensor_parallel_size > 1 and (artifact or pool or partition):
+        raise click.UsageError(
+            "--tensor-parallel-size does not combine with --artifact, --pool or --partition yet "
+            "(a tensor-parallel start is not restored from an artifact)"
+        )
     if (artifact or pool) and not medusa_env.TRACE.get():
         reexec_under_recorder()
     exit_on_sigterm()  # NOTE: so that what this process made in /tmp goes with it
@@ -202,4 +217,5 @@ def run(
         config, config.model, where, served_model_name, demo, artifact,
         require_artifact, validate, trust=trust, max_request_bytes=max_request_bytes,
         partition=partition, partition_timeout=partition_timeout, limits=fit_limits(limits, given),
+        tensor_parallel_size=tensor_parallel_size,
     )  # fmt: skip

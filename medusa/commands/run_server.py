@@ -106,6 +106,7 @@ def serve(
     limits: ConnectionLimits,
     partition: str | None = None,
     partition_timeout: float = 10.0,
+    tensor_parallel_size: int = 1,
 ) -> None:
     """Serves on `where` until stopped (or answers `demo` and stops)."""
     from medusa.commands.run_inputs import open_listener
@@ -118,6 +119,10 @@ def serve(
             restored_engine, config, artifact, require_artifact, validate, trust, partition,
             partition_timeout,
         )  # fmt: skip
+    if tensor_parallel_size > 1:
+        from medusa.serve.tensor_parallel import TPLeader
+
+        factory = functools.partial(TPLeader, config, tensor_parallel_size)
     async_engine = _start_engine(config, factory)
     name = served_model_name or model or "smollm2"
     app = create_app(async_engine, name, max_body_bytes=max_request_bytes)

@@ -102,7 +102,7 @@ class AsyncEngine:
                 try:
                     eng.poll_idle()
                 except Exception as e:  # noqa: BLE001 - as a failed step: told, and /health
-                    self._fail(e, "serving a Weaver region failed")
+                    self._fail(e, getattr(eng, "idle_work", "serving a Weaver region") + " failed")
                     continue
                 time.sleep(IDLE_POLL)
         eng.shutdown()  # NOTE: its step hooks first (a Weaver receiver stops serving)
