@@ -36,15 +36,15 @@ case $phase in 1 | 2 | all) ;; *) echo "all.sh: --phase takes 1, 2 or all, not '
 declare -A BOUND=(
   [stash]=5 [join]=15 [install]=60 [imports]=10 [tiny_model]=5
   [interpose_torch]=40 [engine_parity]=25 [restore_parity]=60 [simcuda_parity]=30
-  [hybridgemm_bandwidth]=25 [tessera_ptx]=15 [weaver]=75 [torch_restore]=125 [nccl_one_rank]=30
+  [hybridgemm_bandwidth]=25 [tessera_ptx]=15 [weaver]=75 [torch_restore]=125
   [engine_parity_smollm2]=40 [restore_parity_smollm2]=120 [weight_store_smollm2]=40
-  [kv_slices_smollm2]=90
+  [kv_slices_smollm2]=90 [nccl_one_rank_smollm2]=40
   [vllm_coldstart]=300
 )
 P1=(stash install imports tiny_model interpose_torch engine_parity restore_parity simcuda_parity
-    hybridgemm_bandwidth tessera_ptx weaver torch_restore nccl_one_rank)
+    hybridgemm_bandwidth tessera_ptx weaver torch_restore)
 P2=(join install imports engine_parity_smollm2 restore_parity_smollm2 weight_store_smollm2
-    kv_slices_smollm2)
+    kv_slices_smollm2 nccl_one_rank_smollm2)
 case $phase in
   1) STEPS=("${P1[@]}") ;;
   2) STEPS=("${P2[@]}") ;;
@@ -115,7 +115,7 @@ missing() {
   esac
   [ "${STATUS[imports]:-}" = ok ] || { echo "Medusa not importable (see install, imports)"; return; }
   case $s in
-    engine_parity | restore_parity | nccl_one_rank)
+    engine_parity | restore_parity)
       [ "${STATUS[tiny_model]:-}" = ok ] || { echo "no tiny model (see tiny_model)"; return; } ;;
   esac
   case $s in
@@ -146,7 +146,7 @@ run_step() {
   local -a env=()
   case $s in
     *_smollm2) env=(MEDUSA_GPU_MODEL="$(model_smollm2)") ;;
-    engine_parity | nccl_one_rank) env=(MEDUSA_GPU_MODEL="$STATE/tiny/tiny-llama.gguf") ;;
+    engine_parity) env=(MEDUSA_GPU_MODEL="$STATE/tiny/tiny-llama.gguf") ;;
     restore_parity)  # (a tiny model's load is too short for the serve-while-loading bench)
       env=(MEDUSA_GPU_MODEL="$STATE/tiny/tiny-llama.gguf" MEDUSA_GPU_REPEAT=2 MEDUSA_GPU_SERVE_BENCH=0) ;;
     torch_restore) cmd+=(--limits "30,60,30") ;;  # its stages' own bounds, inside the step's

@@ -6,7 +6,7 @@
 # engine alone: the same greedy tokens. On a machine with a GPU, after scripts/gpu/all.sh
 # installed Medusa:
 #   bash scripts/gpu/nccl_one_rank.sh
-# MEDUSA_GPU_MODEL: smollm2 (default) or a .gguf file (all.sh's tiny random Llama).
+# MEDUSA_GPU_MODEL: smollm2 (default; all.sh's call 2) or a .gguf file.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/lib/require.sh

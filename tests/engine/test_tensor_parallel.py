@@ -60,9 +60,11 @@ def run_ranks(model: str, n: int, out: Path, *flags: str) -> list[dict]:
 @pytest.mark.parametrize("model", ["smollm2", "llama", "qwen2"])
 def test_two_and_four_ranks_give_the_tokens_of_one(models, model, tmp_path):
     one = run_ranks(models[model], 1, tmp_path / "1")[0]
-    if model == "llama":  # a group of one: the collectives run, over one rank
+    if model == "llama":  # a group of one: the collectives run, over one rank (the residual
+        # adds after the row-parallel products round once more than a GEMM that accumulates)
         alone = run_ranks(models[model], 1, tmp_path / "1tp", "tp")[0]
-        assert alone["tokens"] == one["tokens"] and np.array_equal(alone["logits"], one["logits"])
+        assert alone["tokens"] == one["tokens"]
+        assert float(np.abs(alone["logits"] - one["logits"]).max()) < LOGITS_ATOL
     for n in (2, 4):
         ranks = run_ranks(models[model], n, tmp_path / str(n))
         for r in ranks:
