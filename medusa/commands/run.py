@@ -181,7 +181,7 @@ def run(
     if engine_name == "vllm":
         refuse_reference_options(
             [*engine, "served_model_name", "demo", "validate", "uds", "fd", "max_connections",
-             "header_timeout", "body_timeout", "allow_fallback"],
+             "header_timeout", "body_timeout", "allow_fallback", "tensor_parallel_size"],
             "medusa run --engine vllm --artifact DIR -- --seed 3",
         )  # fmt: skip
         run_vllm(model, artifact, list(argv), host, port, require_artifact, trust)

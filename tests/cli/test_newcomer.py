@@ -192,8 +192,12 @@ def test_vllm_arguments_follow_the_double_dash():
 
     from medusa.cli import main
 
+    res = CliRunner().invoke(main, ["run", "--engine", "vllm", "--trust-remote-code"])
+    assert res.exit_code == 2 and "No such option '--trust-remote-code'" in res.output
+    # the reference engine's own --tensor-parallel-size: vLLM's goes after --
     res = CliRunner().invoke(main, ["run", "--engine", "vllm", "--tensor-parallel-size", "2"])
-    assert res.exit_code == 2 and "No such option '--tensor-parallel-size'" in res.output
+    assert res.exit_code == 2 and "--tensor-parallel-size: the reference engine's" in res.output
+    assert "pass vLLM's own after --" in res.output
     usage = " ".join(CliRunner().invoke(main, ["run", "-h"]).output.split())
     assert (
         "arguments after -- go to vllm serve: medusa run --engine vllm MODEL -- --seed 3" in usage
