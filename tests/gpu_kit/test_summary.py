@@ -5,6 +5,7 @@ model; the lines of checks that need a GPU to print anything are given as they p
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,7 @@ def test_coldstart_gives_ttft_and_graph_stage_per_1000_nodes(tmp_path, tiny):
     fig = summarize(tmp_path, {"restore_parity": out})["restore_parity"]["figure"]
     assert "TTFT after process start: baseline " in fig and " s, restored " in fig
     assert "graph stage per 1000 nodes: capture " in fig and " ms vs restore " in fig
+    assert re.search(r"restored TTFT [\d.]+ s = [\d.]+x the floor \([\d.]+x overlapped\)", fig)
 
 
 def test_weights_gives_the_store_against_cudamemcpy_from_pinned_memory(tmp_path, tiny):

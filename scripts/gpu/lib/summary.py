@@ -47,6 +47,10 @@ def _restore(text: str) -> str:
     )
     if m:
         parts.append(f"graph stage per 1000 nodes: capture {m[1]} ms vs restore {m[2]} ms")
+    m = re.search(r"^restored time to first token ([\d.]+) s: ([\d.]+)x the serial floor, "
+                  r"([\d.]+)x the overlapped one", text, re.M)  # fmt: skip
+    if m:
+        parts.append(f"restored TTFT {m[1]} s = {m[2]}x the floor ({m[3]}x overlapped)")
     parts.append(_lines(text, "restore_parity: identical"))
     return "; ".join(p for p in parts if p)
 
