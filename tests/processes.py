@@ -117,3 +117,16 @@ def run_restored(
     )
     assert res.returncode == 0, res.stderr[-4000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def child_running(parent: int, marker: bytes) -> int:
+    """The pid of `parent`'s child whose command line holds `marker` (a follower it started)."""
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and marker in cmd:
+            return pid
+    raise AssertionError(f"no child of {parent} running {marker.decode()}")

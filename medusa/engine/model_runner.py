@@ -22,7 +22,7 @@ from medusa.engine.prefill_graphs import PrefillGraphs
 from medusa.engine.runner_weights import RunnerWeights
 from medusa.engine.sequence import Sequence
 from medusa.engine.spec import ModelSpec
-from medusa.engine.tensor_parallel import TPGroup, TPRank, unshard_rows
+from medusa.engine.tensor_parallel import TPGroup, TPRank
 
 
 class ModelRunner:
@@ -270,8 +270,8 @@ class ModelRunner:
 
     def _upload(self, batch: Batch) -> None:
         upload(self.dev, self.ws, batch)
-        if self.tp is not None and self.tp.shard.vocab_parallel:  # depends on the rows
-            self.dev.upload(self.ws["unshard"], unshard_rows(batch.num_seqs, self.tp.size))
+        if self.tp is not None:
+            self.tp.upload_unshard(self.ws, batch.num_seqs)
 
     def capture_step(self, batch: Batch, tokens: int, seqs: int, out: Buffer, warm: bool) -> int:
         """A graph (its exec) of one step of `batch` ran as `tokens` tokens of `seqs` sequences,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -160,6 +161,14 @@ class TPGroup:
         self.shard = plan_shard(spec, tp.rank, tp.size)
         self.comm = Nccl(device.b).init_rank(tp.size, tp.uid, tp.rank)
         self._scratch = device.alloc(8)
+        self._unshard_rows = 0  # the row count ws["unshard"] holds the table of
+
+    def upload_unshard(self, ws: dict[str, Any], rows: int) -> None:
+        """Where each rank's logits go for a step of `rows` rows (Forward._sharded_logits): the
+        table depends on the row count only, so it is written when that changes."""
+        if self.shard.vocab_parallel and rows != self._unshard_rows:
+            self.dev.upload(ws["unshard"], unshard_rows(rows, self.size))
+            self._unshard_rows = rows
 
     def all_reduce(self, buf: int, count: int) -> None:
         """buf[count] float32 = the sum over the ranks, on the stream (a capture records it)."""

@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from medusa.child import medusa_cli
-from tests.processes import clean_env, medusa
+from tests.processes import child_running, clean_env, medusa
 from tests.security._shm import Worker, free_port, wait_healthy
 from tests.tessera.conftest import CONFIG, tiny  # noqa: F401 - the session's artifact
 
@@ -22,19 +21,6 @@ from tests.tessera.conftest import CONFIG, tiny  # noqa: F401 - the session's ar
 pytestmark = pytest.mark.e2e
 
 OPTS = [f"--{k.replace('_', '-')}={v}" for k, v in CONFIG.items()]
-
-
-def _follower(worker: int) -> int:
-    """The follower process the worker started (its child running medusa.tessera.partition)."""
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == worker and b"medusa.tessera.partition" in cmd:
-            return pid
-    raise AssertionError("no follower process")
 
 
 def test_a_stopped_follower_fails_the_request_and_health(tiny, tmp_path):  # noqa: F811
@@ -52,7 +38,7 @@ def test_a_stopped_follower_fails_the_request_and_health(tiny, tmp_path):  # noq
     try:
         wait_healthy(w)
         assert w.complete(max_tokens=4).status_code == 200  # split over both processes
-        follower = _follower(proc.pid)
+        follower = child_running(proc.pid, b"medusa.tessera.partition")
         os.kill(follower, signal.SIGSTOP)
         r = w.complete(max_tokens=4)  # NOTE: 60 s client timeout: the old wait was 600 s
         assert r.status_code == 503, r.text

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from medusa.child import medusa_cli
-from tests.processes import clean_env, medusa
+from tests.processes import child_running, clean_env, medusa
 from tests.security._shm import Worker, free_port, tiny_model, wait_healthy
 
 # Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
@@ -41,17 +41,15 @@ def test_a_tensor_parallel_server_answers_as_one_device(model, n):
     assert _answer(model, "--tensor-parallel-size", str(n)) == _answer(model)
 
 
-def _follower(server: int) -> int:
-    """A rank the server started (its child running medusa.serve.tensor_parallel)."""
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == server and b"tensor_parallel" in cmd:
-            return pid
-    raise AssertionError("no follower rank")
+def _serve_two_ranks(model: Path) -> Worker:
+    """`medusa run MODEL --tensor-parallel-size 2` on a free port, collectives' timeout 2 s."""
+    port = free_port()
+    cmd = medusa_cli("run", str(model), *OPTS, "--tensor-parallel-size", "2",
+                     "--served-model-name", "tiny", "--port", str(port))  # fmt: skip
+    env = {**clean_env(), "MEDUSA_NCCL_TIMEOUT": "2"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    return Worker(proc, f"http://127.0.0.1:{port}")
 
 
 def _health_fails_within(w: Worker, seconds: float) -> dict:
@@ -66,18 +64,13 @@ def _health_fails_within(w: Worker, seconds: float) -> dict:
 
 @pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_a_rank_that_stops_or_dies_fails_requests_and_health(model, how):
-    port = free_port()
-    cmd = medusa_cli("run", str(model), *OPTS, "--tensor-parallel-size", "2",
-                     "--served-model-name", "tiny", "--port", str(port))  # fmt: skip
-    env = {**clean_env(), "MEDUSA_NCCL_TIMEOUT": "2"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    w = Worker(proc, f"http://127.0.0.1:{port}")
+    w = _serve_two_ranks(model)
+    proc = w.proc
     follower = 0
     try:
         wait_healthy(w)
         assert w.complete(max_tokens=4).status_code == 200
-        follower = _follower(proc.pid)
+        follower = child_running(proc.pid, b"tensor_parallel")
         os.kill(follower, signal.SIGSTOP if how == "stopped" else signal.SIGKILL)
         # idle: the heartbeat finds it (a stopped rank within the 2 s timeout, a dead one at
         # the next beat)
@@ -92,17 +85,12 @@ def test_a_rank_that_stops_or_dies_fails_requests_and_health(model, how):
 
 
 def test_a_rank_stopped_mid_request_fails_it_within_the_timeout(model):
-    port = free_port()
-    cmd = medusa_cli("run", str(model), *OPTS, "--tensor-parallel-size", "2",
-                     "--served-model-name", "tiny", "--port", str(port))  # fmt: skip
-    env = {**clean_env(), "MEDUSA_NCCL_TIMEOUT": "2"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    w = Worker(proc, f"http://127.0.0.1:{port}")
+    w = _serve_two_ranks(model)
+    proc = w.proc
     follower = 0
     try:
         wait_healthy(w)
-        follower = _follower(proc.pid)
+        follower = child_running(proc.pid, b"tensor_parallel")
         os.kill(follower, signal.SIGSTOP)
         t0 = time.monotonic()
         r = w.complete(max_tokens=64)  # its first step's collectives wait for rank 1

@@ -213,6 +213,21 @@ static void check_calls(const mnccl_state *s) {
 
 static void end(const mnccl_state *s) { atomic_store(&s->shm->active[s->rank], 0); }
 
+/* Waits for every rank; a rank that does not come aborts the communicator and the kernel traps. */
+static void meet(mnccl_state *s, const char *what) {
+    if (mnccl_barrier(s->shm, s->nranks, s->timeout_ns, s->rank))
+        trap(s, what);
+}
+
+/* This rank's N bytes into its slot, then the meeting; at a call's first chunk every rank also
+ * checks that all called the same collective. */
+static void share(mnccl_state *s, const uint8_t *src, size_t n, int first, const char *what) {
+    memcpy(mnccl_slot(s, s->rank), src, n);
+    meet(s, what);
+    if (first)
+        check_calls(s);
+}
+
 static void all_reduce(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct coll_args *a = p;
@@ -226,16 +241,11 @@ static void all_reduce(const simcuda_kctx *ctx, const void *p) {
     begin(s, a, 1);
     for (size_t off = 0; off < total; off += chunk) {
         size_t n = total - off < chunk ? total - off : chunk;
-        memcpy(mnccl_slot(s, s->rank), a->send + off, n);
-        if (mnccl_barrier(s->shm, s->nranks, s->timeout_ns, s->rank))
-            trap(s, "ncclAllReduce");
-        if (off == 0)
-            check_calls(s);
+        share(s, a->send + off, n, off == 0, "ncclAllReduce");
         for (int r = 0; r < s->nranks; r++)
             src[r] = mnccl_slot(s, r);
         mnccl_reduce(a->recv + off, src, s->nranks, n / es, a->type, a->op);
-        if (mnccl_barrier(s->shm, s->nranks, s->timeout_ns, s->rank))
-            trap(s, "ncclAllReduce");
+        meet(s, "ncclAllReduce");
     }
     end(s);
 }
@@ -252,15 +262,10 @@ static void all_gather(const simcuda_kctx *ctx, const void *p) {
     begin(s, a, 2);
     for (size_t off = 0; off < each; off += chunk) {
         size_t n = each - off < chunk ? each - off : chunk;
-        memcpy(mnccl_slot(s, s->rank), a->send + off, n);
-        if (mnccl_barrier(s->shm, s->nranks, s->timeout_ns, s->rank))
-            trap(s, "ncclAllGather");
-        if (off == 0)
-            check_calls(s);
+        share(s, a->send + off, n, off == 0, "ncclAllGather");
         for (int r = 0; r < s->nranks; r++)
             memcpy(a->recv + (size_t)r * each + off, mnccl_slot(s, r), n);
-        if (mnccl_barrier(s->shm, s->nranks, s->timeout_ns, s->rank))
-            trap(s, "ncclAllGather");
+        meet(s, "ncclAllGather");
     }
     end(s);
 }
