@@ -98,7 +98,14 @@ def _weights(m: dict[str, Any]) -> list[str]:
     """An engine artifact's weight store, or that it has none."""
     if m["kind"] != "engine":
         return []
-    w = m.get("weights")
+    w, tp = m.get("weights"), m.get("tensor_parallel")
+    if tp:
+        nodes = ", ".join(str(r["graphs"]["nodes"]) for r in tp["ranks"])
+        return [
+            f"  tensor parallel {tp['size']} ranks, one plan each ({nodes} nodes); `medusa run "
+            f"--artifact` starts {tp['size']} rank processes",
+            "  weights   no store (each rank loads its shard from the model file)",
+        ]
     if not w:
         return ["  weights   no store (a restored start loads the model file)"]
     return [

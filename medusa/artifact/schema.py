@@ -231,9 +231,17 @@ WEIGHTS = Obj(
         "hash": Const(("xxh3_128",)),
     }
 )
+# A tensor-parallel engine's: the group's size and each rank's own sections (the top-level ones
+# are rank 0's); the plan holds rank 0's plan and, under "ranks", every other rank's.
+MAX_RANKS = 64
+RANK = Obj(
+    {"kv": KV, "graphs": COMMON["graphs"], "relocations": COMMON["relocations"],
+     "device": COMMON["device"]}
+)  # fmt: skip
+TENSOR_PARALLEL = Obj({"size": Int(2, MAX_RANKS + 1), "ranks": List(RANK, max_len=MAX_RANKS)})
 # One schema per kind of artifact: what `medusa materialize` writes for each.
 MANIFEST = {
-    "engine": Obj({**COMMON, "kv": KV, "weights?": WEIGHTS}),
+    "engine": Obj({**COMMON, "kv": KV, "weights?": WEIGHTS, "tensor_parallel?": TENSOR_PARALLEL}),
     "command": Obj(COMMON),
     "vllm": Obj({**COMMON, "vllm": Map(JSON())}),
 }

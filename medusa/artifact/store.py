@@ -28,7 +28,8 @@ from medusa.scratch import ScratchDir
 # 4: an engine artifact may carry a weight store (manifest "weights"). 5: the KV cache is
 # block-major (its kernels take a block stride), VMM relocations are relative to reservations, and
 # an elastic KV cache is described under "kv".
-SCHEMA_VERSION = 6  # 6: kv.held_bytes and kv.profile_peak_bytes (the KV size follows the device)
+# 6: kv.held_bytes and kv.profile_peak_bytes (the KV size follows the device).
+SCHEMA_VERSION = 7  # 7: a tensor-parallel engine's every rank (manifest "tensor_parallel")
 PLAN = "plan.msgpack.zst"
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SEAL_BYTES = 4096
@@ -50,6 +51,39 @@ class Artifact:
         """The key that signed the artifact (checked only when a trusted key was given)."""
         return key_id(self.seal.public_key) if self.seal.public_key else None
 
+    @property
+    def ranks(self) -> int:
+        """The tensor-parallel group it was materialized for (1: one device)."""
+        tp = self.manifest.get("tensor_parallel")
+        return int(tp["size"]) if tp else 1
+
+    def for_rank(self, rank: int, size: int) -> Artifact:
+        """Rank `rank`'s artifact in a tensor-parallel group of `size` (size 1: this one): its
+        plan, and its own kv, graphs, relocations and device in the manifest. ArtifactError if
+        it was materialized for another group size, or its plans do not match its manifest."""
+        if self.ranks != size:
+            fix = f"--tensor-parallel-size {size}" if size > 1 else "no --tensor-parallel-size"
+            raise ArtifactError(
+                f"{self.path}: materialized for {_group(self.ranks)}, this start is "
+                f"{_group(size)}; materialize again with {fix}"
+            )
+        if size == 1:
+            return self
+        tp, others = self.manifest["tensor_parallel"], self.plan.get("ranks")
+        if len(tp["ranks"]) != size or not isinstance(others, list) or len(others) != size - 1:
+            raise ArtifactError(
+                f"{self.path}: the manifest and the plan do not hold {size} ranks' sections "
+                "(corrupted; materialize again)"
+            )
+        plan = (
+            {k: v for k, v in self.plan.items() if k != "ranks"} if rank == 0 else others[rank - 1]
+        )
+        if not isinstance(plan, dict) or "graphs" not in plan:
+            raise ArtifactError(f"{self.path / PLAN}: rank {rank}'s plan is not a restore plan; "
+                                "materialize again")  # fmt: skip
+        manifest = {**self.manifest, **tp["ranks"][rank]}
+        return Artifact(self.path, manifest, plan, self.seal)
+
     def image(self, sha256: str) -> bytes | None:
         """A saved module image the manifest lists, read again and checked against its sha256;
         None when the artifact saved no image with that hash ("": a kernel of no known image)."""
@@ -70,6 +104,10 @@ class Artifact:
                 f"{self.path / name}: checksum mismatch (corrupted; materialize again)"
             )
         return data
+
+
+def _group(size: int) -> str:
+    return "one device" if size == 1 else f"a tensor-parallel group of {size}"
 
 
 def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],

@@ -69,6 +69,16 @@ from medusa.commands.options import (
     help="Record a third run with kernels' accesses traced (simcuda; slow) and check the "
     "pointer classification against them: warn on a disagreement, or (strict) refuse.",
 )
+@click.option(
+    "--tensor-parallel-size",
+    type=click.IntRange(1, 8),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Record the model split over N devices, one process each (every rank recorded twice, "
+    "at once); the artifact holds every rank's plan, and `medusa run --artifact` starts N ranks. "
+    "Each rank loads its shard from the model file: no weight store.",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def materialize(
     model: str | None,
@@ -100,6 +110,9 @@ def materialize(
         if engine_name == "vllm":
             target, summary = _record_vllm(model, argv, out, kind, echo, engine)
         elif command:
+            if engine["tensor_parallel_size"] != 1:
+                raise click.UsageError("--tensor-parallel-size is the reference engine's: drop it "
+                                       "with --command")  # fmt: skip
             target, summary = _record_command(
                 model, argv, out, kind, echo, skip_phase, check_accesses
             )
@@ -205,7 +218,15 @@ def _record_engine(
         from medusa.tessera.record import pointer_check
 
         check = pointer_check(kind, strict=check_accesses == "strict")
-    summary = materialize_engine(config, target, kind, echo, weights=not no_weights, check=check)
+    ranks = int(engine["tensor_parallel_size"])  # type: ignore[call-overload]
+    if ranks > 1 and check:
+        raise click.UsageError("--check-accesses records one device: drop it, or "
+                               "--tensor-parallel-size")  # fmt: skip
+    if ranks > 1 and not no_weights:
+        echo(f"tensor-parallel size {ranks}: each rank loads its shard from the model file (no "
+             "weight store)")  # fmt: skip
+    summary = materialize_engine(config, target, kind, echo, weights=not no_weights and ranks == 1,
+                                 check=check, ranks=ranks)  # fmt: skip
     return target, summary
 
 

@@ -22,6 +22,7 @@ from medusa.commands.run_inputs import (
     check_run_inputs,
     engine_config,
     fit_limits,
+    group_size,
     setup_logging,
     where_to_listen,
 )
@@ -103,11 +104,11 @@ from medusa.commands.run_vllm import run_vllm
 @click.option(
     "--tensor-parallel-size",
     type=click.IntRange(1, 8),
-    default=1,
-    show_default=True,
+    default=None,
     metavar="N",
     help="Split the model over N devices, one process each (this one serves HTTP); a rank that "
-    "dies or stops fails the engine (503, /health) within MEDUSA_NCCL_TIMEOUT seconds.",
+    "dies or stops fails the engine (503, /health) within MEDUSA_NCCL_TIMEOUT seconds. "
+    "Default: the --artifact's group size, else 1.",
 )
 @click.option(
     "--demo",
@@ -159,7 +160,7 @@ def run(
     validate: bool,
     partition: str | None,
     partition_timeout: float,
-    tensor_parallel_size: int,
+    tensor_parallel_size: int | None,
     verbose: bool,
     max_request_bytes: int,
     pool: bool,
@@ -189,6 +190,12 @@ def run(
         raise click.UsageError(
             f"unexpected arguments {' '.join(argv)}: only --engine vllm takes arguments (after --)"
         )
+    tensor_parallel_size = group_size(tensor_parallel_size, artifact, trust, allow_fallback)
+    if tensor_parallel_size > 1 and (pool or partition):
+        raise click.UsageError(
+            "--tensor-parallel-size (or a tensor-parallel --artifact) does not combine with "
+            "--pool or --partition yet"
+        )
     if pool:
         check_pool_inputs(model, artifact, prepare)
     config = engine_config(model, artifact, trust, engine, allow_fallback, require_artifact)
@@ -199,11 +206,6 @@ def run(
     check_run_inputs(config.model, artifact)
     where = where_to_listen(host, port, uds, fd, demo)
     check_partition(partition, artifact, pool)
-    if tensor_parallel_size > 1 and (artifact or pool or partition):
-        raise click.UsageError(
-            "--tensor-parallel-size does not combine with --artifact, --pool or --partition yet "
-            "(a tensor-parallel start is not restored from an artifact)"
-        )
     if (artifact or pool) and not medusa_env.TRACE.get():
         reexec_under_recorder()
     exit_on_sigterm()  # NOTE: so that what this process made in /tmp goes with it

@@ -120,6 +120,31 @@ def check_partition(partition: str | None, artifact: str | None, pool: bool) -> 
         )  # fmt: skip
 
 
+def group_size(given: int | None, artifact: str | None, trust: str | None, fallback: bool) -> int:
+    """The tensor-parallel group's size: --tensor-parallel-size, else the --artifact's (1 for
+    one device). Another size than the artifact's is refused (with --allow-fallback: started
+    that way, the normal way)."""
+    from medusa.artifact import ArtifactError, read_manifest
+
+    recorded = None  # NOTE: an artifact that cannot be read: the start refuses it, with why
+    if artifact:
+        try:
+            tp = read_manifest(Path(artifact), trust).get("tensor_parallel")
+            recorded = tp["size"] if tp else 1
+        except (ArtifactError, OSError):
+            pass
+    if given is None:
+        return recorded or 1
+    if recorded is None or given == recorded or fallback:
+        return given
+    raise click.UsageError(
+        f"--tensor-parallel-size {given}: the artifact {artifact} was materialized for "
+        + (f"a tensor-parallel group of {recorded}" if recorded > 1 else "one device")
+        + f"; drop the flag (or pass {recorded}), or materialize again with "
+        f"--tensor-parallel-size {given}"
+    )
+
+
 def where_to_listen(
     host: str, port: int, uds: str | None, fd: int | None, demo: str | None
 ) -> Where:

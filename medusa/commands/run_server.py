@@ -122,7 +122,9 @@ def serve(
     if tensor_parallel_size > 1:
         from medusa.serve.tensor_parallel import TPLeader
 
-        factory = functools.partial(TPLeader, config, tensor_parallel_size)
+        restore = {"artifact": artifact, "require_artifact": require_artifact,
+                   "validate": validate, "trust": trust} if artifact else {}  # fmt: skip
+        factory = functools.partial(TPLeader, config, tensor_parallel_size, **restore)
     async_engine = _start_engine(config, factory)
     name = served_model_name or model or "smollm2"
     app = create_app(async_engine, name, max_body_bytes=max_request_bytes)

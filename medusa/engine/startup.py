@@ -4,7 +4,6 @@ stages are in medusa.engine.startup_weights. LLMEngine makes one and runs it."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import logging
@@ -15,19 +14,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from medusa.artifact import Artifact, load_artifact
-from medusa.engine.artifact_settings import graph_keys
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
-from medusa.engine.kv_cache import KVCache, kv_cache_class
-from medusa.engine.kv_size import KVSize, blocks_that_fit
+from medusa.engine.kv_size import KVSize
 from medusa.engine.loader import ModelSource
 from medusa.engine.model_runner import ModelRunner
-from medusa.engine.prefill_graphs import validate_graphs
-from medusa.engine.startup_weights import WeightStartUp
+from medusa.engine.startup_restore import RestoreSteps
 from medusa.engine.tensor_parallel import TPRank, check_tensor_parallel
 from medusa.engine.tokenizer import Tokenizer
 from medusa.errors import MedusaError
-from medusa.restore import RestoreError, Restorer
+from medusa.restore import Restorer
 from medusa.restore.compat import check_compatible, device_fingerprint
 from medusa.trace import control as trace
 from medusa.weights import WeightStore
@@ -35,7 +31,7 @@ from medusa.weights import WeightStore
 log = logging.getLogger("medusa.engine.startup")
 
 
-class StartUp(WeightStartUp):
+class StartUp(RestoreSteps):
     """One engine's start-up (LLMEngine.startup): `run` builds the device, the weights' source,
     the runner and the tokenizer, restored or started the normal way; what it found (timings,
     restore_error, store_error, ...) stays here, and a store's load may settle after it, while
@@ -80,7 +76,7 @@ class StartUp(WeightStartUp):
             self.spec = self.source.spec
         art = self._check_artifact(loaded)
         if self._tp is not None:
-            check_tensor_parallel(self.config, art, self.store)
+            check_tensor_parallel(self.config, self.store)
         self.runner = ModelRunner(self.config, self.spec, self.device, self._tp)
         with self._stage("weights_alloc"):
             self.runner.weights.allocate(self.store)
@@ -110,12 +106,15 @@ class StartUp(WeightStartUp):
         # trigger runs a layer to load hidden kernels, and it reads weights.
         if art is None or not self._gate_weights():
             self._weights_ready()
-        if art is not None:
+        # NOTE: a tensor-parallel rank whose artifact was refused still takes the restore's
+        # steps beside its peers (startup_restore): they all fall back together
+        if art is not None or (self._tp is not None and self.restore_error is not None):
             try:
                 self._restore(art, validate)
                 self.restored = True
             except Exception as e:  # NOTE: any failure, of any type: undo it, fall back
-                self._fall_back(f"restore failed: {_reason(e)}", self._require)
+                if art is not None:
+                    self._fall_back(f"restore failed: {_reason(e)}", self._require)
                 self.runner.free_kv()
         if not self.restored:
             self.runner.weights.settle()
@@ -163,6 +162,8 @@ class StartUp(WeightStartUp):
         if art is None:
             return None
         try:
+            tp = self._tp or TPRank(0, 1, b"")
+            art = art.for_rank(tp.rank, tp.size)
             check_compatible(
                 art.manifest,
                 model_identity=self.source.identity(),
@@ -173,95 +174,6 @@ class StartUp(WeightStartUp):
         except Exception as e:  # NOTE: whatever is wrong, fall back (--require-artifact: exit)
             self._fall_back(_reason(e), self._require)
             return None
-
-    def _fall_back(self, reason: str, require: bool) -> None:
-        self.restore_error = reason
-        if require:
-            raise RestoreError(f"{reason} (--require-artifact: not starting the normal way)")
-        log.warning("artifact not used, starting the normal way: %s", reason)
-        if self.restorer is not None:
-            self.runner.drop_graphs()
-            self.restorer.release(graphs=False)
-            self.runner.free_kv()
-            self.restorer = None
-
-    def _allocate_kv(self, kv: KVSize) -> None:
-        if self.runner.tp is not None:  # the ranks share one block table: the fewest blocks
-            kv = dataclasses.replace(kv, num_blocks=self.runner.tp.agree_min(kv.num_blocks))
-        log.info("%s", kv.describe())
-        self.kv_size = kv
-        with self._stage("kv_alloc"):
-            self.runner.allocate_kv(kv.num_blocks)
-
-    def _restore(self, art: Artifact, validate: bool) -> None:
-        with self._stage("kv_restore"):  # NOTE: the stage's name stays: logs and docs know it
-            kv = self._restored_kv_size(art.manifest["kv"])
-        self._allocate_kv(kv)
-        # NOTE: a static cache is the kv_alloc phase's one allocation; its size is this device's
-        # (the graphs index it through block tables, data), every other allocation must match.
-        resized = {} if self.runner_kv_class.maps_on_demand else {("kv_alloc", 0): kv.nbytes}
-        with self._stage("graph_restore"):
-            self.restorer = Restorer(art, self.device.b, since=self._restore_since,
-                                     sizes=resized)  # fmt: skip
-            self.runner.trigger()
-            result = self.restorer.restore(self.device.stream)
-            sizes, prefill = graph_keys(art.manifest["graphs"], self.config, len(result.execs))
-            n = len(sizes) + len(prefill)
-            outs = [self.restorer.address("graph_capture", i) for i in range(n)]
-            self.runner.adopt_graphs(result.execs, outs, sizes, prefill)
-            self.restore_methods = dict(result.methods)
-        if validate:
-            with self._stage("validate"):
-                validate_graphs(self.runner, sizes, prefill)
-
-    def _restored_kv_size(self, kv: dict[str, Any]) -> KVSize:
-        """This device's block count: derived from the artifact's profiling peak and the memory
-        free now (no forward pass), unless the cache is elastic (the recorded range, which its
-        pages fill on demand), kv_cache_memory is given, or the artifact was materialized with
-        one (no profiling peak recorded: the recorded count, if its memory is free)."""
-        bb = self.runner.block_bytes
-        if kv["block_bytes"] != bb:
-            raise RestoreError(
-                f"the artifact's KV blocks are {kv['block_bytes']} bytes, this engine's {bb}: "
-                "materialize again"
-            )
-        elastic = self.runner_kv_class.maps_on_demand  # its graphs point into the recorded range
-        if self.config.kv_cache_memory is not None and not elastic:
-            return KVSize(self.config.kv_cache_memory // bb, bb, "configured")
-        if elastic or "profile_peak_bytes" not in kv:
-            if elastic and self.config.kv_cache_memory is not None:
-                log.warning("kv_cache_memory is not used: an elastic cache restores the range "
-                            "it was materialized with, its pages mapped on demand")  # fmt: skip
-            self._check_kv_memory(kv)
-            return KVSize(kv["num_blocks"], bb, "restored")
-        free, total = self.device.mem_info()
-        peak = kv["profile_peak_bytes"]
-        num, inputs = blocks_that_fit(self.config, bb, free=free, total=total, peak=peak)
-        return KVSize(num, bb, "derived", inputs)
-
-    @property
-    def runner_kv_class(self) -> type[KVCache]:
-        return kv_cache_class(self.config.kv_memory)
-
-    def _check_kv_memory(self, kv: dict[str, int]) -> None:
-        """A static cache needs all of its memory free now; an elastic one (maps_on_demand) only
-        reserves its range, and maps what the ledger (or the device) gives as requests come."""
-        need = kv["num_blocks"] * self.runner.block_bytes
-        free, _ = self.device.mem_info()
-        if need <= free:
-            return
-        if self.runner_kv_class.maps_on_demand:
-            log.warning(
-                "the artifact's KV cache was %.0f MiB and %.0f MiB are free: starting elastic, "
-                "requests queue while pages are short",
-                need / 2**20,
-                free / 2**20,
-            )
-            return
-        raise RestoreError(
-            f"the artifact's KV cache needs {need / 2**20:.0f} MiB and {free / 2**20:.0f} MiB are "
-            "free: another process holds device memory (kv_memory='elastic' starts anyway)"
-        )
 
 
 def _reason(e: Exception) -> str:

@@ -2,10 +2,12 @@
 starts the engine, then writes what its start-up built as JSON: the model, the KV cache, the
 captured graphs' keys (decode: batch sizes, prefill: tokens), the stages' timings and the device.
 
-    python -m medusa.engine.startup_report CONFIG OUT STORE
+    python -m medusa.engine.startup_report CONFIG OUT STORE [TP]
 
 CONFIG: the EngineConfig as JSON; OUT: the file to write; STORE: a weight store to load the
-weights from ("" for the model file). It exits with the reason if the store was not used."""
+weights from ("" for the model file). It exits with the reason if the store was not used. TP: a
+file (private: it holds the communicator's id) naming this process's rank of a tensor-parallel
+group, {"rank": R, "size": N, "uid": HEX}."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 from medusa import plugins
 from medusa.engine.config import EngineConfig
 from medusa.engine.llm_engine import LLMEngine
+from medusa.engine.tensor_parallel import TPRank
 from medusa.restore.compat import device_fingerprint
 
 
@@ -40,9 +43,14 @@ def report(e: LLMEngine) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    config, out, store = argv
+    config, out, store, *tp_file = argv
     plugins.register()  # what the config may name (kv_memory="elastic")
-    e = LLMEngine(EngineConfig(**json.loads(config)), store=store or None)
+    tp = None
+    for path in tp_file:
+        with open(path) as f:
+            t = json.load(f)
+        tp = TPRank(int(t["rank"]), int(t["size"]), bytes.fromhex(t["uid"]))
+    e = LLMEngine(EngineConfig(**json.loads(config)), store=store or None, tensor_parallel=tp)
     if e.store_error:
         sys.exit("the weight store was not used: " + e.store_error)
     with open(out, "w") as f:

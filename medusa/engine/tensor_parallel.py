@@ -190,13 +190,8 @@ class TPGroup:
         self.comm.destroy()
 
 
-def check_tensor_parallel(config: EngineConfig, artifact: object, store: object) -> None:
+def check_tensor_parallel(config: EngineConfig, store: object) -> None:
     """What a tensor-parallel start does not combine with yet, refused before any work."""
-    if artifact is not None:
-        raise TensorParallelError(
-            "a tensor-parallel start cannot restore an artifact yet (each rank's plan is not "
-            "recorded); start it without --artifact"
-        )
     if config.step_hooks or config.kv_memory != "static":
         # NOTE: Weaver's fallback and an elastic cache's preemption decide per rank: the ranks
         # would run different steps

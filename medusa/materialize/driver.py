@@ -62,6 +62,49 @@ def record_run(
     return dt
 
 
+def run_group(
+    cmds: list[list[str]], envs: list[dict[str, str]], logs: list[Path], what: str
+) -> None:
+    """Runs every rank of a tensor-parallel start-up at once (they meet in collectives), one
+    process each, stderr to LOGS; the first to fail stops the others (they would wait for it
+    until the collectives' timeout), and MaterializeError names it with its log's end."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for cmd, env, log in zip(cmds, envs, logs, strict=True):
+            with log.open("wb") as err:
+                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err))
+        while any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if failed:
+                break
+            time.sleep(0.05)
+        for r, p in enumerate(procs):
+            if p.poll() not in (None, 0):
+                tail = logs[r].read_text(errors="replace")[-3000:]
+                raise MaterializeError(f"{what}: rank {r} exited {p.returncode}:\n{tail}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def record_group(
+    cmds: list[list[str]], traces: list[Path], run: int, kind: str, echo: Echo,
+    extra_envs: list[dict[str, str]],
+) -> float:  # fmt: skip
+    """record_run for every rank of a tensor-parallel start-up, at once (run_group)."""
+    t0 = time.perf_counter()
+    envs = [_env(t, run, kind, extra) for t, extra in zip(traces, extra_envs, strict=True)]
+    logs = [t.with_suffix(".log") for t in traces]
+    run_group(cmds, envs, logs, f"the recorded start-up (run {run + 1})")
+    check_room(traces[0].parent)
+    dt = time.perf_counter() - t0
+    size = sum(t.stat().st_size for t in traces) // 1024
+    echo(f"  recorded run {run + 1} of 2, {len(cmds)} ranks, in {dt:.1f} s ({size} KiB traces)")
+    return dt
+
+
 def check_room(work: Path) -> None:
     """OSError(ENOSPC) naming the recordings' directory if it filled up while they ran (the
     recorder fails open: its trace, or the run's sidecar, would just end early)."""

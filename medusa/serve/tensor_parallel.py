@@ -48,8 +48,9 @@ class _Follower:
     """A follower rank's process and its two pipes."""
 
     def __init__(
-        self, rank: int, size: int, uid: bytes, config: EngineConfig, work: Path, timeout: float
-    ) -> None:
+        self, rank: int, size: int, uid: bytes, config: EngineConfig, work: Path, timeout: float,
+        restore: dict[str, Any],
+    ) -> None:  # fmt: skip
         from medusa.child import python_module, tied_to_this_process
 
         self.rank, self.log, self.timeout = rank, work / f"rank{rank}.log", timeout
@@ -65,14 +66,16 @@ class _Follower:
         os.set_blocking(self.fd, False)  # NOTE: a stopped rank's full pipe must not block us
         self.ready = threading.Event()
         self.pong = 0  # the last heartbeat it answered
+        self.restore_error: str | None = None  # why it did not restore (its "ready" line)
         threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
         self.send({"rank": rank, "size": size, "uid": uid.hex(),
-                   "config": dataclasses.asdict(config)})  # fmt: skip
+                   "config": dataclasses.asdict(config), "restore": restore})  # fmt: skip
 
     def _read(self, out: IO[bytes]) -> None:
         for raw in out:
             line = raw.decode(errors="replace")
             if line.startswith("ready"):
+                self.restore_error = json.loads(line[5:] or "{}").get("restore_error")
                 self.ready.set()
             elif line.startswith("pong "):
                 self.pong = int(line.split()[1])
@@ -118,7 +121,11 @@ class TPLeader:
 
     idle_work = "watching the tensor-parallel ranks"  # what AsyncEngine says if poll_idle fails
 
-    def __init__(self, config: EngineConfig, size: int, on_stage: Any = None) -> None:
+    def __init__(
+        self, config: EngineConfig, size: int, on_stage: Any = None, **restore: Any
+    ) -> None:
+        """restore: LLMEngine's artifact, require_artifact, validate and trust, for every rank
+        (each restores its own plan from the artifact; medusa.engine.startup_restore)."""
         from medusa.cuda import load_backend
         from medusa.cuda.nccl import Nccl
         from medusa.engine.tensor_parallel import TPRank
@@ -131,10 +138,14 @@ class TPLeader:
         try:
             for r in range(1, size):
                 self.followers.append(_Follower(r, size, uid, config, self.scratch.path,
-                                                self.timeout))  # fmt: skip
+                                                self.timeout, restore))  # fmt: skip
             self.engine = LLMEngine(config, on_stage=on_stage,
-                                    tensor_parallel=TPRank(0, size, uid))  # fmt: skip
+                                    tensor_parallel=TPRank(0, size, uid), **restore)  # fmt: skip
             self._wait_ready()
+            for f in self.followers:  # NOTE: its log goes with it: its reason goes to ours
+                if f.restore_error is not None:
+                    log.warning("tensor-parallel rank %d did not restore: %s", f.rank,
+                                f.restore_error)  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -247,8 +258,8 @@ def follow() -> None:
     cfg = first["config"]
     config = EngineConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
     tp = TPRank(int(first["rank"]), int(first["size"]), bytes.fromhex(first["uid"]))
-    engine = LLMEngine(config, tensor_parallel=tp)
-    print("ready", flush=True)
+    engine = LLMEngine(config, tensor_parallel=tp, **first["restore"])
+    print("ready", json.dumps({"restore_error": engine.restore_error}), flush=True)
     seqs: dict[int, Sequence] = {}
     for line in sys.stdin:
         msg = json.loads(line)

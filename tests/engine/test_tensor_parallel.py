@@ -39,13 +39,15 @@ def models(tmp_path_factory):
     return {"smollm2": "smollm2", "llama": str(root / "llama"), "qwen2": str(root / "qwen2")}
 
 
-def run_ranks(model: str, n: int, out: Path, *flags: str) -> list[dict]:
+def run_ranks(model: str, n: int, out: Path, *flags: str, env: dict | None = None) -> list[dict]:
+    """Every rank's rank<R>.json (tp_rank.py), its logits under "logits"; `env`: the ranks'
+    environment (by default clean_env())."""
     out.mkdir()
     uid = Nccl(load_backend("sim")).unique_id().hex()
     procs = [
         subprocess.Popen([sys.executable, str(PROGRAM), uid, str(n), str(r), model, str(out),
                           *(["short"] if model == "smollm2" else []), *flags],
-                         env={**clean_env(), "MEDUSA_NCCL_TIMEOUT": "60"},
+                         env={**(env or clean_env()), "MEDUSA_NCCL_TIMEOUT": "60"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(n)
     ]  # fmt: skip
@@ -104,9 +106,7 @@ def test_heads_split_by_kv_head_or_copied_when_ranks_outnumber_them():
 
 def test_what_decides_per_rank_is_refused_before_any_work():
     with pytest.raises(TensorParallelError, match="Weaver .* kv_memory='elastic'"):
-        check_tensor_parallel(EngineConfig(kv_memory="elastic"), None, None)
-    with pytest.raises(TensorParallelError, match="cannot restore an artifact yet"):
-        check_tensor_parallel(EngineConfig(), object(), None)
+        check_tensor_parallel(EngineConfig(kv_memory="elastic"), None)
     with pytest.raises(TensorParallelError, match="drop the weight store"):
-        check_tensor_parallel(EngineConfig(weights="host"), None, None)
-    check_tensor_parallel(EngineConfig(), None, None)
+        check_tensor_parallel(EngineConfig(weights="host"), None)
+    check_tensor_parallel(EngineConfig(), None)

@@ -103,5 +103,5 @@ def test_a_rank_stopped_mid_request_fails_it_within_the_timeout(model):
 
 
 def test_tensor_parallelism_refuses_what_it_cannot_combine_with(model, tmp_path):
-    res = medusa("run", str(model), "--tensor-parallel-size", "2", "--artifact", str(tmp_path))
-    assert res.returncode == 2 and "does not combine with --artifact" in res.stderr
+    res = medusa("run", "--tensor-parallel-size", "2", "--pool")
+    assert res.returncode == 2 and "does not combine with --pool or --partition" in res.stderr

@@ -1,13 +1,15 @@
 """One rank of a tensor-parallel engine (or the whole model, at 1 rank), for
 tests/engine/test_tensor_parallel.py.
 
-  python tp_rank.py UID_HEX NRANKS RANK MODEL OUT_DIR [short] [tp]
+  python tp_rank.py UID_HEX NRANKS RANK MODEL OUT_DIR [short] [tp] [artifact=DIR] [validate]
 
 Every rank is given the same prompts (greedy; unless `short`, one longer than a step's token
 budget, so its prefill is chunked) and writes OUT_DIR/rank<R>.json: the completions' token
 ids, the KV block count, the start-up's timings, and the logits of every step
 (OUT_DIR/rank<R>.npy, the first sequence's row). `tp` makes a single process a tensor-parallel
-group of one (its collectives run, over one rank).
+group of one (its collectives run, over one rank). `artifact=DIR` restores the rank from DIR
+(run it under the recorder in restore mode); rank<R>.json then says whether it was restored,
+and why not.
 """
 
 import json
@@ -29,7 +31,10 @@ if "short" not in sys.argv[6:]:
 cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256,
                    max_prefill_chunk=64, gpu_memory_utilization=0.3)  # fmt: skip
 tp = TPRank(rank, n, bytes.fromhex(uid)) if n > 1 or "tp" in sys.argv[6:] else None
-engine = LLMEngine(cfg, source=open_model(model), tensor_parallel=tp)
+flags = sys.argv[6:]
+artifact = next((f.split("=", 1)[1] for f in flags if f.startswith("artifact=")), None)
+engine = LLMEngine(cfg, source=open_model(model), tensor_parallel=tp, artifact=artifact,
+                   validate="validate" in flags)  # fmt: skip
 logits = []
 seqs = [engine.add_request(engine.tokenizer.encode(p), SamplingParams(max_tokens=8))
         for p in PROMPTS]  # fmt: skip
@@ -41,6 +46,8 @@ result = {
     "blocks": engine.runner.num_blocks,
     "heads": [engine.runner.spec.num_heads, engine.runner.spec.num_kv_heads],
     "timings": {k: round(v, 2) for k, v in engine.timings.items()},
+    "restored": engine.restored,
+    "restore_error": engine.restore_error,
 }
 engine.shutdown()
 Path(out, f"rank{rank}.json").write_text(json.dumps(result))
