@@ -60,8 +60,13 @@ def group(n: int, cfg: dict, artifact: str, work: Path) -> tuple[float, list[dic
         for r in range(n)
     ]  # fmt: skip
     msg = {"size": n, "uid": uid, "config": cfg, "artifact": artifact}
-    outs = [p.communicate(json.dumps({**msg, "rank": r}) + "\n", timeout=900)
-            for r, p in enumerate(procs)]  # fmt: skip
+    for r, p in enumerate(procs):  # NOTE: every rank told before any is waited for
+        assert p.stdin is not None
+        p.stdin.write(json.dumps({**msg, "rank": r}) + "\n")
+        p.stdin.close()
+    outs = [(p.stdout.read(), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+    for p in procs:
+        p.wait(timeout=900)
     for r, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
         if p.returncode:
             sys.exit(f"rank {r} of a {'restored' if artifact else 'normal'} start failed:\n"
