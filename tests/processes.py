@@ -58,7 +58,10 @@ def reseal(art: Path, edit_plan, images: dict[str, bytes] | None = None) -> Path
     drop = ("files", "schema", "medusa_version", "created_unix")
     keep = {k: v for k, v in a.manifest.items() if k not in drop}
     store = art / "weights.store"
-    save_artifact(art, keep, a.plan, all_images, store=store if store.exists() else None)
+    ranks = keep.get("tensor_parallel", {}).get("ranks", [])[1:]  # a tensor-parallel rank's own
+    others = [art / r["weights"]["file"] for r in ranks if "weights" in r]
+    save_artifact(art, keep, a.plan, all_images, store=store if store.exists() else None,
+                  rank_stores=others)  # fmt: skip
     return art
 
 

@@ -101,10 +101,15 @@ def _weights(m: dict[str, Any]) -> list[str]:
     w, tp = m.get("weights"), m.get("tensor_parallel")
     if tp:
         nodes = ", ".join(str(r["graphs"]["nodes"]) for r in tp["ranks"])
+        stores = [r["weights"] for r in tp["ranks"] if "weights" in r]
+        mib = " + ".join(f"{x['data_bytes'] / 2**20:.0f} MiB" for x in stores)
+        files = ", ".join(x["file"] for x in stores)
+        held = (f"a store per rank, its shard ({mib}: {files})" if stores
+                else "no store (each rank loads its shard from the model file)")  # fmt: skip
         return [
             f"  tensor parallel {tp['size']} ranks, one plan each ({nodes} nodes); `medusa run "
             f"--artifact` starts {tp['size']} rank processes",
-            "  weights   no store (each rank loads its shard from the model file)",
+            f"  weights   {held}",
         ]
     if not w:
         return ["  weights   no store (a restored start loads the model file)"]

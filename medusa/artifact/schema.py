@@ -219,9 +219,11 @@ KV = Obj(
 # NOTE: the store is not in `files`: loading an artifact hashes every listed file, and the store
 # (hundreds of MiB to many GiB) is checked chunk by chunk while its weights load instead. The
 # manifest seals its header, which holds every chunk's checksum.
+STORE_NAME = re.compile(r"weights(\.r[1-9][0-9]?)?\.store")
 WEIGHTS = Obj(
     {
-        "file": Const(("weights.store",)),
+        # weights.store; a tensor-parallel rank's: weights.rR.store (R >= 1; rank 0's is the first)
+        "file": Str(STORE_NAME),
         "size": Int(),
         "header_sha256": Str(HEX64),
         "tensors": Int(),
@@ -236,7 +238,7 @@ WEIGHTS = Obj(
 MAX_RANKS = 64
 RANK = Obj(
     {"kv": KV, "graphs": COMMON["graphs"], "relocations": COMMON["relocations"],
-     "device": COMMON["device"]}
+     "device": COMMON["device"], "weights?": WEIGHTS}
 )  # fmt: skip
 TENSOR_PARALLEL = Obj({"size": Int(2, MAX_RANKS + 1), "ranks": List(RANK, max_len=MAX_RANKS)})
 # One schema per kind of artifact: what `medusa materialize` writes for each.

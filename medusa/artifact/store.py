@@ -81,7 +81,11 @@ class Artifact:
         if not isinstance(plan, dict) or "graphs" not in plan:
             raise ArtifactError(f"{self.path / PLAN}: rank {rank}'s plan is not a restore plan; "
                                 "materialize again")  # fmt: skip
-        manifest = {**self.manifest, **tp["ranks"][rank]}
+        section = tp["ranks"][rank]
+        if "weights" in section and section["weights"]["file"] != rank_store(rank):
+            raise ArtifactError(f"{self.path}: rank {rank}'s weight store is not "
+                                f"{rank_store(rank)} (corrupted; materialize again)")  # fmt: skip
+        manifest = {**self.manifest, **section}
         return Artifact(self.path, manifest, plan, self.seal)
 
     def image(self, sha256: str) -> bytes | None:
@@ -106,16 +110,29 @@ class Artifact:
         return data
 
 
+def rank_store(rank: int) -> str:
+    """The file a tensor-parallel rank's weight store has in its artifact."""
+    return "weights.store" if rank == 0 else f"weights.r{rank}.store"
+
+
 def _group(size: int) -> str:
     return "one device" if size == 1 else f"a tensor-parallel group of {size}"
 
 
-def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],
-                  images: dict[str, bytes], *, sign: str | Path | None = None,
-                  store: Path | None = None) -> Path:  # fmt: skip
+def save_artifact(
+    out: Path,
+    manifest: dict[str, Any],
+    plan: dict[str, Any],
+    images: dict[str, bytes],
+    *,
+    sign: str | Path | None = None,
+    store: Path | None = None,
+    rank_stores: list[Path] | None = None,
+) -> Path:
     """Writes the artifact into a fresh directory next to `out`, then swaps it in, so a crash
     never leaves a half-written artifact under the final name. `sign`: a private key file.
-    `store`: a weight store (manifest["weights"] describes it), moved in."""
+    `store`: a weight store (manifest["weights"] describes it), moved in; `rank_stores`: a
+    tensor-parallel artifact's ranks 1..N-1's (each rank's section's "weights")."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = ScratchDir(f".{out.name}.", out.parent)  # (a killed materialize's: swept)
@@ -137,6 +154,12 @@ def save_artifact(out: Path, manifest: dict[str, Any], plan: dict[str, Any],
             )
         if store is not None:
             shutil.move(store, tmp / manifest["weights"]["file"])  # a rename on one filesystem
+        ranks = manifest.get("tensor_parallel", {}).get("ranks", [])[1:]
+        named = [r["weights"]["file"] for r in ranks if "weights" in r]
+        if len(named) != len(rank_stores or []) or (named and store is None):
+            raise ArtifactError(f"{out}: every rank's weight store and its section go together")
+        for name, path in zip(named, rank_stores or [], strict=True):
+            shutil.move(path, tmp / name)
         full = {"schema": SCHEMA_VERSION, "medusa_version": __version__,
                 "created_unix": int(time.time()), **manifest, "files": files}  # fmt: skip
         check_manifest(full, f"the manifest for {out}")
@@ -244,11 +267,11 @@ def load_artifact(path: Path, trust: str | Path | None = None) -> Artifact:
 def verify_artifact(path: Path, trust: str | Path | None = None) -> Artifact:
     """Every check loading runs, and every chunk of the weight store (`medusa verify`); returns
     the artifact."""
-    art = load_artifact(path, trust)
-    w = art.manifest.get("weights")
-    if w is not None:
-        from medusa.weights import WeightStoreError, open_store
+    from medusa.weights import WeightStoreError, open_store
 
+    art = load_artifact(path, trust)
+    ranks = [art.for_rank(r, art.ranks) for r in range(art.ranks)] if art.ranks > 1 else [art]
+    for w in (a.manifest["weights"] for a in ranks if "weights" in a.manifest):
         try:
             with open_store(art.path / w["file"], digest=w["header_sha256"]) as store:
                 store.verify()

@@ -76,8 +76,8 @@ from medusa.commands.options import (
     show_default=True,
     metavar="N",
     help="Record the model split over N devices, one process each (every rank recorded twice, "
-    "at once); the artifact holds every rank's plan, and `medusa run --artifact` starts N ranks. "
-    "Each rank loads its shard from the model file: no weight store.",
+    "at once); the artifact holds every rank's plan and weight store (its shard), and `medusa "
+    "run --artifact` starts N ranks.",
 )
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def materialize(
@@ -222,11 +222,8 @@ def _record_engine(
     if ranks > 1 and check:
         raise click.UsageError("--check-accesses records one device: drop it, or "
                                "--tensor-parallel-size")  # fmt: skip
-    if ranks > 1 and not no_weights:
-        echo(f"tensor-parallel size {ranks}: each rank loads its shard from the model file (no "
-             "weight store)")  # fmt: skip
-    summary = materialize_engine(config, target, kind, echo, weights=not no_weights and ranks == 1,
-                                 check=check, ranks=ranks)  # fmt: skip
+    summary = materialize_engine(config, target, kind, echo, weights=not no_weights, check=check,
+                                 ranks=ranks)  # fmt: skip
     return target, summary
 
 

@@ -47,8 +47,8 @@ class StartUp(RestoreSteps):
         on_stage: Callable[[str], None] | None = None,
         tensor_parallel: TPRank | None = None,
     ) -> None:
-        super().__init__(config, require=require, store_checked=store_checked, on_stage=on_stage)
-        self._tp = tensor_parallel
+        super().__init__(config, require=require, store_checked=store_checked, on_stage=on_stage,
+                         tensor_parallel=tensor_parallel)  # fmt: skip
         self.kv_profile: dict[str, int] = {}  # a profiled start's measurements (KVSize)
         self.kv_size: KVSize | None = None
         self.restored = False
@@ -76,7 +76,7 @@ class StartUp(RestoreSteps):
             self.spec = self.source.spec
         art = self._check_artifact(loaded)
         if self._tp is not None:
-            check_tensor_parallel(self.config, self.store)
+            check_tensor_parallel(self.config)
         self.runner = ModelRunner(self.config, self.spec, self.device, self._tp)
         with self._stage("weights_alloc"):
             self.runner.weights.allocate(self.store)
@@ -150,10 +150,14 @@ class StartUp(RestoreSteps):
     def _load_artifact(
         self, path: str | Path | Artifact | None, trust: str | Path | None
     ) -> Artifact | None:
-        if path is None or isinstance(path, Artifact):  # an Artifact: checked by whoever loaded it
-            return path
+        """This start's part of the artifact (a tensor-parallel rank's: its plan, its store)."""
+        if path is None:
+            return None
+        tp = self._tp or TPRank(0, 1, b"")
         try:
-            return load_artifact(Path(path), trust=trust)
+            # an Artifact: checked by whoever loaded it
+            art = path if isinstance(path, Artifact) else load_artifact(Path(path), trust=trust)
+            return art.for_rank(tp.rank, tp.size)
         except Exception as e:  # NOTE: whatever is wrong, fall back (--require-artifact: exit)
             self._fall_back(_reason(e), self._require)
             return None
@@ -162,8 +166,6 @@ class StartUp(RestoreSteps):
         if art is None:
             return None
         try:
-            tp = self._tp or TPRank(0, 1, b"")
-            art = art.for_rank(tp.rank, tp.size)
             check_compatible(
                 art.manifest,
                 model_identity=self.source.identity(),

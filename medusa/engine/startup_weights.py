@@ -11,12 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
 from medusa.engine.loader import ModelSource, open_model
 from medusa.engine.loader.stored import StoredModel, check_tensors
 from medusa.engine.model_runner import ModelRunner
-from medusa.engine.tensor_parallel import shard_weights
+from medusa.engine.tensor_parallel import TPRank, shard_weights
 from medusa.restore import RestoreError
 from medusa.trace import control as trace
 from medusa.weights import WeightStore, WeightStoreError, open_store
@@ -45,9 +47,14 @@ class WeightStartUp:
         require: bool,
         store_checked: str,
         on_stage: Callable[[str], None] | None = None,
+        tensor_parallel: TPRank | None = None,
     ) -> None:
-        """on_stage: called with each stage's name as it begins (a worker's /health says it)."""
+        """on_stage: called with each stage's name as it begins (a worker's /health says it).
+        tensor_parallel: this process's rank (a store must hold its shard)."""
         self.config = config
+        self._tp = tensor_parallel
+        # the shard a store must hold: this rank's, or (one device) none
+        self._shard = (tensor_parallel.rank, tensor_parallel.size) if tensor_parallel else None
         self._on_stage = on_stage
         self.timings: dict[str, float] = {}
         self.store: WeightStore | None = None
@@ -97,8 +104,8 @@ class WeightStartUp:
         if self.store is not None:
             try:
                 if given is None:
-                    return StoredModel.open(self.store, self.config.model)
-                check_tensors(self.store, given.spec)
+                    return StoredModel.open(self.store, self.config.model, self._shard)
+                check_tensors(self.store, given.spec, self._shard)
             except WeightStoreError as e:
                 self._store_failed(str(e))
             except Exception as e:  # NOTE: the store is data: whatever fails, fall back
@@ -118,7 +125,7 @@ class WeightStartUp:
             self._store_failed(str(e))
             self.source = model
             with self.runner.weights.staging():
-                self.runner.weights.load_weights(model.weights())
+                self.runner.weights.load_weights(self._file_weights(model))
             return model.tokenizer()
 
     def _load_weights(self) -> None:
@@ -136,11 +143,15 @@ class WeightStartUp:
                 return
             except WeightStoreError as e:
                 self._store_failed(str(e))
-        weights = self._model_file().weights()
-        if self.runner.tp is not None:  # this rank's shard of every weight
-            weights = shard_weights(weights, self.source.spec, self.runner.tp.shard)
         with self.runner.weights.staging():
-            self.runner.weights.load_weights(weights)
+            self.runner.weights.load_weights(self._file_weights(self._model_file()))
+
+    def _file_weights(self, model: ModelSource) -> Iterator[tuple[str, np.ndarray]]:
+        """The model file's weights, as this start holds them: a tensor-parallel rank's shard."""
+        weights = model.weights()
+        if self.runner.tp is not None:
+            return shard_weights(weights, model.spec, self.runner.tp.shard)
+        return iter(weights)
 
     def _gate_weights(self) -> bool:
         """Serve while loading (config.serve_while_loading), before a restore: instead of waiting
@@ -184,7 +195,7 @@ class WeightStartUp:
             self._loading = None
             self._store_failed(str(e))
             with self._stage(during + "weights_fallback"), self.runner.weights.staging():
-                self.runner.weights.load_weights(self._model_file().weights())
+                self.runner.weights.load_weights(self._file_weights(self._model_file()))
         finally:
             self.timings[during + "weights_copy"] = load.seconds
 

@@ -190,7 +190,7 @@ class TPGroup:
         self.comm.destroy()
 
 
-def check_tensor_parallel(config: EngineConfig, store: object) -> None:
+def check_tensor_parallel(config: EngineConfig) -> None:
     """What a tensor-parallel start does not combine with yet, refused before any work."""
     if config.step_hooks or config.kv_memory != "static":
         # NOTE: Weaver's fallback and an elastic cache's preemption decide per rank: the ranks
@@ -199,8 +199,8 @@ def check_tensor_parallel(config: EngineConfig, store: object) -> None:
             "a tensor-parallel start runs the same steps on every rank: Weaver (step hooks) and "
             "kv_memory='elastic' decide per rank and are not supported with it"
         )
-    if store is not None or config.weights == "host":
+    if config.weights == "host":
         raise TensorParallelError(
-            "a tensor-parallel rank loads its shard from the model file: drop the weight store "
-            "and weights='host'"
+            "weights='host' maps one store for one device: a tensor-parallel rank holds its "
+            "shard in device memory (weights='device')"
         )

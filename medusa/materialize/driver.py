@@ -201,6 +201,7 @@ def write_artifact(
     echo: Echo,
     label: str = "[4/4]",
     store: Path | None = None,
+    rank_stores: list[Path] | None = None,
 ) -> dict[str, Any]:
     echo(f"{label} writing the artifact")
     t0 = time.perf_counter()
@@ -211,7 +212,7 @@ def write_artifact(
         "images_saved": len(images),
     }
     manifest["materialize_seconds"] = timings
-    save_artifact(out, manifest, plan, images, store=store)
+    save_artifact(out, manifest, plan, images, store=store, rank_stores=rank_stores)
     timings["write"] = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return {"path": str(out), "bytes": size, "manifest": manifest, "timings": timings}

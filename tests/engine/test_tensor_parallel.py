@@ -106,7 +106,7 @@ def test_heads_split_by_kv_head_or_copied_when_ranks_outnumber_them():
 
 def test_what_decides_per_rank_is_refused_before_any_work():
     with pytest.raises(TensorParallelError, match="Weaver .* kv_memory='elastic'"):
-        check_tensor_parallel(EngineConfig(kv_memory="elastic"), None)
-    with pytest.raises(TensorParallelError, match="drop the weight store"):
-        check_tensor_parallel(EngineConfig(weights="host"), None)
-    check_tensor_parallel(EngineConfig(), None)
+        check_tensor_parallel(EngineConfig(kv_memory="elastic"))
+    with pytest.raises(TensorParallelError, match="weights='host' maps one store"):
+        check_tensor_parallel(EngineConfig(weights="host"))
+    check_tensor_parallel(EngineConfig())

@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 
 from medusa.artifact import ArtifactError, load_artifact
+from medusa.engine.loader import open_model
+from medusa.engine.loader.stored import check_tensors
 from medusa.trace import recorder_env
+from medusa.weights import WeightStoreError, open_store
 from tests.engine.test_tensor_parallel import run_ranks
 from tests.engine.tiny_models import write_hf
 from tests.processes import clean_env, reseal
@@ -60,8 +63,40 @@ def test_restored_ranks_equal_a_normal_start_bit_for_bit(llama, n, tmp_path):
     for r, (a, b) in enumerate(zip(normal, back, strict=True)):
         assert b["restored"] and b["restore_error"] is None, f"rank {r}: {b['restore_error']}"
         assert "graph_capture" not in b["timings"] and "kv_profile" not in b["timings"]
+        assert b["store"] and b["store_error"] is None, f"rank {r}: {b['store_error']}"
         assert b["tokens"] == a["tokens"] and b["blocks"] == a["blocks"]
         assert np.array_equal(b["logits"], a["logits"]), f"rank {r}: logits differ"
+
+
+def test_a_bad_chunk_in_one_rank_s_store_loads_its_shard_from_the_model_file(llama, tmp_path):
+    model, arts = llama
+    art = tmp_path / "art"
+    subprocess.run(["cp", "-r", str(arts[2]), str(art)], check=True)
+    store = art / "weights.r1.store"
+    with store.open("r+b") as f:  # a byte of the last chunk's data (the header holds its hash)
+        f.seek(store.stat().st_size - 5)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    normal = run_ranks(str(model), 2, tmp_path / "normal")
+    ranks = restored(model, 2, tmp_path / "r", art)
+    assert [r["restored"] for r in ranks] == [True, True]  # the store is not the plan
+    assert ranks[0]["store"] and not ranks[1]["store"]
+    assert "weights.r1.store" in ranks[1]["store_error"] and "chunk" in ranks[1]["store_error"]
+    assert [r["tokens"] for r in ranks] == [r["tokens"] for r in normal]
+    assert np.array_equal(ranks[1]["logits"], normal[1]["logits"])  # its shard, from the file
+
+
+def test_a_rank_s_store_holds_its_shard_and_is_refused_elsewhere(llama):
+    model, arts = llama
+    src = open_model(str(model))
+    with open_store(arts[2] / "weights.r1.store") as store:
+        check_tensors(store, src.spec, (1, 2))
+        with pytest.raises(WeightStoreError, match="holds rank 1 of 2's shard, this start needs "
+                           "rank 0 of 2's shard"):  # fmt: skip
+            check_tensors(store, src.spec, (0, 2))
+        with pytest.raises(WeightStoreError, match="this start needs the whole model"):
+            check_tensors(store, src.spec)
 
 
 def test_another_group_size_starts_every_rank_the_normal_way(llama, tmp_path):

@@ -26,20 +26,55 @@ def fingerprint(path: Path) -> list[list[Any]]:
     return [[p.name, st.st_size, st.st_mtime_ns] for p in files for st in [os.stat(p)]]
 
 
-def model_record(source: ModelSource) -> dict[str, Any]:
-    """What a store says about its model: identity, spec, tokenizer, the files it came from."""
+Shard = tuple[int, int]  # a tensor-parallel rank and its group's size
+
+
+def model_record(source: ModelSource, shard: Shard | None = None) -> dict[str, Any]:
+    """What a store says about its model: identity, spec, tokenizer, the files it came from, and
+    (a tensor-parallel rank's store) the shard it holds: (rank, group size)."""
     return {
         "identity": source.identity(),
         "name": source.spec.name,
         "spec": dataclasses.asdict(source.spec),
         "tokenizer": source.tokenizer_record(),
         "source": fingerprint(source.path),
+        **({"shard": {"rank": shard[0], "size": shard[1]}} if shard else {}),
     }
 
 
-def check_tensors(store: WeightStore, spec: ModelSpec) -> None:
-    """The store holds exactly the weights the spec lists, in its load order."""
-    want = [(n, tuple(s)) for n, s in spec.weight_shapes().items()]
+def _held(store: WeightStore) -> Shard | None:
+    s = store.model.get("shard")
+    if s is None:
+        return None
+    ok = isinstance(s, dict) and all(type(s.get(k)) is int for k in ("rank", "size"))
+    if not ok or not 0 <= s["rank"] < s["size"] <= 64:
+        raise WeightStoreError(f"{store.path}: its shard record {str(s)[:80]} is not a rank of "
+                               "a group; materialize again")  # fmt: skip
+    return s["rank"], s["size"]
+
+
+def _what(shard: Shard | None) -> str:
+    return "the whole model" if shard is None else f"rank {shard[0]} of {shard[1]}'s shard"
+
+
+def store_shapes(spec: ModelSpec, shard: Shard | None) -> dict[str, tuple[int, ...]]:
+    """The weights a store of `spec` holds, in load order: a rank's shard of them, or all."""
+    if shard is None:
+        return spec.weight_shapes()
+    from medusa.engine.tensor_parallel import plan_shard
+
+    part = plan_shard(spec, *shard)
+    return part.weight_shapes(part.spec(spec))
+
+
+def check_tensors(store: WeightStore, spec: ModelSpec, shard: Shard | None = None) -> None:
+    """The store holds exactly the weights the spec lists (of SHARD, this start's rank and group
+    size, when tensor-parallel), in its load order."""
+    held = _held(store)
+    if held != shard:
+        raise WeightStoreError(f"{store.path}: holds {_what(held)}, this start needs "
+                               f"{_what(shard)}; materialize again")  # fmt: skip
+    want = [(n, tuple(s)) for n, s in store_shapes(spec, shard).items()]
     have = [(t.name, t.shape) for t in store.header.tensors]
     if want != have:
         raise WeightStoreError(
@@ -51,7 +86,9 @@ def check_tensors(store: WeightStore, spec: ModelSpec) -> None:
 class StoredModel:
     """A ModelSource whose spec, tokenizer and weights come from a weight store."""
 
-    def __init__(self, store: WeightStore, path: Path, identity: str) -> None:
+    def __init__(
+        self, store: WeightStore, path: Path, identity: str, shard: Shard | None = None
+    ) -> None:
         self.store, self.path, self._identity = store, path, identity
         where = f"{store.path}"
         try:
@@ -59,7 +96,7 @@ class StoredModel:
         except ValueError as e:
             raise WeightStoreError(f"{where}: its model record is not usable ({e}); "
                                    "materialize again") from None  # fmt: skip
-        check_tensors(store, self.spec)
+        check_tensors(store, self.spec, shard)
         tok = store.tokenizer_record()  # NOTE: refused here, at open, not at the tokenizer stage
         if tok["kind"] == "bpe":
             try:
@@ -69,21 +106,24 @@ class StoredModel:
                                        "materialize again") from None  # fmt: skip
 
     @classmethod
-    def open(cls, store: WeightStore, model: str | Path | None) -> StoredModel:
-        """The store's model, once the model MODEL names is known to be the store's."""
+    def open(
+        cls, store: WeightStore, model: str | Path | None, shard: Shard | None = None
+    ) -> StoredModel:
+        """The store's model, once the model MODEL names is known to be the store's (and its
+        shard SHARD's, check_tensors)."""
         from medusa.engine.loader import locate_model
 
         path = locate_model(model)
         want = store.model.get("identity")
         if store.model.get("source") == fingerprint(path):
-            return cls(store, path, str(want))
+            return cls(store, path, str(want), shard)
         got = open_model(path).identity()  # the files changed on disk: compare what they hold
         if got != want:
             raise WeightStoreError(
                 f"{store.path}: holds the weights of {store.model.get('name')!r} "
                 f"({str(want)[:24]}…), the model here is {path} ({got[:24]}…)"
             )
-        return cls(store, path, got)
+        return cls(store, path, got, shard)
 
     def tokenizer(self) -> Tokenizer:
         """WeightStoreError naming the store if its record builds no tokenizer."""

@@ -30,7 +30,7 @@ SMALL_FILE = 8 << 20  # bytes: a file up to this size goes through the object st
 CHUNK = 8 << 20  # bytes per read of a larger file
 _NAME = re.compile(
     r"manifest\.json|seal\.json|plan\.msgpack\.zst|images/[0-9a-f]{64}\.img|"
-    r"weights\.store"
+    r"weights(\.r[1-9][0-9]?)?\.store"  # a tensor-parallel rank's too (schema.STORE_NAME)
 )
 
 

@@ -9,7 +9,7 @@ ids, the KV block count, the start-up's timings, and the logits of every step
 (OUT_DIR/rank<R>.npy, the first sequence's row). `tp` makes a single process a tensor-parallel
 group of one (its collectives run, over one rank). `artifact=DIR` restores the rank from DIR
 (run it under the recorder in restore mode); rank<R>.json then says whether it was restored,
-and why not.
+and why not, and whether its weights came from its store, and why not.
 """
 
 import json
@@ -48,6 +48,8 @@ result = {
     "timings": {k: round(v, 2) for k, v in engine.timings.items()},
     "restored": engine.restored,
     "restore_error": engine.restore_error,
+    "store": engine.store is not None,  # the weights came from the artifact's store
+    "store_error": engine.store_error,
 }
 engine.shutdown()
 Path(out, f"rank{rank}.json").write_text(json.dumps(result))
