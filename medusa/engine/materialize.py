@@ -17,7 +17,6 @@ from medusa.child import python_module
 from medusa.engine.config import EngineConfig
 from medusa.engine.loader import open_model
 from medusa.engine.loader.stored import model_record
-from medusa.env import SIM_DEVICE_INDEX
 from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.driver import (
     WORK,
@@ -93,7 +92,7 @@ def probe_kv(
         cmds = [
             python_module(REPORT, cfg, str(o), store, str(f)) for o, f in zip(outs, tp, strict=True)
         ]
-        envs = [{**env, **_rank_env(r)} for r in range(ranks)]
+        envs = [{**env, **d} for d in _rank_envs(ranks)]
         run_group(cmds, envs, [o.with_suffix(".log") for o in outs], "the plain start-up")
     kv = [json.loads(o.read_text())["kv"] for o in outs]
     echo(f"  {kv[0]['num_blocks']} KV blocks ({time.perf_counter() - t0:.1f} s)")
@@ -105,8 +104,13 @@ def _rank(r: int, ranks: int) -> str:
     return "" if ranks == 1 else f".r{r}"
 
 
-def _rank_env(r: int) -> dict[str, str]:
-    return {SIM_DEVICE_INDEX.name: str(r)}
+def _rank_envs(ranks: int) -> list[dict[str, str]]:
+    """Each rank's process on a device of its own (medusa.engine.rank_devices)."""
+    from medusa.cuda import load_backend
+    from medusa.engine.rank_devices import rank_envs
+
+    backend = load_backend()
+    return rank_envs(ranks, backend.kind, os.environ, backend.device_count)
 
 
 def _rank_files(work: Path, name: str, ranks: int) -> list[Path]:
@@ -229,7 +233,7 @@ class _Materialize:
             if n == 1:
                 dt = record_run(cmds[0], traces[0], run, kind, self.echo)
             else:
-                envs = [_rank_env(r) for r in range(n)]
+                envs = _rank_envs(n)
                 dt = record_group(cmds, traces, run, kind, self.echo, envs)
             self.timings[f"record_{run + 1}"] = dt
             reports.append([json.loads(o.read_text()) for o in outs])
