@@ -16,6 +16,7 @@ from medusa.serve.gateway.slices import simulated_slices
 from tests.engine.tiny_models import write_hf
 from tests.processes import child_running, medusa
 from tests.serve.test_gateway import _start_gateway, _wait_cold, _wait_gone
+from tests.serve.test_pool import _pool
 
 # Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
 pytestmark = pytest.mark.e2e
@@ -92,6 +93,21 @@ def test_a_tensor_parallel_model_restores_on_two_slices_and_gives_both_back(root
         proc.terminate()
         log = proc.communicate(timeout=60)[0]
     assert "starting tp on slice s0+s1" in log and "tp ready on s0+s1" in log, log
+
+
+def test_a_pooled_worker_on_one_of_the_slices_is_stopped_for_a_tensor_parallel_model(root):
+    (root / "models.yaml").write_text(f"models:\n  tp: {{artifact: tp2}}\nwarm_pool: 1\n{SLICES}")
+    proc, base = _start_gateway(str(root / "models.yaml"))
+    try:
+        (pooled,) = _pool(base, 1)  # the pool's worker holds one of the two slices
+        r = _ask(base, "tp")  # a model never waits for the pool: its worker goes
+        assert r.status_code == 200, r.text
+        assert _instances(base)["tp"][0]["slices"] == ["s0", "s1"]
+        assert _wait_gone(pooled["pid"], 15)
+    finally:
+        proc.terminate()
+        log = proc.communicate(timeout=60)[0]
+    assert f"stopping the pooled worker on {pooled['slice']} for tp" in log, log
 
 
 def test_the_catalog_refuses_a_group_size_the_artifact_or_the_slices_cannot_give(root):
