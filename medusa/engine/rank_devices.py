@@ -5,7 +5,8 @@ process, given the group's (medusa.serve.tensor_parallel starts ranks 1..N-1 wit
 On a GPU, the group's devices are the entries of CUDA_VISIBLE_DEVICES (GPU indices, GPU UUIDs or
 MIG UUIDs: what the gateway gives a worker that holds N slices), and rank r sees entry r alone.
 Unset, every GPU is visible and rank r gets index r. Fewer devices than ranks is refused: two
-ranks on one device would share it (NCCL refuses that since 2.5; a MIG instance cannot hold two).
+ranks on one device would share it (NCCL refuses that since 2.5).
+
 On simcuda each rank's device is its own process's; MEDUSA_SIM_DEVICE_INDEX=r gives it board r's
 identity (UUID, PCI bus id), and a CUDA_VISIBLE_DEVICES listing a device per rank is split the
 same way (simcuda ignores it).
@@ -14,9 +15,8 @@ Rank 0 of `medusa run` is the process that starts the others, and it changes not
 environment: its CUDA driver is initialised by then (the back-end's probe calls cuInit before
 the group exists), and CUDA reads CUDA_VISIBLE_DEVICES once, at cuInit, so a change would
 silently do nothing. It needs none: CUDA numbers the visible devices in the order the variable
-lists them (with MIG, a process enumerates only the first MIG device listed), and the engine
-uses device ordinal 0 and never selects another, so rank 0 runs on entry 0 however early its
-runtime started.
+lists them, and the engine uses device ordinal 0 and never selects another, so rank 0 runs on
+entry 0 however early its runtime started.
 """
 
 from __future__ import annotations
