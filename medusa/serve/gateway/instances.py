@@ -190,8 +190,8 @@ class InstanceManager:
             self._maybe_scale_up(model)
             if not self.instances[model] and not self.policy.backing_off(model):
                 n = self.models[model].tensor_parallel_size
-                need = f"{n} free slices of one class (tensor parallel)" if n > 1 else "a free slice"
-                raise NoCapacity(f"no room to start {model} on: it needs {need}")
+                need = f"{n} free slices of one class (tensor parallel)" if n > 1 else ""
+                raise NoCapacity(f"no room to start {model} on: it needs {need or 'a free slice'}")
 
     # ---- the autoscaler ----
     async def autoscale(self, period: float = 0.25) -> None:
