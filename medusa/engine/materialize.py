@@ -16,7 +16,7 @@ from medusa.engine.config import EngineConfig
 from medusa.engine.materialize_ranks import (
     REPORT,
     probe_kv,
-    rank_env,
+    rank_envs,
     rank_files,
     suffix,
     write_weights,
@@ -150,7 +150,7 @@ class _Materialize:
             if n == 1:
                 dt = record_run(cmds[0], traces[0], run, kind, self.echo)
             else:
-                envs = [rank_env(r) for r in range(n)]
+                envs = rank_envs(n)
                 dt = record_group(cmds, traces, run, kind, self.echo, envs)
             self.timings[f"record_{run + 1}"] = dt
             reports.append([json.loads(o.read_text()) for o in outs])

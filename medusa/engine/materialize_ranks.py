@@ -21,7 +21,6 @@ from medusa.child import python_module
 from medusa.engine.config import EngineConfig
 from medusa.engine.loader import open_model
 from medusa.engine.loader.stored import Shard, model_record, store_shapes
-from medusa.env import SIM_DEVICE_INDEX
 from medusa.materialize.analysis import MaterializeError
 from medusa.materialize.driver import Echo, check_room, run_group
 from medusa.weights import write_store
@@ -34,9 +33,13 @@ def suffix(r: int, ranks: int) -> str:
     return "" if ranks == 1 else f".r{r}"
 
 
-def rank_env(r: int) -> dict[str, str]:
-    """Rank R's own device (simcuda: its board; on a GPU the rank picks its device itself)."""
-    return {SIM_DEVICE_INDEX.name: str(r)}
+def rank_envs(ranks: int) -> list[dict[str, str]]:
+    """Each rank's process on a device of its own (medusa.engine.rank_devices)."""
+    from medusa.cuda import load_backend
+    from medusa.engine.rank_devices import rank_envs as envs
+
+    backend = load_backend()
+    return envs(ranks, backend.kind, os.environ, backend.device_count)
 
 
 def rank_files(work: Path, name: str, ranks: int) -> list[Path]:
@@ -127,7 +130,7 @@ def probe_kv(
         tp = rank_files(work, "probe", n)
         cmds = [python_module(REPORT, cfg, str(o), stores[r], str(tp[r]))
                 for r, o in enumerate(outs)]  # fmt: skip
-        envs = [{**env, **rank_env(r)} for r in range(n)]
+        envs = [{**env, **d} for d in rank_envs(n)]
         run_group(cmds, envs, [o.with_suffix(".log") for o in outs], "the plain start-up")
     kv = [json.loads(o.read_text())["kv"] for o in outs]
     echo(f"  {kv[0]['num_blocks']} KV blocks ({time.perf_counter() - t0:.1f} s)")

@@ -49,13 +49,13 @@ class _Follower:
 
     def __init__(
         self, rank: int, size: int, uid: bytes, config: EngineConfig, work: Path, timeout: float,
-        restore: dict[str, Any],
+        restore: dict[str, Any], device: dict[str, str],
     ) -> None:  # fmt: skip
+        """device: what puts the rank on its own device (medusa.engine.rank_devices)."""
         from medusa.child import python_module, tied_to_this_process
 
         self.rank, self.log, self.timeout = rank, work / f"rank{rank}.log", timeout
-        child_env = tied_to_this_process(dict(os.environ))
-        child_env[env.SIM_DEVICE_INDEX.name] = str(rank)
+        child_env = tied_to_this_process({**os.environ, **device})
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(
                 python_module("medusa.serve.tensor_parallel"), env=child_env,
@@ -128,17 +128,22 @@ class TPLeader:
         (each restores its own plan from the artifact; medusa.engine.startup_restore)."""
         from medusa.cuda import load_backend
         from medusa.cuda.nccl import Nccl
+        from medusa.engine.rank_devices import rank_envs
         from medusa.engine.tensor_parallel import TPRank
 
         self.timeout = float(env.NCCL_TIMEOUT.get())
-        uid = Nccl(load_backend()).unique_id()
+        backend = load_backend()
+        # NOTE: each follower its own device; this process keeps the group's list and uses its
+        # first entry (device ordinal 0): its driver is initialised already (rank_devices).
+        devices = rank_envs(size, backend.kind, os.environ, backend.device_count)
+        uid = Nccl(backend).unique_id()
         self.scratch = scratch.ScratchDir("medusa-tp-")  # 0700; a killed leader's: swept
         self.followers: list[_Follower] = []
         self.failed: RankFailed | None = None
         try:
             for r in range(1, size):
                 self.followers.append(_Follower(r, size, uid, config, self.scratch.path,
-                                                self.timeout, restore))  # fmt: skip
+                                                self.timeout, restore, devices[r]))  # fmt: skip
             self.engine = LLMEngine(config, on_stage=on_stage,
                                     tensor_parallel=TPRank(0, size, uid), **restore)  # fmt: skip
             self._wait_ready()

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -35,18 +36,32 @@ static void try_handle(void *h) {
         blas.s32 = (sgemm32_fn)dlsym(h, "cblas_sgemm");
 }
 
+/* NOTE: no dlopen in here: dl_iterate_phdr holds the loader's list lock, and dlopen takes the
+ * load lock first and then that one, so a dlopen here deadlocks with another thread's dlopen
+ * (Python importing an extension while the engine's first GEMM runs). The names are copied out. */
+enum { MAX_FOUND = 8 };
+struct found {
+    int n;
+    char name[MAX_FOUND][PATH_MAX];
+};
+
 static int find_loaded(struct dl_phdr_info *info, size_t size, void *data) {
-    (void)size, (void)data;
-    if (info->dlpi_name && strstr(info->dlpi_name, "openblas"))
-        try_handle(dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD));
-    return blas.s64 || blas.s32;
+    (void)size;
+    struct found *f = data;
+    const char *name = info->dlpi_name;
+    if (name && strstr(name, "openblas") && strlen(name) < PATH_MAX)
+        strcpy(f->name[f->n++], name);
+    return f->n == MAX_FOUND;
 }
 
 static void find_blas(void) {
     const char *env = getenv("MEDUSA_BLAS_LIB");
     if (env && *env)
         try_handle(dlopen(env, RTLD_LAZY));
-    dl_iterate_phdr(find_loaded, NULL);
+    static struct found loaded; /* (once: pthread_once) */
+    dl_iterate_phdr(find_loaded, &loaded);
+    for (int i = 0; i < loaded.n; i++)
+        try_handle(dlopen(loaded.name[i], RTLD_LAZY | RTLD_NOLOAD));
     static const char *const names[] = {"libopenblas.so.0", "libcblas.so.3", "libblas.so.3"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         try_handle(dlopen(names[i], RTLD_LAZY));

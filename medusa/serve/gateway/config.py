@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from medusa.serve.gateway.config_entry import ConfigError as ConfigError
-from medusa.serve.gateway.config_entry import artifact_dir, engine_settings
+from medusa.serve.gateway.config_entry import artifact_dir, engine_settings, group_size
 from medusa.weaver.config import WeavingConfig, parse_weaving
 
 # bool settings whose option has a --no- form (the others are flags that only turn on)
@@ -41,6 +41,8 @@ class ModelConfig:
     slo_tpot: float = 0.1  # seconds per output token the model is meant to keep
     engine: dict[str, Any] = field(default_factory=dict)
     weaving: WeavingConfig = WeavingConfig()  # offload attention to idle workers (Weaver)
+    # ranks (one process and one slice each): the artifact's group, else the entry's field
+    tensor_parallel_size: int = 1
 
     def worker_args(self, overrides: dict[str, Any] | None = None) -> list[str]:
         """`medusa run` arguments; with an artifact, `engine` holds its settings too (passed
@@ -66,6 +68,8 @@ class ModelConfig:
                 args += [flag, ",".join(map(str, v))] if v or k in _EMPTY_IS_NONE else []
             elif v is not None:
                 args += [flag, str(v)]
+        if self.tensor_parallel_size > 1:
+            args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         return args
 
 
@@ -139,6 +143,7 @@ MODEL_KEYS = frozenset(
         "slo_tpot",
         "engine",
         "weaving",
+        "tensor_parallel_size",
     }
 )
 
@@ -213,6 +218,7 @@ def _model(path: Path, name: str, m: Any) -> ModelConfig:
         slo_tpot=_slo(where, m, "slo_tpot", 0.1),
         engine=engine,
         weaving=weaving,
+        tensor_parallel_size=group_size(where, m, artifact),
     )
 
 

@@ -58,3 +58,30 @@ def engine_settings(
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}.engine: {e}") from None
     return model, settings
+
+
+def group_size(where: str, m: dict[str, Any], artifact: str | None) -> int:
+    """The model's tensor-parallel group: the artifact's (its manifest's tensor_parallel.size,
+    1 for one device), else `tensor_parallel_size`; a field that differs from the artifact's
+    is refused."""
+    from medusa.artifact import ArtifactError, read_manifest
+
+    given = m.get("tensor_parallel_size")
+    if given is not None and (not isinstance(given, int) or isinstance(given, bool)
+                              or not 1 <= given <= 8):  # fmt: skip
+        raise ConfigError(f"{where}.tensor_parallel_size: expected 1 to 8 ranks, got {given!r}")
+    if artifact is None:
+        return given or 1
+    try:
+        tp = read_manifest(Path(artifact)).get("tensor_parallel")
+    except (ArtifactError, OSError):
+        return given or 1  # NOTE: the worker refuses it, with why (as for any artifact)
+    recorded = int(tp["size"]) if isinstance(tp, dict) and isinstance(tp.get("size"), int) else 1
+    if given is not None and given != recorded:
+        one = "one device" if recorded == 1 else f"a tensor-parallel group of {recorded}"
+        raise ConfigError(
+            f"{where}.tensor_parallel_size: {given}, but the artifact {artifact} was "
+            f"materialized for {one}; drop the field (the artifact decides) or materialize again "
+            f"with --tensor-parallel-size {given}"
+        )
+    return recorded

@@ -105,12 +105,17 @@ class InstanceManager:
 
     def can_place(self, model: str) -> bool:
         """A worker of `model` can start now: on an elastic slice with room for it, from the warm
-        pool or on a free slice."""
+        pool or on a free slice; a tensor-parallel model's on n slices of one class."""
+        n = self.models[model].tensor_parallel_size
+        if n > 1:
+            return self.lifecycle.free_group(n) is not None
         if self.sharing.choose(model, self.live(), self.waiting) is not None:
             return True
         return self.pool.available(self.sharing.static) or self.lifecycle.free_slice() is not None
 
     def start(self, model: str, choice: Choice | None = None) -> Instance:
+        if self.models[model].tensor_parallel_size > 1:  # static slices only
+            return self.lifecycle.start(model, None)
         choice = choice or self.sharing.choose(model, self.live(), self.waiting)
         return self.lifecycle.start(model, choice)
 
@@ -184,7 +189,9 @@ class InstanceManager:
         if not [i for i in self.instances[model] if i.state == State.STARTING]:
             self._maybe_scale_up(model)
             if not self.instances[model] and not self.policy.backing_off(model):
-                raise NoCapacity(f"no free slice to start {model} on")
+                n = self.models[model].tensor_parallel_size
+                need = f"{n} free slices of one class (tensor parallel)" if n > 1 else ""
+                raise NoCapacity(f"no room to start {model} on: it needs {need or 'a free slice'}")
 
     # ---- the autoscaler ----
     async def autoscale(self, period: float = 0.25) -> None:

@@ -6,7 +6,9 @@ the instance manager's (medusa.serve.gateway.instances) and its policy's."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import operator
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 
@@ -18,9 +20,10 @@ from medusa.serve.gateway.config import ModelConfig
 from medusa.serve.gateway.errors import NoCapacity
 from medusa.serve.gateway.host_weights import HostWeights
 from medusa.serve.gateway.instance import Instance, State
+from medusa.serve.gateway.placement import group_of
 from medusa.serve.gateway.pool import Assigned, PooledWorker, WarmPool
 from medusa.serve.gateway.sharing import Choice, Sharing
-from medusa.serve.gateway.slices import Slice
+from medusa.serve.gateway.slices import Slice, slice_group
 from medusa.serve.gateway.start_log import StartLog
 from medusa.serve.gateway.start_policy import StartPolicy
 from medusa.serve.gateway.weaving import WeavingPairs
@@ -53,6 +56,7 @@ class WorkerLifecycle:
         self._tasks: set[asyncio.Task[None]] = set()
         self._unreaped: set[WorkerHandle] = set()
         prepare = sorted({m.model or DEFAULT_MODEL for m in models.values()})
+        one = [m for m in models.values() if m.tensor_parallel_size == 1]  # pooled ones' models
         self.pool = WarmPool(
             slices,
             pool_size,
@@ -60,7 +64,7 @@ class WorkerLifecycle:
             self.spawn,
             warm_timeout=startup_timeout,
             launch=lambda slc, args: self.backend.launch(slc, args, {}),
-            prepare_artifacts=sorted({m.artifact for m in models.values() if m.artifact}),
+            prepare_artifacts=sorted({m.artifact for m in one if m.artifact}),
             busy=lambda: any(i.inflight for i in self.live()),
         )
         self.host_weights = HostWeights(models)
@@ -71,6 +75,11 @@ class WorkerLifecycle:
 
     def free_slice(self) -> Slice | None:
         return next((s for s in self.slices if not s.busy and not s.shared), None)
+
+    def free_group(self, n: int) -> list[Slice] | None:
+        """n slices of one class for a tensor-parallel worker (placement.group_of)."""
+        pooled = [w.slice for w in self.pool.workers if w.proc.poll() is None]
+        return group_of(n, self.slices, pooled)
 
     def spawn(self, task: Coroutine[object, object, None]) -> None:
         t = asyncio.get_running_loop().create_task(task)
@@ -88,7 +97,9 @@ class WorkerLifecycle:
     # ---- starting ----
     def start(self, model: str, choice: Choice | None) -> Instance:
         """A worker of `model`: on `choice` (an elastic slice, room made there), else from the
-        warm pool or on a free static slice."""
+        warm pool or on a free static slice; a tensor-parallel model's on a group of slices."""
+        if self.models[model].tensor_parallel_size > 1:
+            return self._start_group(model, self.models[model].tensor_parallel_size)
         if choice is not None and not self.sharing.make_room(model, choice, self.retire):
             raise NoCapacity(f"the pages of {model}'s weights are not free on {choice.slice.id}")
         pooled = self.pool.take(lambda s: s is choice.slice if choice else self.sharing.static(s))
@@ -98,6 +109,23 @@ class WorkerLifecycle:
         if slc is None:
             raise NoCapacity(f"no free slice for {model}")
         slc.busy = True
+        return self._launch(model, slc)
+
+    def _start_group(self, model: str, n: int) -> Instance:
+        """One worker on n slices (one per rank), its ranks started at once by its rank 0; a
+        pooled worker on one of them is stopped for it (a model never waits for the pool)."""
+        group = self.free_group(n)
+        if group is None:
+            raise NoCapacity(f"{model} is tensor-parallel: it needs {n} free slices of one class")
+        for slc in group:
+            w = self.pool.take(functools.partial(operator.is_, slc))
+            if w is not None:
+                log.info("stopping the pooled worker on %s for %s", slc.id, model)
+                self.spawn(w.proc.reap())
+            slc.busy = True
+        return self._launch(model, slice_group(group))
+
+    def _launch(self, model: str, slc: Slice) -> Instance:
         proc = self.backend.launch(slc, self._args(model, slc), self.host_weights.worker_env(model))
         inst = Instance(model, slc, proc)
         self._unreaped.add(inst.proc)
@@ -209,7 +237,8 @@ class WorkerLifecycle:
         if inst.state == State.DEAD:
             return
         inst.state = State.DEAD
-        inst.slice.busy = False
+        for slc in inst.slice.held:
+            slc.busy = False
         self.sharing.release(inst.slice, inst.model)
         if inst in self.instances[inst.model]:
             self.instances[inst.model].remove(inst)

@@ -1,4 +1,5 @@
-"""Placement: which slices can hold a model at all (weights, activations and one sequence's KV)."""
+"""Placement: which slices can hold a model at all (weights, activations and one sequence's KV),
+and which slices a tensor-parallel model's worker takes (one per rank, of one class)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,26 @@ def footprint(m: ModelConfig) -> tuple[int, int]:
         per_seq = kv.get("block_bytes", 0) * -(
             -eng.get("max_model_len", 0) // eng.get("block_size", 16)
         )
-        return int(kv.get("non_kv_bytes", 0)), per_seq
+        return int(kv.get("non_kv_bytes", 0)), per_seq  # (a tensor-parallel one's: rank 0's)
     from medusa.engine.loader import open_model
 
     spec = open_model(m.model).spec
     max_len = int(m.engine.get("max_model_len", 2048))
-    return spec.num_params * 4, 2 * spec.num_layers * spec.kv_size * 4 * max_len
+    n = m.tensor_parallel_size  # each rank holds about 1/n of the weights and of the KV heads
+    return spec.num_params * 4 // n, 2 * spec.num_layers * spec.kv_size * 4 * max_len // n
+
+
+def group_of(n: int, slices: list[Slice], pooled: list[Slice]) -> list[Slice] | None:
+    """n static slices of one class a tensor-parallel worker can take now, in the slices'
+    order: free ones first, then ones that only a pooled worker holds (it is stopped for the
+    model, as a model always takes a pooled worker rather than wait); None if no class has n."""
+    order = {id(s): i for i, s in enumerate(slices)}
+    for kind in dict.fromkeys(s.kind for s in slices):
+        free = [s for s in slices if s.kind == kind and not s.busy and not s.shared]
+        held = [s for s in pooled if s.kind == kind and not s.shared]
+        if len(free) + len(held) >= n:
+            return sorted((free + held)[:n], key=lambda s: order[id(s)])
+    return None
 
 
 def check_c2c(config: GatewayConfig) -> None:
@@ -90,13 +105,30 @@ def check_placement(config: GatewayConfig, slices: list[Slice]) -> None:
     largest = max(s.memory for s in slices)
     for m in config.models.values():
         need = required_bytes(m)
-        if need > largest:
+        if m.tensor_parallel_size > 1:
+            check_group(m, need, [s for s in slices if config.sharing_of(s.kind) == "static"])
+        elif need > largest:
             raise ConfigError(
                 f"models.{m.name}: needs about {need / 2**30:.1f} GiB (weights, activations and "
                 f"one sequence's KV cache) but the largest slice has {largest / 2**30:.1f} GiB; "
                 "use a larger slice profile or a smaller max_model_len"
             )
-        if m.min_instances > len(slices):
+        if m.min_instances * m.tensor_parallel_size > len(slices):
             raise ConfigError(
-                f"models.{m.name}.min_instances: {m.min_instances} exceeds the {len(slices)} slices"
+                f"models.{m.name}.min_instances: {m.min_instances} instances of "
+                f"{m.tensor_parallel_size} slices each exceed the {len(slices)} slices"
             )
+
+
+def check_group(m: ModelConfig, need: int, static: list[Slice]) -> None:
+    """A tensor-parallel model needs, per rank, a static slice of one class that holds its
+    shard (an elastic slice's workers share its memory: a rank cannot join them)."""
+    n = m.tensor_parallel_size
+    fit = [s for s in static if s.memory >= need]
+    if not any(sum(1 for s in fit if s.kind == k) >= n for k in {s.kind for s in fit}):
+        have = sorted({f"{s.kind} x{sum(1 for x in static if x.kind == s.kind)}" for s in static})
+        raise ConfigError(
+            f"models.{m.name}: tensor-parallel over {n} ranks, it needs {n} static slices of one "
+            f"class with about {need / 2**30:.1f} GiB each (one per rank); the static slices: "
+            f"{', '.join(have) or 'none'}; add slices, or materialize it for fewer ranks"
+        )

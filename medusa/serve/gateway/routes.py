@@ -76,6 +76,7 @@ async def instances(request: Request) -> Response:
                     "pid": i.proc.pid,
                     "address": f"unix:{i.proc.uds}" if i.proc.uds else f"{i.host}:{i.port}",
                     "slice": i.slice.id,
+                    "slices": [s.id for s in i.slice.held],  # a tensor-parallel worker's: n
                     "node": i.proc.node,
                     "state": i.state.value,
                     "inflight": i.inflight,

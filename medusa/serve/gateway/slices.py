@@ -31,6 +31,26 @@ class Slice:
     busy: bool = False  # a worker (serving, starting or pooled) runs on it
     kind: str = "sim"  # the slice class (MIG profile): the warm pool is sized per class
     shared: bool = False  # sharing: elastic: several models' workers share it (then `busy` is moot)
+    members: tuple[Slice, ...] = ()  # a tensor-parallel worker's slices, one per rank (slice_group)
+
+    @property
+    def held(self) -> tuple[Slice, ...]:
+        """The slices a worker placed here holds: this one, or a group's members."""
+        return self.members or (self,)
+
+
+def slice_group(members: list[Slice]) -> Slice:
+    """Slices of one class as the one place a tensor-parallel worker runs, rank r on the r-th:
+    the group's env lists their devices in order in CUDA_VISIBLE_DEVICES, which the worker's
+    rank 0 splits (medusa.engine.rank_devices). Simulated slices need no list: each rank's
+    simcuda device is its own process's, with the class's memory and SMs."""
+    first = members[0]
+    group_env = dict(first.env)
+    devices = [s.env.get("CUDA_VISIBLE_DEVICES", "") for s in members]
+    if all(devices):
+        group_env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    name = "+".join(s.id for s in members)
+    return Slice(name, first.memory, first.sms, group_env, True, first.kind, members=tuple(members))
 
 
 def simulated_slices(topology: str | Path | list[Any]) -> list[Slice]:

@@ -31,6 +31,7 @@ from medusa.serve.gateway.backends.resources import (
     node_resources,
     resource_name,
 )
+from medusa.serve.gateway.config import ConfigError, GatewayConfig
 from medusa.serve.gateway.private_dir import PrivateDir
 from medusa.serve.gateway.slice_ledger import SliceLedger
 from medusa.serve.gateway.slices import Slice, discover_slices
@@ -137,6 +138,14 @@ class RayBackend(WorkerBackend):
         self._held: list[_Held] = []
         self._shipping = threading.Lock()  # one source actor, each artifact put once
         self._dir: PrivateDir | None = None  # the token of a cluster it starts
+
+    def check(self, config: GatewayConfig) -> None:
+        tp = sorted(m.name for m in config.models.values() if m.tensor_parallel_size > 1)
+        if tp:
+            raise ConfigError(
+                f"models.{tp[0]}: a tensor-parallel model's ranks share one machine's slices; "
+                "the ray back-end places one slice per worker: serve it with --cluster local"
+            )
 
     def discover(self, topology: str | list[Any] | None) -> list[Slice]:
         # NOTE: the actors import medusa from where this process did (a checkout or the
