@@ -57,6 +57,10 @@ class Artifact:
         tp = self.manifest.get("tensor_parallel")
         return int(tp["size"]) if tp else 1
 
+    def parts(self) -> list[Artifact]:
+        """Every rank's artifact (for_rank), in rank order; [self] for one device."""
+        return [self.for_rank(r, self.ranks) for r in range(self.ranks)]
+
     def for_rank(self, rank: int, size: int) -> Artifact:
         """Rank `rank`'s artifact in a tensor-parallel group of `size` (size 1: this one): its
         plan, and its own kv, graphs, relocations and device in the manifest. ArtifactError if
@@ -270,8 +274,7 @@ def verify_artifact(path: Path, trust: str | Path | None = None) -> Artifact:
     from medusa.weights import WeightStoreError, open_store
 
     art = load_artifact(path, trust)
-    ranks = [art.for_rank(r, art.ranks) for r in range(art.ranks)] if art.ranks > 1 else [art]
-    for w in (a.manifest["weights"] for a in ranks if "weights" in a.manifest):
+    for w in (a.manifest["weights"] for a in art.parts() if "weights" in a.manifest):
         try:
             with open_store(art.path / w["file"], digest=w["header_sha256"]) as store:
                 store.verify()

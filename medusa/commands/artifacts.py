@@ -44,13 +44,16 @@ def verify(artifact: str, trust: str | None) -> None:
 
     try:
         art = verify_artifact(Path(artifact), trust=trust)
-        validate_plan(art.plan, artifact)
+        parts = art.parts()  # a tensor-parallel artifact's every rank
+        for part in parts:
+            validate_plan(part.plan, artifact)
     except ArtifactError as e:
         raise click.ClickException(str(e)) from None
     checked = " (trusted)" if trust else " (not checked: pass --trust PUBKEY)"
     signed = f", signed by {art.signer}{checked}" if art.signer else ", unsigned"
-    w = art.manifest.get("weights")
-    store = f", weight store: {w['chunks']} chunks checked" if w else ""
+    chunks = [p.manifest["weights"]["chunks"] for p in parts if "weights" in p.manifest]
+    stores = "weight store" if len(parts) == 1 else f"{len(chunks)} weight stores"
+    store = f", {stores}: {sum(chunks)} chunks checked" if chunks else ""
     click.echo(
         f"{artifact}: ok ({len(art.manifest['files'])} files{store}, schema "
         f"{art.manifest['schema']}, digest sha256:{art.seal.digest}{signed})"

@@ -78,7 +78,8 @@ def test_a_bad_chunk_in_one_rank_s_store_loads_its_shard_from_the_model_file(lla
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0xFF]))
-    assert medusa("verify", str(arts[2])).returncode == 0  # every rank's store, chunk by chunk
+    good = medusa("verify", str(arts[2]))  # every rank's plan, and store chunk by chunk
+    assert good.returncode == 0 and "2 weight stores: " in good.stdout, good.stderr
     bad = medusa("verify", str(art))
     assert bad.returncode != 0 and "weights.r1.store" in bad.stderr
     normal = run_ranks(str(model), 2, tmp_path / "normal")
