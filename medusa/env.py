@@ -51,6 +51,12 @@ NCCL_TIMEOUT = EnvVar(
 NCCL_SLOT_BYTES = EnvVar(
     "MEDUSA_NCCL_SLOT_BYTES", 4 << 20, "libmedusa_nccl: bytes per rank exchanged per step"
 )
+BLAS_THREADS = EnvVar(
+    "MEDUSA_BLAS_THREADS",
+    0,
+    "simcuda: threads of the CPU BLAS behind mblas (0: its own default; a tensor-parallel rank "
+    "sets its share of the cores)",
+)
 SIM_MEMCHECK = EnvVar("MEDUSA_SIM_MEMCHECK", False, "simcuda: check kernel pointer arguments")
 SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messages to stderr")
 SIM_POISON = EnvVar(
@@ -177,6 +183,7 @@ ALL: tuple[EnvVar, ...] = (
     SIM_DEVICE_INDEX,
     NCCL_TIMEOUT,
     NCCL_SLOT_BYTES,
+    BLAS_THREADS,
     SIM_MEMCHECK,
     SIM_VERBOSE,
     SIM_POISON,

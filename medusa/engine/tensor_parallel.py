@@ -21,12 +21,14 @@ collectives meet because the schedule is deterministic.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from medusa import env
 from medusa.engine.config import EngineConfig
 from medusa.engine.device import Device
 from medusa.engine.spec import ModelSpec
@@ -151,12 +153,22 @@ def unshard_rows(n: int, size: int) -> np.ndarray:
     return (r * n + j).astype(np.int32).ravel()
 
 
+def share_cores(ranks: int) -> None:
+    """On simcuda the ranks share the machine's cores: each rank's CPU BLAS (behind mblas) gets
+    its share, unless MEDUSA_BLAS_THREADS says otherwise. Read at the first GEMM, which comes
+    after the communicator (a group's pools of a thread per core each starved the rank a
+    collective waited on: a decode step 7x slower at 2 ranks on 2 cores)."""
+    share = max(1, (os.cpu_count() or 1) // ranks)
+    os.environ.setdefault(env.BLAS_THREADS.name, str(share))
+
+
 class TPGroup:
     """A rank's communicator and shard, on its device's stream (ModelRunner.tp)."""
 
     def __init__(self, tp: TPRank, device: Device, spec: ModelSpec) -> None:
         from medusa.cuda.nccl import Nccl
 
+        share_cores(tp.size)
         self.rank, self.size, self.dev = tp.rank, tp.size, device
         self.shard = plan_shard(spec, tp.rank, tp.size)
         self.comm = Nccl(device.b).init_rank(tp.size, tp.uid, tp.rank)

@@ -24,7 +24,8 @@ static struct {
     pthread_once_t once;
     sgemm64_fn s64;
     sgemm32_fn s32;
-} blas = {PTHREAD_ONCE_INIT, NULL, NULL};
+    void *handle; /* the library they came from */
+} blas = {PTHREAD_ONCE_INIT, NULL, NULL, NULL};
 
 static void try_handle(void *h) {
     if (!h || blas.s64 || blas.s32)
@@ -34,6 +35,28 @@ static void try_handle(void *h) {
         blas.s64 = (sgemm64_fn)dlsym(h, "cblas_sgemm64_");
     if (!blas.s64)
         blas.s32 = (sgemm32_fn)dlsym(h, "cblas_sgemm");
+    if (blas.s64 || blas.s32)
+        blas.handle = h;
+}
+
+/* MEDUSA_BLAS_THREADS=N: the BLAS's own threads (OpenBLAS's pool). A tensor-parallel rank sets
+ * it to its share of the cores (medusa.engine.tensor_parallel): N ranks' pools of one thread
+ * per core each, spinning while they wait for work, starved the ranks a collective waits on
+ * (a SmolLM2 decode step at 2 ranks on 2 cores: 0.35 s, 0.05 s with one thread each). */
+static void set_threads(void) {
+    const char *env = getenv("MEDUSA_BLAS_THREADS");
+    int n = env ? atoi(env) : 0;
+    if (n <= 0 || !blas.handle)
+        return;
+    static const char *const names[] = {"scipy_openblas_set_num_threads64_",
+                                        "openblas_set_num_threads64_", "openblas_set_num_threads"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        void (*set)(int) = (void (*)(int))dlsym(blas.handle, names[i]);
+        if (set) {
+            set(n);
+            return;
+        }
+    }
 }
 
 /* NOTE: no dlopen in here: dl_iterate_phdr holds the loader's list lock, and dlopen takes the
@@ -65,6 +88,7 @@ static void find_blas(void) {
     static const char *const names[] = {"libopenblas.so.0", "libcblas.so.3", "libblas.so.3"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         try_handle(dlopen(names[i], RTLD_LAZY));
+    set_threads();
 }
 
 struct gemm_args {
