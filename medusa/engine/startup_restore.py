@@ -73,11 +73,11 @@ class RestoreSteps(WeightStartUp):
 
     def _size_kv(self) -> None:
         assert self._art is not None
+        if not self._art.plan_checked:  # checked whole here: the steps after cannot fail on it
+            validate_plan(self._art.plan, str(self._art.path))
+            self._art = dataclasses.replace(self._art, plan_checked=True)
         with self._stage("kv_restore"):  # NOTE: the stage's name stays: logs and docs know it
             self._kv = self._restored_kv_size(self._art.manifest["kv"])
-            if not self._art.plan_checked:  # checked whole here: the steps after cannot fail on it
-                validate_plan(self._art.plan, str(self._art.path))
-                self._art = dataclasses.replace(self._art, plan_checked=True)
 
     def _allocate_restored_kv(self) -> None:
         assert self._kv is not None
