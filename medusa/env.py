@@ -57,6 +57,11 @@ BLAS_THREADS = EnvVar(
     "simcuda: threads of the CPU BLAS behind mblas (0: its own default; a tensor-parallel rank "
     "sets its share of the cores)",
 )
+WEIGHT_COPY_THREADS = EnvVar(
+    "MEDUSA_WEIGHT_COPY_THREADS",
+    0,
+    "threads copying a weight store to the device at start-up (0: one per CPU core, at most 2)",
+)
 SIM_MEMCHECK = EnvVar("MEDUSA_SIM_MEMCHECK", False, "simcuda: check kernel pointer arguments")
 SIM_VERBOSE = EnvVar("MEDUSA_SIM_VERBOSE", False, "simcuda: print failure messages to stderr")
 SIM_POISON = EnvVar(
@@ -184,6 +189,7 @@ ALL: tuple[EnvVar, ...] = (
     NCCL_TIMEOUT,
     NCCL_SLOT_BYTES,
     BLAS_THREADS,
+    WEIGHT_COPY_THREADS,
     SIM_MEMCHECK,
     SIM_VERBOSE,
     SIM_POISON,

@@ -18,6 +18,7 @@ import time
 from ctypes import c_uint, c_void_p
 from pathlib import Path
 
+from medusa import env
 from medusa.cuda.backend import Backend
 from medusa.weights import WeightStore
 from medusa.weights.hold import held_at, wait_to_go
@@ -37,9 +38,12 @@ class WeightLoad:
         b.call("cudaStreamCreateWithFlags", ctypes.byref(s), c_uint(STREAM_NON_BLOCKING))
         self.stream = int(s.value or 0)
         try:
-            # NOTE: a core is left to the start-up the copy runs beside (on simcuda the copy is
-            # the CPU's; taking both cores of this machine slowed the graph restore threefold).
-            workers = max(1, min(SLOTS // 2, (os.cpu_count() or 1) - 1))
+            # NOTE: every core, even on 2: the start-up waits for the copy before its restore and
+            # its first step (only the tokenizer runs beside it), so a core left idle for it is
+            # the copy's time lost (on simcuda the copy is the CPU's: scripts/bench/coldstart.py
+            # --variant MEDUSA_WEIGHT_COPY_THREADS=1 measures it side by side)
+            workers = env.WEIGHT_COPY_THREADS.get() or min(SLOTS // 2, os.cpu_count() or 1)
+            workers = max(1, min(workers, SLOTS // 2))
             self.ring = StagingRing(b, self.stream, workers=workers)
         except BaseException:
             b.call("cudaStreamDestroy", c_void_p(self.stream))

@@ -14,6 +14,8 @@ ready engine (steady_step); the restored start is printed as a multiple of the f
 (imports + copy + step) and with the copy overlapped as serve-while-loading overlaps it
 (imports + the longer of copy and step). Target: <= 1.25x.
 Run: python scripts/bench/coldstart.py [--max-num-seqs 256]   (256: vLLM's 35 batch sizes)
+     [--variant VAR=VALUE ...]   (restored starts with that environment too, alternating with
+     the others: a change measured side by side, e.g. MEDUSA_WEIGHT_COPY_THREADS=1)
      [--model FILE.gguf|DIR]   (default: SmolLM2; scripts/gpu/restore_parity.sh passes a tiny one)
 """
 
@@ -113,7 +115,10 @@ def main() -> None:
     ap.add_argument(
         "--model", default=None, help="'smollm2' (default), a .gguf file or a directory"
     )
+    ap.add_argument("--variant", action="append", default=[], metavar="VAR=VALUE",
+                    help="also restored starts with VAR=VALUE set, side by side")  # fmt: skip
     args = ap.parse_args()
+    variants = [dict([v.split("=", 1)]) for v in args.variant]
     cfg = {
         "model": args.model,
         "max_num_seqs": args.max_num_seqs,
@@ -125,7 +130,7 @@ def main() -> None:
         art = Path(tmp) / "art"
         opts = [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items() if k != "model"]
         opts += [args.model] if args.model else []
-        progress = Progress(steps=1 + 2 * args.repeat)
+        progress = Progress(steps=1 + (2 + len(variants)) * args.repeat)
         t0 = time.perf_counter()
         with progress.step("materializing"):
             subprocess.run(
@@ -139,6 +144,7 @@ def main() -> None:
         size = sum(p.stat().st_size for p in art.rglob("*") if p.is_file() and p.suffix != ".store")
         restore_env = recorder_env(Path(tmp) / "r-%p.mtr", mode="restore", base=base_env)
         runs: tuple[list, list] = ([], [])
+        varied: list[list[tuple[dict, float]]] = [[] for _ in variants]
         floors: list[dict[str, float]] = []
         store = art / "weights.store"
         for i in range(args.repeat):  # alternating, so that both kinds meet the same noise
@@ -146,6 +152,9 @@ def main() -> None:
                 runs[0].append(child(cfg, "", base_env))
             with progress.step(f"start {i + 1} of {args.repeat}, restored"):
                 runs[1].append(child(cfg, str(art), restore_env))
+            for v, got in zip(variants, varied, strict=True):
+                with progress.step(f"start {i + 1} of {args.repeat}, restored with {v}"):
+                    got.append(child(cfg, str(art), {**restore_env, **v}))
             if store.is_file():
                 floors.append(floor_parts(store, base_env))
         (baseline, ttft_base), (restored, ttft_med) = median_run(runs[0]), median_run(runs[1])
@@ -217,6 +226,10 @@ def main() -> None:
     )
     if floors:
         print_floor(floors, [r for r, _ in runs[1]], ttft_med)
+        for v, got in zip(args.variant, varied, strict=True):
+            print(f"  with {v}: restored", end=" ")
+            # NOTE: the floor's step is the main restored starts', the same for every variant
+            print_floor(floors, [r for r, _ in runs[1]], median_run(got)[1], only_ratio=True)
     print(
         f"time to first token after process start: baseline {ttft_base:.2f} s, "
         f"medusa {ttft_med:.2f} s ({ttft_base / ttft_med:.2f}x; target >= 10x, >= 20x at 256); "
@@ -228,7 +241,9 @@ def main() -> None:
     )
 
 
-def print_floor(floors: list[dict[str, float]], restored: list[dict], ttft: float) -> None:
+def print_floor(
+    floors: list[dict[str, float]], restored: list[dict], ttft: float, only_ratio: bool = False
+) -> None:
     """The floor (medians of its parts over the runs) and the restored start against it."""
 
     def med(xs: list[float]) -> float:
@@ -239,10 +254,11 @@ def print_floor(floors: list[dict[str, float]], restored: list[dict], ttft: floa
     step = med([r["steady_step"] for r in restored])
     serial, overlapped = imports + copy + step, imports + max(copy, step)
     gb = floors[0]["bytes"] / 1e9
-    print(
-        f"floor: imports {imports:.3f} s + copy {copy:.3f} s ({gb / copy:.2f} GB/s) + one step "
-        f"{step:.3f} s = {serial:.3f} s serial, {overlapped:.3f} s with the copy overlapped"
-    )
+    if not only_ratio:
+        print(
+            f"floor: imports {imports:.3f} s + copy {copy:.3f} s ({gb / copy:.2f} GB/s) + one step "
+            f"{step:.3f} s = {serial:.3f} s serial, {overlapped:.3f} s with the copy overlapped"
+        )
     print(
         f"restored time to first token {ttft:.3f} s: {ttft / serial:.2f}x the serial floor, "
         f"{ttft / overlapped:.2f}x the overlapped one (target <= 1.25x)"
