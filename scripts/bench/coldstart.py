@@ -227,7 +227,7 @@ def main() -> None:
     if floors:
         print_floor(floors, [r for r, _ in runs[1]], ttft_med)
         for v, got in zip(args.variant, varied, strict=True):
-            print(f"  with {v}: restored", end=" ")
+            print(f"  with {v}:", end=" ")
             # NOTE: the floor's step is the main restored starts', the same for every variant
             print_floor(floors, [r for r, _ in runs[1]], median_run(got)[1], only_ratio=True)
     print(
