@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from medusa.artifact.layout import RELOC
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC
 from medusa.cuda.errors import LibraryVersionError
 from medusa.cuda.native import restore_library
 from medusa.restore.errors import RestoreError
 from medusa.trace import NodeType
 
 KINDS = 4  # relocation kinds (medusa.trace.run_view): DEVICE, HOST, GLOBAL, VMM
+_ROW = np.dtype((np.void, NODE.itemsize))  # a node row as opaque bytes
 
 
 class _Graph(ctypes.Structure):
@@ -131,6 +132,23 @@ class GraphBuilder:
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
         n = self.lib.mr_relocate(buf, len(data), relocs.ctypes.data, len(relocs), ptrs, sizes)
         return n == 0
+
+
+def graph_arrays(plan: dict[str, Any], gi: int) -> tuple[np.ndarray, ...]:
+    """Graph GI of a checked plan as the builder takes it: (nodes, params, relocs, edges, attrs),
+    its template's rows with the graph's own rows put in their places."""
+    g = plan["graphs"][gi]
+    t = plan["templates"][g["template"]]
+    if g["idx"]:
+        nodes = np.frombuffer(bytearray(t["nodes"]), NODE)
+        # NOTE: rows copied as opaque records: a structured assignment converts field by field,
+        # ten times slower (a visible share of a restore's cost).
+        nodes.view(_ROW)[np.frombuffer(g["idx"], "<u4")] = np.frombuffer(g["rows"], _ROW)
+    else:
+        nodes = np.frombuffer(t["nodes"], NODE)
+    params = np.frombuffer(t["params"] + g["params"] + b"\0", np.uint8)
+    relocs = np.frombuffer(t["relocs"] + g["relocs"], RELOC)
+    return nodes, params, relocs, np.frombuffer(t["edges"], EDGE), np.frombuffer(g["attrs"], ATTR)
 
 
 def name_kernel(err: str, nodes: np.ndarray, funcs: list[dict[str, Any]]) -> str:
