@@ -19,6 +19,7 @@ from medusa.trace import decode
 from medusa.trace import records as R
 from medusa.trace.format import HEADER_SIZE, RECORD_DTYPE, RECORD_SIZE, Ev, Mode
 from medusa.trace.validate import (
+    EV_MAX,
     TraceError,
     blob_lengths,
     check_header,
@@ -29,6 +30,7 @@ from medusa.trace.validate import (
 
 E = TypeVar("E", bound=R.Event)
 _SHA256 = re.compile("[0-9a-f]{64}")
+STOPPED = int(Ev.STOPPED)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class Trace:
     def stopped(self) -> str:
         """Why the recorder stopped before the program ended ("" if it did not): such a trace
         cannot make an artifact."""
+        if not (self.records["type"] == STOPPED).any():
+            return ""
         return "; ".join(x.reason for x in self.of(R.Stopped, Ev.STOPPED))
 
     def __len__(self) -> int:
@@ -97,7 +101,10 @@ class Trace:
         """The raw records of the given types (all of them when none are given)."""
         if not types:
             return self.records
-        return self.records[np.isin(self.records["type"], [int(t) for t in types])]
+        # NOTE: a table lookup, not np.isin (which sorts): this runs on every restore.
+        wanted = np.zeros(EV_MAX + 1, bool)
+        wanted[[int(t) for t in types]] = True
+        return self.records[wanted[self.records["type"]]]
 
     def events(self, *types: Ev) -> Iterator[R.Event]:
         """Typed records, in order; only the given types when some are given."""
@@ -198,8 +205,7 @@ def read_trace(path: str | Path, *, allow_truncated: bool = False) -> Trace:
     recs = np.frombuffer(raw, RECORD_DTYPE, count=body // RECORD_SIZE, offset=HEADER_SIZE)
     bpath = path.with_name(path.name + ".blobs")
     blobs = read_regular(bpath, "blob side table") if os.path.lexists(bpath) else b""
-    check_records(path, recs, blobs)
-    apis = decode_apis(path, recs, blobs, blob_lengths(recs, blobs))
+    apis = decode_apis(path, recs, blobs, check_records(path, recs, blobs))
     complete = bool(recs.size) and int(recs["type"][-1]) == Ev.END
     return Trace(
         path, int(h["pid"]), Mode(int(h["mode"])), int(h["start_unix_ns"]), recs, blobs, apis,
