@@ -31,6 +31,7 @@ void sim_graph_destroy(sim_graph *g) {
         sim_handle_del(g->nodes[i]);
         sim_kernel_op_free(&g->nodes[i]->k);
         sim_deps_free(&g->nodes[i]->deps);
+        free(g->nodes[i]->param_ptrs);
         free(g->nodes[i]);
     }
     sim_handle_del(g);
@@ -69,14 +70,20 @@ static CUresult add_node(CUgraphNode *out, CUgraph h, const CUgraphNode *deps, c
     sim_graph *g = as_graph(h);
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
-    sim_dep *d = calloc(n ? n : 1, sizeof *d);
+    /* NOTE: most nodes have a few dependencies or none (a restore adds edges afterwards): no heap
+     * allocation for those, it was a visible share of building a graph. */
+    sim_dep few[8] = {0};
+    sim_dep *d = n <= 8 ? few : calloc(n, sizeof *d);
+    if (!d)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     for (size_t i = 0; i < n; i++) {
         d[i].node = as_node(deps[i]);
         if (ed)
             d[i].data = ed[i];
     }
     CUresult e = sim_graph_add_node(g, type, d, n, node);
-    free(d);
+    if (d != few)
+        free(d);
     if (!e)
         *out = (CUgraphNode)*node;
     return e;

@@ -217,7 +217,7 @@ struct sim_node {
     sim_deps deps;
     sim_kernel_op k;
     bool params_by_extra; /* given as a packed buffer (extra): refused for a cooperative node */
-    void *param_ptrs[SIM_MAX_PARAMS]; /* kernelParams as returned by GetParams */
+    void **param_ptrs; /* kernelParams as returned by GetParams (made on the first call) */
     sim_memcpy_op c;
     sim_memset_op s;
     CUDA_HOST_NODE_PARAMS h;

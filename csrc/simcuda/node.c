@@ -1,4 +1,5 @@
 /* Graph node parameters and attributes (driver API). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -13,6 +14,8 @@ static CUresult kernel_get(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS *p) {
     if (!n || !p)
         return CUDA_ERROR_INVALID_VALUE;
     const sim_kernel_op *k = &n->k;
+    if (!n->param_ptrs && !(n->param_ptrs = calloc(SIM_MAX_PARAMS, sizeof *n->param_ptrs)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     memset(p, 0, sizeof *p);
     p->func = SIM_FUNC_HANDLE(k->func);
     p->gridDimX = k->grid[0], p->gridDimY = k->grid[1], p->gridDimZ = k->grid[2];
