@@ -74,10 +74,11 @@ typedef struct {
 } mr_graph;
 
 #define MR_KINDS 4
-#define MR_ABI_VERSION 7 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
+#define MR_ABI_VERSION 8 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
                           4: mr_load_chunks; 5: mr_load.progress, mr_progress_*;
                           6: mr_build_graph keeps no graph (destroyed once instantiated);
-                          7: mr_load.fd, file_offset (a store read, not mapped) */
+                          7: mr_load.fd, file_offset (a store read, not mapped);
+                          8: mr_build_plan */
 int mr_abi_version(void);
 #define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
 /* Builds, instantiates and uploads one graph into *exec_out (the caller destroys it); the graph
@@ -85,6 +86,50 @@ int mr_abi_version(void);
 int mr_build_graph(const mr_graph *g, const mr_kernels *k,
                    const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
                    CUstream stream, CUgraphExec *exec_out, char *err, size_t errlen);
+/* A plan's graphs as the artifact stores them (medusa.artifact.layout): templates, and per graph
+ * the rows that replace its template's, and its own parameter bytes and relocations, which follow
+ * its template's (a row's offsets count from the template's start). */
+typedef struct {
+    uint32_t node_off, num_nodes;   /* in nodes */
+    uint64_t param_off, params_len; /* in params */
+    uint32_t reloc_off, num_relocs; /* in relocs */
+    uint32_t edge_off, num_edges;   /* in edges */
+} mr_template;
+
+typedef struct {
+    uint32_t template_index, pad;
+    uint32_t row_off, num_rows;     /* in idx and rows: rows[i] replaces its template's idx[i] */
+    uint64_t param_off, params_len; /* in params */
+    uint32_t reloc_off, num_relocs; /* in relocs */
+    uint32_t attr_off, num_attrs;   /* in attrs */
+} mr_graph_ref;
+
+typedef struct {
+    const mr_template *templates;
+    uint32_t num_templates;
+    const mr_graph_ref *graphs;
+    uint32_t num_graphs;
+    const mr_node *nodes; /* every template's rows */
+    uint32_t num_nodes;
+    const uint32_t *idx; /* every graph's replaced rows, and their replacements */
+    const mr_node *rows;
+    uint32_t num_rows;
+    const uint8_t *params; /* every template's and graph's parameter bytes */
+    uint64_t params_len;
+    const mr_reloc *relocs; /* every template's and graph's relocations */
+    uint32_t num_relocs;
+    const mr_edge *edges; /* every template's edges */
+    uint32_t num_edges;
+    const mr_attr *attrs; /* every graph's node attributes */
+    uint32_t num_attrs;
+} mr_plan;
+
+/* mr_build_graph for each graph of a plan, in order, into execs[i] (secs[i]: the seconds it took);
+ * *built: how many were built. On failure the CUresult of the first graph that failed (graph
+ * *built; err says why), and the execs before it stay (the caller destroys them). */
+int mr_build_plan(const mr_plan *p, const mr_kernels *k, const uint64_t *const bases[MR_KINDS],
+                  const uint64_t num_bases[MR_KINDS], CUstream stream, CUgraphExec *execs,
+                  double *secs, uint32_t *built, char *err, size_t errlen);
 /* Patches pointer words into a buffer (a permanent buffer's saved contents). Returns 0, or -1 - i
  * for the first relocation i that lies outside the buffer or has no target. */
 int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32_t n,

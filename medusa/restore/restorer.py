@@ -190,20 +190,15 @@ class Restorer:
             self.b.memcpy_htod(int(self.bases[DEVICE][int(idx)]), bytes(data))
 
     def build_graphs(self, funcs: np.ndarray, stream: int) -> list[int]:
-        execs = []
         kernels, layout = pack_funcs(funcs, self.plan["funcs"])
-        self.graph_seconds = []
-        for gi in range(len(self.plan["graphs"])):
-            t0 = time.perf_counter()
-            nodes, params, relocs, edges, attrs = graph_arrays(self.plan, gi)
-            code, err, exec_ = self.builder.build(
-                nodes, params, relocs, edges, attrs, kernels, layout, stream
-            )
-            if code:
-                raise RestoreError(f"graph {gi}: {name_kernel(err, nodes, self.plan['funcs'])}")
-            execs.append(exec_)
-            self._execs.append(exec_)
-            self.graph_seconds.append(time.perf_counter() - t0)
+        code, err, execs, self.graph_seconds = self.builder.build_plan(
+            self.plan, kernels, layout, stream
+        )
+        self._execs += execs
+        if code:
+            gi = len(execs)
+            nodes = graph_arrays(self.plan, gi)[0] if gi < len(self.plan["graphs"]) else []
+            raise RestoreError(f"graph {gi}: {name_kernel(err, nodes, self.plan['funcs'])}")
         return execs
 
     def restore(self, stream: int) -> RestoreResult:
