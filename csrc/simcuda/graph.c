@@ -13,10 +13,20 @@ CUresult sim_graph_add_node(sim_graph *g, CUgraphNodeType type, const sim_dep *d
         if (!deps[i].node || deps[i].node->graph != g)
             return CUDA_ERROR_INVALID_VALUE;
     if (g->n == g->cap) {
-        g->cap = g->cap ? g->cap * 2 : 16;
-        g->nodes = realloc(g->nodes, g->cap * sizeof *g->nodes);
+        size_t cap = g->cap ? g->cap * 2 : 16;
+        sim_node **nodes = realloc(g->nodes, cap * sizeof *nodes);
+        if (!nodes)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        g->nodes = nodes, g->cap = cap;
     }
-    sim_node *n = calloc(1, sizeof *n);
+    if (!g->blocks || g->blocks->used == SIM_NODE_BLOCK) {
+        sim_node_block *b = calloc(1, sizeof *b);
+        if (!b)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        b->next = g->blocks;
+        g->blocks = b;
+    }
+    sim_node *n = &g->blocks->v[g->blocks->used++];
     n->type = type;
     n->graph = g;
     sim_deps_set(&n->deps, deps, ndeps);
@@ -32,7 +42,10 @@ void sim_graph_destroy(sim_graph *g) {
         sim_kernel_op_free(&g->nodes[i]->k);
         sim_deps_free(&g->nodes[i]->deps);
         free(g->nodes[i]->param_ptrs);
-        free(g->nodes[i]);
+    }
+    for (sim_node_block *b = g->blocks, *next; b; b = next) {
+        next = b->next;
+        free(b);
     }
     sim_handle_del(g);
     free(g->nodes);
