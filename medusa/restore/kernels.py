@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 from collections import Counter
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -14,11 +15,11 @@ import numpy as np
 from medusa.artifact import Artifact
 from medusa.cuda.backend import Backend
 from medusa.restore.errors import RestoreError
-from medusa.trace import Ev
-from medusa.trace import records as R
 from medusa.trace.reader import Trace
 
 Images = dict[str, tuple[int, bool]]  # sha256 -> (handle, is_library)
+_PTR = POINTER(c_void_p)
+_FN_LOOKUP = [_PTR, c_void_p, c_char_p]
 
 
 def driver_fn(b: Backend, name: str, version: int, restype: Any, argtypes: list[Any]) -> Any:
@@ -48,27 +49,47 @@ class KernelFinder:
     loaded (read from its own trace), and those loaded from the artifact along the way."""
 
     def __init__(self, b: Backend, art: Artifact, own: Trace) -> None:
-        self.b, self.art = b, art
-        self.libs: Images = {}
-        for e in own.of(R.Load, Ev.LOAD):
-            if e.result == 0:
-                self.libs.setdefault(e.sha256, (e.handle, e.is_library))
-        ptr, fn_ptr = POINTER(c_void_p), [POINTER(c_void_p), c_void_p, c_char_p]
+        self.b, self.art, self._own = b, art, own
         self.get_by_stub = b._fn("cudaGetFuncBySymbol", c_int, [c_void_p, c_void_p])
-        self.name_of = driver_fn(b, "cuFuncGetName", 12030, c_int, [POINTER(c_char_p), c_void_p])
-        self.lib_kernel = driver_fn(b, "cuLibraryGetKernel", 12000, c_int, fn_ptr)
-        self.mod_func = driver_fn(b, "cuModuleGetFunction", 2000, c_int, fn_ptr)
+
+    # NOTE: each driver function is looked up when first used: a restore whose kernels all have
+    # an exported stub needs two of them, and each lookup is a visible share of a restore.
+    @cached_property
+    def libs(self) -> Images:
+        libs: Images = {}
+        for handle, is_library, sha256 in self._own.loads():
+            libs.setdefault(sha256, (handle, is_library))
+        return libs
+
+    @cached_property
+    def name_of(self) -> Any:
+        return driver_fn(self.b, "cuFuncGetName", 12030, c_int, [POINTER(c_char_p), c_void_p])
+
+    @cached_property
+    def lib_kernel(self) -> Any:
+        return driver_fn(self.b, "cuLibraryGetKernel", 12000, c_int, _FN_LOOKUP)
+
+    @cached_property
+    def mod_func(self) -> Any:
+        return driver_fn(self.b, "cuModuleGetFunction", 2000, c_int, _FN_LOOKUP)
+
+    @cached_property
+    def as_func(self) -> Any:
         # NOTE: a library gives a CUkernel; graph nodes and cuFuncSetAttribute take a CUfunction.
-        self.as_func = driver_fn(b, "cuKernelGetFunction", 12000, c_int, [ptr, c_void_p])
-        self.load_data = driver_fn(
-            b,
-            "cuLibraryLoadData",
-            12000,
-            c_int,
-            [ptr, c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint],
-        )
-        self.set_attr = driver_fn(b, "cuFuncSetAttribute", 9000, c_int, [c_void_p, c_int, c_int])
-        self._error_name = driver_fn(b, "cuGetErrorName", 6000, c_int, [c_int, POINTER(c_char_p)])
+        return driver_fn(self.b, "cuKernelGetFunction", 12000, c_int, [_PTR, c_void_p])
+
+    @cached_property
+    def load_data(self) -> Any:
+        args = [_PTR, c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint]
+        return driver_fn(self.b, "cuLibraryLoadData", 12000, c_int, args)
+
+    @cached_property
+    def set_attr(self) -> Any:
+        return driver_fn(self.b, "cuFuncSetAttribute", 9000, c_int, [c_void_p, c_int, c_int])
+
+    @cached_property
+    def _error_name(self) -> Any:
+        return driver_fn(self.b, "cuGetErrorName", 6000, c_int, [c_int, POINTER(c_char_p)])
 
     def error(self, call: str, code: int) -> str:
         """A driver call's failure as the driver names it: "call: CUDA_ERROR_X (n)"."""
@@ -163,6 +184,8 @@ def global_addresses(b: Backend, globals_: list[dict[str, Any]], libs: Images) -
     """Where each of the plan's module globals lives in this process, by its index."""
     size = max((g["index"] for g in globals_), default=-1) + 1
     base = np.zeros(size, np.uint64)
+    if not globals_:
+        return base
     argtypes = [POINTER(c_uint64), POINTER(c_size_t), c_void_p, c_char_p]
     lib_global = driver_fn(b, "cuLibraryGetGlobal", 12000, c_int, argtypes)
     mod_global = driver_fn(b, "cuModuleGetGlobal", 3020, c_int, argtypes)

@@ -18,7 +18,7 @@ from medusa.artifact.layout import RELOC, pack_funcs
 from medusa.cuda.backend import Backend
 from medusa.restore.builder import KINDS, GraphBuilder, graph_arrays, name_kernel
 from medusa.restore.errors import RestoreError
-from medusa.restore.kernels import Images, KernelFinder, find_kernels, global_addresses
+from medusa.restore.kernels import KernelFinder, find_kernels, global_addresses
 from medusa.restore.own_run import OwnRun, map_allocations, read_own
 from medusa.restore.scaled import scaled_allocs, scaled_plan
 from medusa.restore.validate import validate_plan
@@ -71,7 +71,7 @@ class Restorer:
         self._own: OwnRun | None = None
         self._index: dict[tuple[str, int], int] | None = None
         self.funcs: np.ndarray = np.zeros(0)
-        self._libs: Images = {}
+        self._finder: KernelFinder | None = None
 
     # ---- allocations ----
     def _own_run(self) -> OwnRun:
@@ -158,13 +158,13 @@ class Restorer:
 
     # ---- kernels and globals (kernels.py) ----
     def resolve_kernels(self) -> tuple[np.ndarray, Counter[str]]:
-        finder = KernelFinder(self.b, self.art, self._own_run().trace)
-        funcs, methods = find_kernels(finder, self.plan["funcs"])
-        self._libs = finder.libs
-        return funcs, methods
+        self._finder = KernelFinder(self.b, self.art, self._own_run().trace)
+        return find_kernels(self._finder, self.plan["funcs"])
 
     def map_globals(self) -> None:
-        self.bases[GLOBAL] = global_addresses(self.b, self.plan["globals"], self._libs)
+        globals_ = self.plan["globals"]
+        libs = self._finder.libs if globals_ and self._finder else {}
+        self.bases[GLOBAL] = global_addresses(self.b, globals_, libs)
 
     def map_vmm(self) -> None:
         entries = self.plan.get("vmm", [])

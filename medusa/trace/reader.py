@@ -75,6 +75,13 @@ class Trace:
                     out[x.module] = x.sha256
         return out
 
+    def loads(self) -> list[tuple[int, bool, str]]:
+        """(handle, is_library, image sha256) of each successful load, in order; without building
+        the records (a restore reads them on every cold start)."""
+        rows = self.select(Ev.LOAD)
+        u = rows["u"][rows["result"] == 0]
+        return [(w[0], bool(w[2]), decode.image_digest(w[3:7])) for w in u.tolist()]
+
     @property
     def stopped(self) -> str:
         """Why the recorder stopped before the program ended ("" if it did not): such a trace
