@@ -64,8 +64,8 @@ def map_allocations(
     sizes otherwise; those of `any_size` may have any size, which is put into `sizes`) and kind,
     and each such phase must have made as many allocations as recorded."""
     m = own.memory
-    mine = dict(zip(zip(m.names(), m.ordinal.tolist(), strict=True), range(len(m)), strict=True))
-    own_size, own_kind = m.size.tolist(), m.kind.tolist()
+    mine = dict(zip(zip(m.names(), m.ordinal, strict=True), range(len(m)), strict=True))
+    own_size, own_kind = m.size, m.kind
     found, at = [], []
     for i, (phase, ordinal, kind, size, _freed) in enumerate(plan_allocs):
         if phase not in phases:
@@ -87,15 +87,13 @@ def map_allocations(
         at.append(k)
     _check_counts(m, plan_allocs, phases)
     base = np.zeros(len(plan_allocs), np.uint64)
-    base[found] = m.addr[at]
+    base[found] = [m.addr[k] for k in at]
     return base
 
 
 def _check_counts(m: Memory, plan_allocs: list[list[Any]], phases: set[str]) -> None:
     """Each recorded phase of PHASES that this start-up ran made as many allocations as then."""
-    n_own: Mapping[str, int] = dict(
-        zip(m.phases, np.bincount(m.phase, minlength=len(m.phases)).tolist(), strict=True)
-    )
+    n_own: Mapping[str, int] = Counter(m.names())
     n_plan = Counter(x[0] for x in plan_allocs)
     for phase in phases & n_plan.keys():
         if n_own.get(phase, 0) and n_own[phase] != n_plan[phase]:

@@ -1,7 +1,8 @@
-"""A recording's memory as columns, read with numpy rather than a record object per event: its
-allocations (each numbered within its phase), when each was freed, and its VMM reservations.
-The restore maps its plan onto these columns as they are (a restore's cost is counted in
-microseconds); RunView turns them into the objects the analysis works with."""
+"""A recording's memory, read without a record object per event: its allocations (each numbered
+within its phase), when each was freed, and its VMM reservations. The restore maps its plan onto
+these lists as they are (a restore's cost is counted in microseconds, in a fresh process where
+each numpy call costs tens of them the first time: one pass over plain lists is cheaper than a
+dozen array operations for a few hundred records); RunView makes the analysis' objects of them."""
 
 from __future__ import annotations
 
@@ -22,143 +23,97 @@ MARK, ALLOC, FREE, HOST_ALLOC, HOST_FREE, HOST_REGISTER, VMM_RESERVE, VMM_FREE =
     (Ev.MARK, Ev.ALLOC, Ev.FREE, Ev.HOST_ALLOC, Ev.HOST_FREE, Ev.HOST_REGISTER, Ev.VMM_RESERVE,
      Ev.VMM_FREE),
 )  # fmt: skip
-_ROLE = np.zeros(max(map(int, Ev)) + 1, np.int8)  # 1: allocates, 2: frees, 3: VMM, 4: a mark
-_ROLE[[ALLOC, HOST_ALLOC, HOST_REGISTER]] = 1
-_ROLE[[FREE, HOST_FREE]] = 2
-_ROLE[[VMM_RESERVE, VMM_FREE]] = 3
-_ROLE[MARK] = 4
+_MEMORY = np.zeros(max(map(int, Ev)) + 1, bool)  # the record types read here
+_MEMORY[[MARK, ALLOC, FREE, HOST_ALLOC, HOST_FREE, HOST_REGISTER, VMM_RESERVE, VMM_FREE]] = True
 _RAW = np.dtype((np.void, RECORD_DTYPE.itemsize))
 
 
 @dataclass(frozen=True)
 class Memory:
-    """Column i of each array is allocation i, in the order the recording made them (successful
+    """Item i of each list is allocation i, in the order the recording made them (successful
     calls only); a phase is an index into `phases`."""
 
     phases: list[str]  # each phase name once, "start" first
-    phase: np.ndarray  # int64
-    ordinal: np.ndarray  # int64: its number among its phase's allocations
-    kind: np.ndarray  # int64: DEVICE or HOST (pinned, mapped or registered host memory)
-    size: np.ndarray  # uint64
-    addr: np.ndarray  # uint64: the device-visible address
-    api: np.ndarray  # the api number (Trace.api_name)
-    seq: np.ndarray  # uint64
-    freed: np.ndarray  # bool: a later free names it
-    free_seq: np.ndarray  # uint64: the last such free's seq (0 where none)
+    phase: list[int]
+    ordinal: list[int]  # its number among its phase's allocations
+    kind: list[int]  # DEVICE or HOST (pinned, mapped or registered host memory)
+    size: list[int]
+    addr: list[int]  # the device-visible address
+    api: list[int]  # the api number (Trace.api_name)
+    seq: list[int]
+    free_seq: list[int]  # the last free that names it, NEVER if none
+    events: list[tuple[str, int]]  # ("a" | "f", allocation), in order
     vmm: list[Vmm]
-    order: tuple[np.ndarray, np.ndarray, np.ndarray]  # rows of allocations, of frees, and what
-    # each free frees
-
-    @property
-    def events(self) -> list[tuple[str, int]]:
-        """("a" | "f", allocation), in the order the recording made and freed them."""
-        at, f_at, freed = self.order
-        events = [("a", i) for i in range(len(at))]
-        if len(f_at):
-            events += [("f", i) for i in freed.tolist()]
-            order = np.argsort(np.concatenate([at, f_at]), kind="stable").tolist()
-            events = [events[k] for k in order]
-        return events
 
     def __len__(self) -> int:
         return len(self.seq)
 
     def names(self) -> list[str]:
         """Each allocation's phase name."""
-        return list(map(self.phases.__getitem__, self.phase.tolist()))
+        return list(map(self.phases.__getitem__, self.phase))
 
 
-def _marks(trace: Trace, blobs: np.ndarray) -> list[str]:
-    return [trace.blob(o).decode("utf-8", "replace") for o in blobs.tolist()]
+def _mark(trace: Trace, blob: int) -> str:
+    return trace.blob(blob).decode("utf-8", "replace")
 
 
 def phase_names(trace: Trace) -> list[str]:
     """The phases a recording marked, each once, in order; "start" (before any mark) first."""
-    rows = trace.records["type"] == MARK
-    return list(dict.fromkeys(["start", *_marks(trace, trace.records["blob"][rows])]))
+    blobs = trace.records["blob"][trace.records["type"] == MARK].tolist()
+    return list(dict.fromkeys(["start", *(_mark(trace, b) for b in blobs)]))
 
 
-def _phases(trace: Trace, blobs: np.ndarray, is_mark: np.ndarray) -> tuple[list[str], np.ndarray]:
-    """The phase names, and each row's phase (the last MARK at or before it; "start" before any)."""
-    ids: dict[str, int] = {"start": 0}
-    marked = [ids.setdefault(m, len(ids)) for m in _marks(trace, blobs[is_mark])]
-    return list(ids), np.array([0, *marked], np.int64)[np.cumsum(is_mark)]
-
-
-def _ordinals(phase: np.ndarray, num_phases: int) -> np.ndarray:
-    """Each entry's number among the earlier entries of its phase."""
-    counts = np.bincount(phase, minlength=num_phases)
-    order = np.argsort(phase, kind="stable")
-    out = np.empty(len(phase), np.int64)
-    out[order] = np.arange(len(phase)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return out
-
-
-def _frees(rows: np.ndarray, f_at: np.ndarray, at: np.ndarray, seq: np.ndarray) -> np.ndarray:
-    """For each free row, the allocation it frees: u[3] names its sequence number, which must be
-    an earlier allocation's; -1 where none."""
-    named = rows["u"][f_at, 3]
-    j = np.searchsorted(seq, named)
-    jc = np.minimum(j, len(seq) - 1)
-    return np.where((j < len(seq)) & (seq[jc] == named) & (at[jc] < f_at), j, -1)
-
-
-def _vmm(rows: np.ndarray, at: np.ndarray, phase: np.ndarray, phases: list[str]) -> list[Vmm]:
-    """The reservations (few: a loop), each freed by the first successful free of its address."""
-    out: list[Vmm] = []
-    ordinals: dict[str, int] = {}
-    for i in at.tolist():
-        r = rows[i]
-        if int(r["result"]) != 0:
-            continue
-        addr, seq = int(r["u"][0]), int(r["seq"])
-        if int(r["type"]) == VMM_RESERVE:
-            name = phases[int(phase[i])]
-            out.append((name, ordinals.get(name, 0), addr, int(r["u"][1]), seq, NEVER))
-            ordinals[name] = ordinals.get(name, 0) + 1
-            continue
-        for j, m in enumerate(out):
-            if m[2] == addr and m[5] == NEVER:
-                out[j] = (*m[:5], seq)
-    return out
-
-
-def _take(rows: np.ndarray, which: np.ndarray) -> np.ndarray:
-    # NOTE: copied as opaque records: a structured copy goes field by field, five times slower.
-    return rows.view(_RAW)[which].view(RECORD_DTYPE)
+def _vmm(vmm: list[Vmm], phase: str, free: bool, addr: int, size: int, seq: int) -> None:
+    """A reservation, or a free of every live one at its address (as the driver: one)."""
+    if not free:
+        ordinal = sum(1 for m in vmm if m[0] == phase)
+        vmm.append((phase, ordinal, addr, size, seq, NEVER))
+        return
+    for j, m in enumerate(vmm):
+        if m[2] == addr and m[5] == NEVER:
+            vmm[j] = (*m[:5], seq)
 
 
 def memory(trace: Trace) -> Memory:
     """The recording's memory. A free counts when it names (by sequence number) an allocation
     made before it, whatever its result."""
-    role = _ROLE[trace.records["type"]]
-    rows = _take(trace.records, role != 0)
-    role = role[role != 0]
-    phases, phase = _phases(trace, rows["blob"], role == 4)
-    at = np.flatnonzero((role == 1) & (rows["result"] == 0))
-    a = _take(rows, at)
-    au, seq = a["u"], a["seq"]
-    device = a["type"] == ALLOC
-    # A host allocation's device-visible address: its mapping's, else the host pointer itself.
-    addr = np.where(device | (au[:, 3] == 0), au[:, 0], au[:, 3])
-    f_at = np.flatnonzero(role == 2)
-    j = _frees(rows, f_at, at, seq) if len(f_at) and len(seq) else np.zeros(0, np.int64)
-    f_at, j = f_at[j >= 0], j[j >= 0]
-    free_seq = np.zeros(len(seq), np.uint64)
-    np.maximum.at(free_seq, j, rows["seq"][f_at])  # frees come in order: the last one's
-    freed = np.zeros(len(seq), bool)
-    freed[j] = True
-    return Memory(
-        phases,
-        phase[at],
-        _ordinals(phase[at], len(phases)),
-        np.where(device, DEVICE, HOST),
-        au[:, 1],
-        addr,
-        a["api"],
-        seq,
-        freed,
-        free_seq,
-        _vmm(rows, np.flatnonzero(role == 3), phase, phases),
-        (at, f_at, j),
-    )
+    # NOTE: copied as opaque records: a structured copy goes field by field, five times slower.
+    rows = trace.records.view(_RAW)[_MEMORY[trace.records["type"]]].view(RECORD_DTYPE)
+    u = rows["u"]
+    columns = (rows["type"], rows["result"], rows["seq"], rows["blob"], rows["api"], u[:, 0],
+               u[:, 1], u[:, 3])  # fmt: skip
+    cols = zip(*(c.tolist() for c in columns), strict=True)
+    ids = {"start": 0}
+    m = Memory(["start"], [], [], [], [], [], [], [], [], [], [])
+    counts = [0]  # allocations so far, per phase
+    by_seq: dict[int, int] = {}
+    cur = 0
+    for t, result, seq, blob, api, w0, w1, w3 in cols:
+        if t == MARK:
+            name = _mark(trace, blob)
+            if (cur := ids.setdefault(name, len(ids))) == len(counts):
+                m.phases.append(name)
+                counts.append(0)
+        elif t == FREE or t == HOST_FREE:  # u[3]: the allocation's sequence number
+            if (i := by_seq.get(w3)) is not None:
+                m.free_seq[i] = seq
+                m.events.append(("f", i))
+        elif result:
+            continue
+        elif t == VMM_RESERVE or t == VMM_FREE:
+            _vmm(m.vmm, m.phases[cur], t == VMM_FREE, w0, w1, seq)
+        else:
+            by_seq[seq] = i = len(m.seq)
+            m.events.append(("a", i))
+            m.phase.append(cur)
+            m.ordinal.append(counts[cur])
+            counts[cur] += 1
+            device = t == ALLOC
+            m.kind.append(DEVICE if device else HOST)
+            m.size.append(w1)
+            # A host allocation's device-visible address: its mapping's, else the host pointer.
+            m.addr.append(w0 if device else w3 or w0)
+            m.api.append(api)
+            m.seq.append(seq)
+            m.free_seq.append(NEVER)
+    return m

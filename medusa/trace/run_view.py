@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from medusa.trace import Ev, Trace, TraceError
 from medusa.trace import records as R
 from medusa.trace.captures import captures
@@ -99,22 +97,11 @@ def _memory(trace: Trace) -> tuple[list[Alloc], list[tuple[str, int]], list[Vmm]
     """The allocations (each numbered within its phase), the order they were made and freed in,
     and the VMM reservations, of a recording."""
     m = memory(trace)
-    names = {a: trace.api_name(a) for a in set(m.api.tolist())}
-    free_seq = np.where(m.freed, m.free_seq, 0).tolist()
+    names = {a: trace.api_name(a) for a in set(m.api)}
     allocs = list(
-        map(
-            Alloc,
-            range(len(m)),
-            m.names(),
-            m.ordinal.tolist(),
-            m.kind.tolist(),
-            m.size.tolist(),
-            map(names.__getitem__, m.api.tolist()),
-            m.addr.tolist(),
-            m.seq.tolist(),
-            [f if done else NEVER for f, done in zip(free_seq, m.freed.tolist(), strict=True)],
-        )
-    )
+        map(Alloc, range(len(m)), m.names(), m.ordinal, m.kind, m.size,
+            map(names.__getitem__, m.api), m.addr, m.seq, m.free_seq)
+    )  # fmt: skip
     return allocs, m.events, m.vmm
 
 
