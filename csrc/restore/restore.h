@@ -124,9 +124,11 @@ typedef struct {
     uint32_t num_attrs;
 } mr_plan;
 
-/* mr_build_graph for each graph of a plan, in order, into execs[i] (secs[i]: the seconds it took);
- * *built: how many were built. On failure the CUresult of the first graph that failed (graph
- * *built; err says why), and the execs before it stay (the caller destroys them). */
+/* Each graph of a plan, in order, into execs[i] (secs[i]: the seconds it took), as mr_build_graph
+ * would build it; a graph of a template already built is had from that graph by setting the
+ * kernel nodes that differ. *built: how many were built. On failure the CUresult of the first
+ * graph that failed (graph *built; err says why), and the execs before it stay (the caller
+ * destroys them). */
 int mr_build_plan(const mr_plan *p, const mr_kernels *k, const uint64_t *const bases[MR_KINDS],
                   const uint64_t num_bases[MR_KINDS], CUstream stream, CUgraphExec *execs,
                   double *secs, uint32_t *built, char *err, size_t errlen);
