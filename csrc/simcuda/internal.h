@@ -246,6 +246,11 @@ CUresult sim_graph_add_node(sim_graph *g, CUgraphNodeType type, const sim_dep *d
 CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
                             const unsigned block[3], unsigned smem, void **kernelParams,
                             void **extra);
+/* As sim_kernel_op_init on an op that holds parameters already: their buffer is kept when the
+ * function stays the same. On failure the op is as it was. */
+CUresult sim_kernel_op_set(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
+                           const unsigned block[3], unsigned smem, void **kernelParams,
+                           void **extra);
 void sim_kernel_op_free(sim_kernel_op *op);
 
 /* ---- execution ---- */

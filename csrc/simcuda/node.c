@@ -68,7 +68,12 @@ static CUresult kernel_set(CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS *p) {
         return CUDA_ERROR_INVALID_VALUE;
     if (p->extra && is_cooperative(n))
         return refuse_extra(n);
-    CUresult e = sim_kernel_op_replace(&n->k, p);
+    sim_func *f = sim_param_func(p);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    const unsigned g[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+    const unsigned b[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+    CUresult e = sim_kernel_op_set(&n->k, f, g, b, p->sharedMemBytes, p->kernelParams, p->extra);
     if (!e)
         n->params_by_extra = p->extra != NULL;
     return e;
