@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,39 +63,31 @@ def map_allocations(
     and each such phase must have made as many allocations as recorded."""
     m = own.memory
     mine = dict(zip(zip(m.names(), m.ordinal, strict=True), range(len(m)), strict=True))
-    own_size, own_kind = m.size, m.kind
-    found, at = [], []
+    addrs = [0] * len(plan_allocs)
+    n_plan: dict[str, int] = {}
     for i, (phase, ordinal, kind, size, _freed) in enumerate(plan_allocs):
         if phase not in phases:
             continue
-        k = mine.get((phase, ordinal))
+        n_plan[phase] = n_plan.get(phase, 0) + 1
+        key = (phase, ordinal)
+        k = mine.get(key)
         if k is None:
             raise RestoreError(
                 f"allocation #{i} (phase {phase!r} #{ordinal}, {size} bytes) was "
                 "not made in this start-up: it diverges from the recorded one"
             )
-        if i in any_size:
-            sizes[(phase, ordinal)] = own_size[k]  # sized by this start-up's count
-        if own_size[k] != sizes.get((phase, ordinal), size) or own_kind[k] != kind:
+        if any_size and i in any_size:
+            sizes[key] = m.size[k]  # sized by this start-up's count
+        if m.size[k] != (sizes.get(key, size) if sizes else size) or m.kind[k] != kind:
             raise RestoreError(
-                f"allocation #{i} (phase {phase!r} #{ordinal}) is {own_size[k]} bytes "
+                f"allocation #{i} (phase {phase!r} #{ordinal}) is {m.size[k]} bytes "
                 f"here, {size} bytes in the artifact: the start-up diverges"
             )
-        found.append(i)
-        at.append(k)
-    _check_counts(m, plan_allocs, phases)
-    base = np.zeros(len(plan_allocs), np.uint64)
-    base[found] = [m.addr[k] for k in at]
-    return base
-
-
-def _check_counts(m: Memory, plan_allocs: list[list[Any]], phases: set[str]) -> None:
-    """Each recorded phase of PHASES that this start-up ran made as many allocations as then."""
-    n_own: Mapping[str, int] = Counter(m.names())
-    n_plan = Counter(x[0] for x in plan_allocs)
-    for phase in phases & n_plan.keys():
-        if n_own.get(phase, 0) and n_own[phase] != n_plan[phase]:
+        addrs[i] = m.addr[k]
+    for phase, n in n_plan.items():  # each phase that this start-up ran made as many as then
+        if m.count.get(phase, 0) not in (0, n):
             raise RestoreError(
-                f"phase {phase!r} made {n_own[phase]} allocations here, {n_plan[phase]} when "
+                f"phase {phase!r} made {m.count[phase]} allocations here, {n} when "
                 "recorded: the start-up diverges"
             )
+    return np.array(addrs, np.uint64)

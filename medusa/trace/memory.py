@@ -44,6 +44,7 @@ class Memory:
     free_seq: list[int]  # the last free that names it, NEVER if none
     events: list[tuple[str, int]]  # ("a" | "f", allocation), in order
     vmm: list[Vmm]
+    count: dict[str, int]  # allocations per phase
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -84,7 +85,7 @@ def memory(trace: Trace) -> Memory:
                u[:, 1], u[:, 3])  # fmt: skip
     cols = zip(*(c.tolist() for c in columns), strict=True)
     ids = {"start": 0}
-    m = Memory(["start"], [], [], [], [], [], [], [], [], [], [])
+    m = Memory(["start"], [], [], [], [], [], [], [], [], [], [], {})
     counts = [0]  # allocations so far, per phase
     by_seq: dict[int, int] = {}
     cur = 0
@@ -116,4 +117,5 @@ def memory(trace: Trace) -> Memory:
             m.api.append(api)
             m.seq.append(seq)
             m.free_seq.append(NEVER)
+    m.count.update(zip(m.phases, counts, strict=True))
     return m

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,12 +54,20 @@ def _field(name: str) -> int:
     return HEADER_DTYPE.fields[name][1]  # type: ignore[index]
 
 
-def check_header(path: Path, raw: bytes) -> np.void:
+# HEADER_DTYPE's fields (its reserved bytes aside), read without numpy: a restore reads a trace
+# in a fresh process, where a numpy call's first time is what it costs.
+_HEADER = struct.Struct("<8sIIIIQII24x")
+_HEADER_FIELDS = ("magic", "version", "header_size", "record_size", "pid", "start_unix_ns",
+                  "mode", "minor")  # fmt: skip
+assert _HEADER.size == HEADER_SIZE and HEADER_DTYPE.names[:-1] == _HEADER_FIELDS  # type: ignore[index]
+
+
+def check_header(path: Path, raw: bytes) -> dict[str, Any]:
     if len(raw) < HEADER_SIZE:
         raise TraceError(
             f"{path}: ends at offset {len(raw)}, inside the {HEADER_SIZE}-byte trace header"
         )
-    h = np.frombuffer(raw[:HEADER_SIZE], HEADER_DTYPE)[0]
+    h = dict(zip(_HEADER_FIELDS, _HEADER.unpack_from(raw), strict=True))
     if bytes(h["magic"]) != MAGIC:
         raise TraceError(
             f"{path}: not a Medusa trace (offset 0 holds {raw[:8]!r}, expected {MAGIC!r}); "
@@ -98,7 +108,7 @@ def check_records(path: Path, recs: np.ndarray, blobs: bytes) -> np.ndarray:
         return np.zeros(0, np.int64)
     types = recs["type"]
     present = np.bincount(types, minlength=EV_MAX + 1)  # how many records of each type
-    if len(present) > EV_MAX + 1 or present[:EV_MIN].any():
+    if len(present) > EV_MAX + 1 or any(present[:EV_MIN].tolist()):
         i = int(np.flatnonzero((types < EV_MIN) | (types > EV_MAX))[0])
         raise TraceError(
             f"{path}: {_at(i)} has unknown type {int(types[i])}; the file is corrupt or from a "
