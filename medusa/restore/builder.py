@@ -86,10 +86,9 @@ def pack_plan(plan: dict[str, Any]) -> _Plan:
     gr = _spans(g_relocs, RELOC.itemsize, sum(tr[1]))
     tn, te = _spans(nodes, NODE.itemsize), _spans(edges, EDGE.itemsize)
     gi, ga = _spans(idx, 4), _spans(attrs, ATTR.itemsize)
-    templates = np.array(list(zip(*tn, *tp, *tr, *te, strict=True)), TEMPLATE_REF)
-    zeros = [0] * len(gs)
+    templates = b"".join(map(TEMPLATE_REF.pack, *tn, *tp, *tr, *te))
     templ = [g["template"] for g in gs]
-    graphs = np.array(list(zip(templ, zeros, *gi, *gp, *gr, *ga, strict=True)), GRAPH_REF)
+    graphs = b"".join(map(GRAPH_REF.pack, templ, [0] * len(gs), *gi, *gp, *gr, *ga))
     joined = [b"".join(x) for x in (nodes, idx, rows, t_params + g_params, t_relocs + g_relocs,
                                     edges, attrs)]  # fmt: skip
     sizes = (NODE.itemsize, 4, NODE.itemsize, 1, RELOC.itemsize, EDGE.itemsize, ATTR.itemsize)
@@ -98,7 +97,7 @@ def pack_plan(plan: dict[str, Any]) -> _Plan:
     )
     j_nodes, j_idx, j_rows, j_params, j_relocs, j_edges, j_attrs = joined
     # NOTE: as many rows as both idx and rows hold: a row past either is refused in C.
-    return _Plan(templates.tobytes(), len(ts), graphs.tobytes(), len(gs), j_nodes, n_nodes,
+    return _Plan(templates, len(ts), graphs, len(gs), j_nodes, n_nodes,
                  j_idx, j_rows, min(n_idx, n_rows), j_params, n_params, j_relocs, n_relocs,
                  j_edges, n_edges, j_attrs, n_attrs)  # fmt: skip
 
