@@ -62,7 +62,7 @@ def map_allocations(
     sizes otherwise; those of `any_size` may have any size, which is put into `sizes`) and kind,
     and each such phase must have made as many allocations as recorded."""
     m = own.memory
-    mine = dict(zip(zip(m.names(), m.ordinal, strict=True), range(len(m)), strict=True))
+    mine = m.index
     addrs = [0] * len(plan_allocs)
     n_plan: dict[str, int] = {}
     for i, (phase, ordinal, kind, size, _freed) in enumerate(plan_allocs):

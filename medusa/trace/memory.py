@@ -45,6 +45,7 @@ class Memory:
     events: list[tuple[str, int]]  # ("a" | "f", allocation), in order
     vmm: list[Vmm]
     count: dict[str, int]  # allocations per phase
+    index: dict[tuple[str, int], int]  # (phase, ordinal) -> allocation
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -85,7 +86,7 @@ def memory(trace: Trace) -> Memory:
                u[:, 1], u[:, 3])  # fmt: skip
     cols = zip(*(c.tolist() for c in columns), strict=True)
     ids = {"start": 0}
-    m = Memory(["start"], [], [], [], [], [], [], [], [], [], [], {})
+    m = Memory(["start"], [], [], [], [], [], [], [], [], [], [], {}, {})
     counts = [0]  # allocations so far, per phase
     by_seq: dict[int, int] = {}
     cur = 0
@@ -106,6 +107,7 @@ def memory(trace: Trace) -> Memory:
         else:
             by_seq[seq] = i = len(m.seq)
             m.events.append(("a", i))
+            m.index[(m.phases[cur], counts[cur])] = i
             m.phase.append(cur)
             m.ordinal.append(counts[cur])
             counts[cur] += 1

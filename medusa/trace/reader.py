@@ -195,9 +195,14 @@ def read_trace(path: str | Path, *, allow_truncated: bool = False) -> Trace:
     """Reads and validates a trace. A partial last record (the process was killed mid-write) is
     an error naming its offset, unless allow_truncated, which drops it."""
     path = Path(path)
-    if not path.exists():
-        raise TraceError(f"{path}: no such trace (MEDUSA_TRACE names the file to create)")
-    raw = read_regular(path, "trace")
+    try:
+        raw = read_regular(path, "trace")
+    except TraceError:  # NOTE: looked into only then: a restore reads its trace on every start
+        if not path.exists():
+            raise TraceError(
+                f"{path}: no such trace (MEDUSA_TRACE names the file to create)"
+            ) from None
+        raise
     h = check_header(path, raw)
     body = len(raw) - HEADER_SIZE
     extra = body % RECORD_SIZE
