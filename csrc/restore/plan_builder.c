@@ -28,61 +28,71 @@ static double seconds(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* [off, off + len) lies in [0, total), without an addition that could wrap around. */
-static int in_range(uint64_t off, uint64_t len, uint64_t total) {
-    return len <= total && off <= total - len;
-}
-
-/* Why graph g's ranges do not lie in the plan's tables, or NULL. */
-static const char *check_ref(const mr_plan *p, const mr_graph_ref *g) {
-    if (g->template_index >= p->num_templates)
+/* Why graph i's arrays cannot be put together, or NULL. */
+static const char *check_ref(const mr_plan *p, uint32_t i) {
+    uint32_t t = p->graph_template[i];
+    if (t >= p->num_templates)
         return "its template is not in the template table";
-    const mr_template *t = &p->templates[g->template_index];
-    if (!in_range(t->node_off, t->num_nodes, p->num_nodes) ||
-        !in_range(t->param_off, t->params_len, p->params_len) ||
-        !in_range(t->reloc_off, t->num_relocs, p->num_relocs) ||
-        !in_range(t->edge_off, t->num_edges, p->num_edges))
-        return "its template's ranges lie outside the plan's tables";
-    if (!in_range(g->row_off, g->num_rows, p->num_rows) ||
-        !in_range(g->param_off, g->params_len, p->params_len) ||
-        !in_range(g->reloc_off, g->num_relocs, p->num_relocs) ||
-        !in_range(g->attr_off, g->num_attrs, p->num_attrs))
-        return "its ranges lie outside the plan's tables";
-    if ((uint64_t)t->num_relocs + g->num_relocs > UINT32_MAX)
-        return "it has more relocations than one graph may";
-    for (uint32_t i = 0; i < g->num_rows; i++)
-        if (p->idx[g->row_off + i] >= t->num_nodes)
+    const uint64_t *tl = p->template_lens + (size_t)t * MR_T_ARRAYS;
+    const uint64_t *gl = p->graph_lens + (size_t)i * MR_G_ARRAYS;
+    if (tl[MR_T_NODES] % sizeof(mr_node) || tl[MR_T_RELOCS] % sizeof(mr_reloc) ||
+        tl[MR_T_EDGES] % sizeof(mr_edge) || gl[MR_G_IDX] % sizeof(uint32_t) ||
+        gl[MR_G_ROWS] % sizeof(mr_node) || gl[MR_G_RELOCS] % sizeof(mr_reloc) ||
+        gl[MR_G_ATTRS] % sizeof(mr_attr))
+        return "an array of it or its template does not hold whole records";
+    if (gl[MR_G_IDX] / sizeof(uint32_t) != gl[MR_G_ROWS] / sizeof(mr_node))
+        return "its idx and rows differ in length";
+    if (tl[MR_T_NODES] / sizeof(mr_node) > UINT32_MAX ||
+        (tl[MR_T_RELOCS] + gl[MR_G_RELOCS]) / sizeof(mr_reloc) > UINT32_MAX ||
+        tl[MR_T_EDGES] / sizeof(mr_edge) > UINT32_MAX || gl[MR_G_ATTRS] / sizeof(mr_attr) > UINT32_MAX)
+        return "it has more nodes, relocations, edges or attributes than one graph may";
+    const uint8_t *idx = p->graphs[(size_t)i * MR_G_ARRAYS + MR_G_IDX];
+    for (uint64_t r = 0; r < gl[MR_G_IDX] / sizeof(uint32_t); r++) {
+        uint32_t node;
+        memcpy(&node, idx + r * sizeof node, sizeof node);
+        if (node >= tl[MR_T_NODES] / sizeof(mr_node))
             return "a row of its own replaces a node its template does not have";
+    }
     return NULL;
 }
 
-/* Graph g's arrays: the template's rows with its own in their places, the template's parameter
- * bytes and relocations followed by its own (its rows' offsets count from the template's
- * start). The caller frees the three buffers. */
-static int compose(const mr_plan *p, const mr_graph_ref *g, mr_graph *out) {
-    const mr_template *t = &p->templates[g->template_index];
-    mr_node *nodes = malloc(((size_t)t->num_nodes + 1) * sizeof *nodes);
-    uint8_t *params = malloc(t->params_len + g->params_len + 1);
-    mr_reloc *relocs = malloc(((size_t)t->num_relocs + g->num_relocs + 1) * sizeof *relocs);
+/* Graph i's arrays (check_ref passed): its template's rows with its own in their places, the
+ * template's parameter bytes and relocations followed by its own; the edges and attributes where
+ * the caller holds them. The caller frees the three it allocates (free_arrays). */
+static int compose(const mr_plan *p, uint32_t i, mr_graph *out) {
+    uint32_t t = p->graph_template[i];
+    const uint8_t *const *ta = p->templates + (size_t)t * MR_T_ARRAYS;
+    const uint8_t *const *ga = p->graphs + (size_t)i * MR_G_ARRAYS;
+    const uint64_t *tl = p->template_lens + (size_t)t * MR_T_ARRAYS;
+    const uint64_t *gl = p->graph_lens + (size_t)i * MR_G_ARRAYS;
+    mr_node *nodes = malloc(tl[MR_T_NODES] + 1);
+    uint8_t *params = malloc(tl[MR_T_PARAMS] + gl[MR_G_PARAMS] + 1);
+    uint8_t *relocs = malloc(tl[MR_T_RELOCS] + gl[MR_G_RELOCS] + 1);
     if (!nodes || !params || !relocs) {
         free(nodes), free(params), free(relocs);
         return -1;
     }
-    memcpy(nodes, p->nodes + t->node_off, (size_t)t->num_nodes * sizeof *nodes);
-    for (uint32_t i = 0; i < g->num_rows; i++)
-        nodes[p->idx[g->row_off + i]] = p->rows[g->row_off + i];
-    memcpy(params, p->params + t->param_off, t->params_len);
-    memcpy(params + t->params_len, p->params + g->param_off, g->params_len);
-    memcpy(relocs, p->relocs + t->reloc_off, (size_t)t->num_relocs * sizeof *relocs);
-    memcpy(relocs + t->num_relocs, p->relocs + g->reloc_off,
-           (size_t)g->num_relocs * sizeof *relocs);
-    *out = (mr_graph){.nodes = nodes, .num_nodes = t->num_nodes, .params = params,
-                      .params_len = t->params_len + g->params_len, .relocs = relocs,
-                      .num_relocs = t->num_relocs + g->num_relocs,
-                      .edges = t->num_edges ? p->edges + t->edge_off : NULL,
-                      .num_edges = t->num_edges,
-                      .attrs = g->num_attrs ? p->attrs + g->attr_off : NULL,
-                      .num_attrs = g->num_attrs};
+    memcpy(nodes, ta[MR_T_NODES], tl[MR_T_NODES]);
+    for (uint64_t r = 0; r < gl[MR_G_IDX] / sizeof(uint32_t); r++) {
+        uint32_t node;
+        memcpy(&node, ga[MR_G_IDX] + r * sizeof node, sizeof node);
+        memcpy(&nodes[node], ga[MR_G_ROWS] + r * sizeof(mr_node), sizeof(mr_node));
+    }
+    memcpy(params, ta[MR_T_PARAMS], tl[MR_T_PARAMS]);
+    memcpy(params + tl[MR_T_PARAMS], ga[MR_G_PARAMS], gl[MR_G_PARAMS]);
+    memcpy(relocs, ta[MR_T_RELOCS], tl[MR_T_RELOCS]);
+    memcpy(relocs + tl[MR_T_RELOCS], ga[MR_G_RELOCS], gl[MR_G_RELOCS]);
+    /* NOTE: edges and attributes are read where they lie: the buffers of a Python bytes object
+     * (CPython aligns them to 8 bytes or more, as their records need). */
+    *out = (mr_graph){.nodes = nodes, .num_nodes = (uint32_t)(tl[MR_T_NODES] / sizeof(mr_node)),
+                      .params = params, .params_len = tl[MR_T_PARAMS] + gl[MR_G_PARAMS],
+                      .relocs = (const mr_reloc *)relocs,
+                      .num_relocs =
+                          (uint32_t)((tl[MR_T_RELOCS] + gl[MR_G_RELOCS]) / sizeof(mr_reloc)),
+                      .edges = (const mr_edge *)ta[MR_T_EDGES],
+                      .num_edges = (uint32_t)(tl[MR_T_EDGES] / sizeof(mr_edge)),
+                      .attrs = (const mr_attr *)ga[MR_G_ATTRS],
+                      .num_attrs = (uint32_t)(gl[MR_G_ATTRS] / sizeof(mr_attr))};
     return 0;
 }
 
@@ -163,17 +173,17 @@ static CUresult build(mr_ctx *c, mr_kept *kp, const mr_graph *g, CUgraphExec *ex
  * template's kept graph. */
 static CUresult build_one(mr_ctx *c, const mr_plan *p, mr_kept *kept, uint32_t i,
                           CUgraphExec *exec) {
-    const char *why = check_ref(p, &p->graphs[i]);
+    const char *why = check_ref(p, i);
     if (why) {
         snprintf(c->err, c->errlen, "%s", why);
         return CUDA_ERROR_INVALID_VALUE;
     }
     mr_graph g;
-    if (compose(p, &p->graphs[i], &g)) {
+    if (compose(p, i, &g)) {
         snprintf(c->err, c->errlen, "out of host memory");
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    mr_kept *kp = &kept[p->graphs[i].template_index];
+    mr_kept *kp = &kept[p->graph_template[i]];
     CUresult e = mr_check_nodes(&g, c->k, c->err, c->errlen);
     if (!e)
         e = build(c, kp, &g, exec);

@@ -86,42 +86,20 @@ int mr_abi_version(void);
 int mr_build_graph(const mr_graph *g, const mr_kernels *k,
                    const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
                    CUstream stream, CUgraphExec *exec_out, char *err, size_t errlen);
-/* A plan's graphs as the artifact stores them (medusa.artifact.layout): templates, and per graph
- * the rows that replace its template's, and its own parameter bytes and relocations, which follow
- * its template's (a row's offsets count from the template's start). */
+/* A plan's graphs as the artifact stores them (medusa.artifact.layout), each array where the
+ * caller holds it (lengths in bytes, whole records each): per template its rows, parameter bytes,
+ * relocations and edges; per graph its template, the rows that replace its template's (idx says
+ * which), its own parameter bytes and relocations, which follow its template's (a row's offsets
+ * count from the template's start), and its node attributes. */
+enum { MR_T_NODES, MR_T_PARAMS, MR_T_RELOCS, MR_T_EDGES, MR_T_ARRAYS };
+enum { MR_G_IDX, MR_G_ROWS, MR_G_PARAMS, MR_G_RELOCS, MR_G_ATTRS, MR_G_ARRAYS };
 typedef struct {
-    uint32_t node_off, num_nodes;   /* in nodes */
-    uint64_t param_off, params_len; /* in params */
-    uint32_t reloc_off, num_relocs; /* in relocs */
-    uint32_t edge_off, num_edges;   /* in edges */
-} mr_template;
-
-typedef struct {
-    uint32_t template_index, pad;
-    uint32_t row_off, num_rows;     /* in idx and rows: rows[i] replaces its template's idx[i] */
-    uint64_t param_off, params_len; /* in params */
-    uint32_t reloc_off, num_relocs; /* in relocs */
-    uint32_t attr_off, num_attrs;   /* in attrs */
-} mr_graph_ref;
-
-typedef struct {
-    const mr_template *templates;
-    uint32_t num_templates;
-    const mr_graph_ref *graphs;
-    uint32_t num_graphs;
-    const mr_node *nodes; /* every template's rows */
-    uint32_t num_nodes;
-    const uint32_t *idx; /* every graph's replaced rows, and their replacements */
-    const mr_node *rows;
-    uint32_t num_rows;
-    const uint8_t *params; /* every template's and graph's parameter bytes */
-    uint64_t params_len;
-    const mr_reloc *relocs; /* every template's and graph's relocations */
-    uint32_t num_relocs;
-    const mr_edge *edges; /* every template's edges */
-    uint32_t num_edges;
-    const mr_attr *attrs; /* every graph's node attributes */
-    uint32_t num_attrs;
+    uint32_t num_templates, num_graphs;
+    const uint8_t *const *templates; /* MR_T_ARRAYS per template */
+    const uint64_t *template_lens;
+    const uint32_t *graph_template; /* per graph */
+    const uint8_t *const *graphs;   /* MR_G_ARRAYS per graph */
+    const uint64_t *graph_lens;
 } mr_plan;
 
 /* Each graph of a plan, in order, into execs[i] (secs[i]: the seconds it took), as mr_build_graph

@@ -3,7 +3,6 @@ for the C builder that restores them."""
 
 from __future__ import annotations
 
-import struct
 from itertools import accumulate
 
 import numpy as np
@@ -20,17 +19,8 @@ ATTR = np.dtype([("node", "<u4"), ("attr", "<u4"), ("value", "u1", 64), ("reloc_
 FUNC = np.dtype([("func", "<u8"), ("layout_off", "<u4"), ("layout_len", "<u4")])
 PARAM = np.dtype([("offset", "<u4"), ("size", "<u4")])
 
-# Where each template's and graph's arrays lie in the plan's concatenated tables (mr_build_plan):
-# mr_template (node_off, num_nodes, param_off, params_len, reloc_off, num_relocs, edge_off,
-# num_edges) and mr_graph_ref (template, pad, row_off, num_rows, param_off, params_len,
-# reloc_off, num_relocs, attr_off, num_attrs). Packed with struct: a few rows, made once per
-# restore, in a fresh process where a numpy call's first time is what it costs.
-TEMPLATE_REF = struct.Struct("<IIQQIIII")
-GRAPH_REF = struct.Struct("<IIIIQQIIII")
-
 assert (NODE.itemsize, RELOC.itemsize, EDGE.itemsize, ATTR.itemsize) == (88, 24, 16, 80)
 assert (FUNC.itemsize, PARAM.itemsize) == (16, 8)
-assert (TEMPLATE_REF.size, GRAPH_REF.size) == (40, 48)
 
 
 def pack_nodes(nodes: list[dict], param_base: int = 0, reloc_base: int = 0):  # type: ignore[no-untyped-def]

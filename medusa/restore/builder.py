@@ -6,12 +6,11 @@ from __future__ import annotations
 import ctypes
 import re
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
-from itertools import accumulate
 from typing import Any
 
 import numpy as np
 
-from medusa.artifact.layout import ATTR, EDGE, GRAPH_REF, NODE, RELOC, TEMPLATE_REF
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC
 from medusa.cuda.errors import LibraryVersionError
 from medusa.cuda.native import restore_library
 from medusa.restore.errors import RestoreError
@@ -45,61 +44,34 @@ class _Kernels(ctypes.Structure):
     ]
 
 
-class _Plan(ctypes.Structure):  # mr_plan; the buffers are bytes that the structure keeps alive
+class _Plan(ctypes.Structure):  # mr_plan; the arrays are the plan's bytes, kept alive by it
     _fields_ = [
-        ("templates", c_char_p),
         ("num_templates", c_uint),
-        ("graphs", c_char_p),
         ("num_graphs", c_uint),
-        ("nodes", c_char_p),
-        ("num_nodes", c_uint),
-        ("idx", c_char_p),
-        ("rows", c_char_p),
-        ("num_rows", c_uint),
-        ("params", c_char_p),
-        ("params_len", c_uint64),
-        ("relocs", c_char_p),
-        ("num_relocs", c_uint),
-        ("edges", c_char_p),
-        ("num_edges", c_uint),
-        ("attrs", c_char_p),
-        ("num_attrs", c_uint),
+        ("templates", POINTER(c_char_p)),
+        ("template_lens", POINTER(c_uint64)),
+        ("graph_template", POINTER(c_uint)),
+        ("graphs", POINTER(c_char_p)),
+        ("graph_lens", POINTER(c_uint64)),
     ]
 
 
-def _spans(blobs: list[bytes], size: int, start: int = 0) -> tuple[list[int], list[int]]:
-    """Where each blob's records lie once the blobs are joined after START records."""
-    counts = [len(b) // size for b in blobs]
-    return list(accumulate(counts[:-1], initial=start)) if counts else [], counts
+T_ARRAYS = ("nodes", "params", "relocs", "edges")  # mr_plan's order (MR_T_*)
+G_ARRAYS = ("idx", "rows", "params", "relocs", "attrs")  # (MR_G_*)
 
 
 def pack_plan(plan: dict[str, Any]) -> _Plan:
-    """A checked plan's graphs as mr_build_plan takes them: each kind of array of every template
-    and graph joined into one buffer, and where each one's lie."""
+    """A checked plan's graphs as mr_build_plan takes them: pointers to each template's and
+    graph's arrays where the plan holds them (nothing copied), and their lengths."""
     ts, gs = plan["templates"], plan["graphs"]
-    t_params, g_params = [t["params"] for t in ts], [g["params"] for g in gs]
-    t_relocs, g_relocs = [t["relocs"] for t in ts], [g["relocs"] for g in gs]
-    nodes, edges = [t["nodes"] for t in ts], [t["edges"] for t in ts]
-    idx, rows, attrs = [g["idx"] for g in gs], [g["rows"] for g in gs], [g["attrs"] for g in gs]
-    tp, tr = _spans(t_params, 1), _spans(t_relocs, RELOC.itemsize)
-    gp = _spans(g_params, 1, sum(tp[1]))
-    gr = _spans(g_relocs, RELOC.itemsize, sum(tr[1]))
-    tn, te = _spans(nodes, NODE.itemsize), _spans(edges, EDGE.itemsize)
-    gi, ga = _spans(idx, 4), _spans(attrs, ATTR.itemsize)
-    templates = b"".join(map(TEMPLATE_REF.pack, *tn, *tp, *tr, *te))
-    templ = [g["template"] for g in gs]
-    graphs = b"".join(map(GRAPH_REF.pack, templ, [0] * len(gs), *gi, *gp, *gr, *ga))
-    joined = [b"".join(x) for x in (nodes, idx, rows, t_params + g_params, t_relocs + g_relocs,
-                                    edges, attrs)]  # fmt: skip
-    sizes = (NODE.itemsize, 4, NODE.itemsize, 1, RELOC.itemsize, EDGE.itemsize, ATTR.itemsize)
-    n_nodes, n_idx, n_rows, n_params, n_relocs, n_edges, n_attrs = (
-        len(b) // size for b, size in zip(joined, sizes, strict=True)
-    )
-    j_nodes, j_idx, j_rows, j_params, j_relocs, j_edges, j_attrs = joined
-    # NOTE: as many rows as both idx and rows hold: a row past either is refused in C.
-    return _Plan(templates, len(ts), graphs, len(gs), j_nodes, n_nodes,
-                 j_idx, j_rows, min(n_idx, n_rows), j_params, n_params, j_relocs, n_relocs,
-                 j_edges, n_edges, j_attrs, n_attrs)  # fmt: skip
+    t = [x[k] for x in ts for k in T_ARRAYS]
+    g = [x[k] for x in gs for k in G_ARRAYS]
+    # NOTE: one ctypes array per table (each made in C): a restore runs in a fresh process, where
+    # each Python-level call costs its first time.
+    nt, ng = max(len(t), 1), max(len(g), 1)
+    return _Plan(len(ts), len(gs), (c_char_p * nt)(*t), (c_uint64 * nt)(*map(len, t)),
+                 (c_uint * max(len(gs), 1))(*[x["template"] for x in gs]),
+                 (c_char_p * ng)(*g), (c_uint64 * ng)(*map(len, g)))  # fmt: skip
 
 
 def _kernels(funcs: np.ndarray, layout: np.ndarray) -> _Kernels:
