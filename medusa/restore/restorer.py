@@ -8,7 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping
-from ctypes import c_int, c_size_t, c_uint, c_void_p
+from ctypes import c_size_t, c_uint, c_void_p
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -181,23 +181,13 @@ class Restorer:
         self.bases[VMM] = base
 
     # ---- contents and graphs ----
-    def write_contents(self, stream: int) -> None:
-        """Each replayed allocation's saved contents, its pointers relocated, copied on the
-        restore's stream and waited for once (a synchronous copy each waited for each)."""
-        staged = []
+    def write_contents(self) -> None:
         for idx, c in self.plan["contents"].items():
             data = bytearray(c["data"])
             relocs = np.array([tuple(r) for r in c["relocs"]], RELOC)
             if not self.builder.relocate(data, relocs):
                 raise RestoreError(f"allocation #{idx}'s saved contents point at nothing restored")
-            if data:
-                buf = (ctypes.c_char * len(data)).from_buffer(data)
-                dst = c_void_p(int(self.bases[DEVICE][int(idx)]))
-                self.b.call("cudaMemcpyAsync", dst, buf, c_size_t(len(data)), c_int(1),
-                            c_void_p(stream))  # fmt: skip
-                staged.append(buf)  # NOTE: alive until the copy is done
-        if staged:
-            self.b.stream_synchronize(stream)
+            self.b.memcpy_htod(int(self.bases[DEVICE][int(idx)]), bytes(data))
 
     def build_graphs(self, funcs: np.ndarray, stream: int) -> list[int]:
         kernels, layout = pack_funcs(funcs, self.plan["funcs"])
@@ -223,7 +213,7 @@ class Restorer:
         self.map_vmm()
         t["kernels"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self.write_contents(stream)
+        self.write_contents()
         execs = self.build_graphs(funcs, stream)
         t["graphs"] = time.perf_counter() - t0
         self.last_timings = t
