@@ -197,6 +197,7 @@ typedef struct sim_kernel_op {
     sim_func *func;
     unsigned grid[3], block[3], smem;
     unsigned char *params; /* packed, func->param_bytes long */
+    bool pooled;           /* params lie in a block its owner frees (an exec image's) */
 } sim_kernel_op;
 
 typedef struct sim_memcpy_op {

@@ -245,7 +245,7 @@ CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[
 CUresult sim_kernel_op_set(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
                            const unsigned block[3], unsigned smem, void **kernelParams,
                            void **extra) {
-    if (op->func != f || !op->params) {
+    if (op->func != f || !op->params || op->pooled) {
         sim_kernel_op fresh = {0};
         CUresult e = sim_kernel_op_init(&fresh, f, grid, block, smem, kernelParams, extra);
         if (e)
@@ -262,8 +262,10 @@ CUresult sim_kernel_op_set(sim_kernel_op *op, sim_func *f, const unsigned grid[3
 }
 
 void sim_kernel_op_free(sim_kernel_op *op) {
-    free(op->params);
+    if (!op->pooled)
+        free(op->params);
     op->params = NULL;
+    op->pooled = false;
 }
 
 /* Every pointer argument inside a live allocation; a failure poisons the context, as the
