@@ -36,10 +36,16 @@ static void load(void) {
     GET(exec_destroy, "cuGraphExecDestroy", 10000)
     GET(ctx, "cuCtxGetCurrent", 4000)
 #undef GET
-    if (get("cuGraphKernelNodeSetParams", (void **)&D.kernel_set, 12000, 0, &st) != CUDA_SUCCESS)
-        D.kernel_set = NULL;
-    if (get("cuGetErrorName", (void **)&D.name, 6000, 0, &st) != CUDA_SUCCESS)
-        D.name = NULL;
+#define OPTIONAL(f, n, v)                                                                          \
+    if (get(n, (void **)&D.f, v, 0, &st) != CUDA_SUCCESS)                                          \
+        D.f = NULL;
+    OPTIONAL(kernel_set, "cuGraphKernelNodeSetParams", 12000)
+    OPTIONAL(name, "cuGetErrorName", 6000)
+    OPTIONAL(func_name, "cuFuncGetName", 12030)
+    OPTIONAL(library_kernel, "cuLibraryGetKernel", 12000)
+    OPTIONAL(kernel_function, "cuKernelGetFunction", 12000)
+    OPTIONAL(module_function, "cuModuleGetFunction", 2000)
+#undef OPTIONAL
     D.ok = ok;
 }
 
@@ -49,6 +55,24 @@ const mr_driver *mr_driver_api(void) {
 }
 
 EXPORT int mr_abi_version(void) { return MR_ABI_VERSION; }
+
+/* ---- finding kernels (medusa.restore.kernels): the driver functions are looked up once, here,
+ * not through a Python lookup each, which was a visible share of a restore ---- */
+EXPORT int mr_func_name(CUfunction f, const char **name) {
+    const mr_driver *d = mr_driver_api();
+    return d->func_name ? (int)d->func_name(name, f) : -1;
+}
+
+EXPORT int mr_image_function(void *handle, int is_library, const char *name, CUfunction *out) {
+    const mr_driver *d = mr_driver_api();
+    if (!is_library)
+        return d->module_function ? (int)d->module_function(out, (CUmodule)handle, name) : -1;
+    if (!d->library_kernel || !d->kernel_function)
+        return -1;
+    CUkernel k;
+    CUresult e = d->library_kernel(&k, (CUlibrary)handle, name);
+    return (int)(e ? e : d->kernel_function(out, k));
+}
 
 void mr_failed(char *err, size_t errlen, const char *where, const char *call, CUresult e) {
     const char *name = NULL;

@@ -22,6 +22,11 @@ typedef struct {
     PFN_cuCtxGetCurrent_v4000 ctx;
     PFN_cuGraphKernelNodeSetParams_v12000 kernel_set; /* optional: no graph is built anew then */
     PFN_cuGetErrorName_v6000 name;                    /* optional: only for messages */
+    /* optional: for finding kernels (mr_func_name, mr_image_function) */
+    PFN_cuFuncGetName_v12030 func_name;
+    PFN_cuLibraryGetKernel_v12000 library_kernel;
+    PFN_cuKernelGetFunction_v12000 kernel_function;
+    PFN_cuModuleGetFunction_v2000 module_function;
     int ok;                                           /* every function that is not optional */
 } mr_driver;
 

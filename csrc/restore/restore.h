@@ -78,7 +78,7 @@ typedef struct {
                           4: mr_load_chunks; 5: mr_load.progress, mr_progress_*;
                           6: mr_build_graph keeps no graph (destroyed once instantiated);
                           7: mr_load.fd, file_offset (a store read, not mapped);
-                          8: mr_build_plan */
+                          8: mr_build_plan, mr_func_name, mr_image_function */
 int mr_abi_version(void);
 #define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
 /* Builds, instantiates and uploads one graph into *exec_out (the caller destroys it); the graph
@@ -110,6 +110,11 @@ typedef struct {
 int mr_build_plan(const mr_plan *p, const mr_kernels *k, const uint64_t *const bases[MR_KINDS],
                   const uint64_t num_bases[MR_KINDS], CUstream stream, CUgraphExec *execs,
                   double *secs, uint32_t *built, char *err, size_t errlen);
+/* Finding a kernel: the name of a CUfunction (cuFuncGetName), and the function NAME of a loaded
+ * library (cuLibraryGetKernel, cuKernelGetFunction) or module (cuModuleGetFunction). A CUresult,
+ * or -1 when the driver has no such function. */
+int mr_func_name(CUfunction f, const char **name);
+int mr_image_function(void *handle, int is_library, const char *name, CUfunction *out);
 /* Patches pointer words into a buffer (a permanent buffer's saved contents). Returns 0, or -1 - i
  * for the first relocation i that lies outside the buffer or has no target. */
 int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32_t n,

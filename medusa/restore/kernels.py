@@ -19,7 +19,6 @@ from medusa.trace.reader import Trace
 
 Images = dict[str, tuple[int, bool]]  # sha256 -> (handle, is_library)
 _PTR = POINTER(c_void_p)
-_FN_LOOKUP = [_PTR, c_void_p, c_char_p]
 
 
 def driver_fn(b: Backend, name: str, version: int, restype: Any, argtypes: list[Any]) -> Any:
@@ -48,9 +47,16 @@ class KernelFinder:
     """The driver calls that find a kernel, and the images this process holds (`libs`): those it
     loaded (read from its own trace), and those loaded from the artifact along the way."""
 
-    def __init__(self, b: Backend, art: Artifact, own: Trace) -> None:
+    def __init__(self, b: Backend, art: Artifact, own: Trace, lib: ctypes.CDLL) -> None:
+        """lib: libmedusa_restore, whose mr_func_name and mr_image_function make the driver calls
+        that find a kernel (its driver functions looked up once, in C)."""
         self.b, self.art, self._own = b, art, own
         self.get_by_stub = b._fn("cudaGetFuncBySymbol", c_int, [c_void_p, c_void_p])
+        self._name_of = lib.mr_func_name
+        self._name_of.argtypes, self._name_of.restype = [c_void_p, POINTER(c_char_p)], c_int
+        self._in_image = lib.mr_image_function
+        self._in_image.argtypes = [c_void_p, c_int, c_char_p, _PTR]
+        self._in_image.restype = c_int
 
     # NOTE: each driver function is looked up when first used: a restore whose kernels all have
     # an exported stub needs two of them, and each lookup is a visible share of a restore.
@@ -61,22 +67,22 @@ class KernelFinder:
             libs.setdefault(sha256, (handle, is_library))
         return libs
 
-    @cached_property
-    def name_of(self) -> Any:
-        return driver_fn(self.b, "cuFuncGetName", 12030, c_int, [POINTER(c_char_p), c_void_p])
+    def _named(self, f: c_void_p) -> bytes | None:
+        """The name of the CUfunction F (cuFuncGetName), None if the driver cannot say."""
+        got = c_char_p()
+        code = self._name_of(f, ctypes.byref(got))
+        if code == -1:
+            raise RestoreError("the driver has no cuFuncGetName")
+        return None if code else got.value
 
-    @cached_property
-    def lib_kernel(self) -> Any:
-        return driver_fn(self.b, "cuLibraryGetKernel", 12000, c_int, _FN_LOOKUP)
-
-    @cached_property
-    def mod_func(self) -> Any:
-        return driver_fn(self.b, "cuModuleGetFunction", 2000, c_int, _FN_LOOKUP)
-
-    @cached_property
-    def as_func(self) -> Any:
-        # NOTE: a library gives a CUkernel; graph nodes and cuFuncSetAttribute take a CUfunction.
-        return driver_fn(self.b, "cuKernelGetFunction", 12000, c_int, [_PTR, c_void_p])
+    def _function(self, handle: int, is_library: bool, name: str, f: c_void_p) -> bool:
+        """F := the function NAME of a loaded library or module; whether it has one. A library
+        gives a CUkernel, and graph nodes and cuFuncSetAttribute take its CUfunction."""
+        code = self._in_image(c_void_p(handle), is_library, name.encode(), ctypes.byref(f))
+        if code == -1:
+            call = "cuLibraryGetKernel" if is_library else "cuModuleGetFunction"
+            raise RestoreError(f"the driver has no {call}")
+        return code == 0
 
     @cached_property
     def load_data(self) -> Any:
@@ -119,12 +125,10 @@ class KernelFinder:
             stub = self.b.symbol(fn["symbol"])
         except AttributeError:
             stub = 0
-        got = c_char_p()
         found = (
             stub
             and self.get_by_stub(ctypes.byref(f), c_void_p(stub)) == 0
-            and self.name_of(ctypes.byref(got), f) == 0
-            and got.value == fn["name"].encode()
+            and self._named(f) == fn["name"].encode()
         )
         return "exported stub" if found else ""
 
@@ -132,12 +136,7 @@ class KernelFinder:
         if fn["sha256"] not in self.libs:
             return ""
         handle, is_lib = self.libs[fn["sha256"]]
-        look = self.lib_kernel if is_lib else self.mod_func
-        if look(ctypes.byref(f), c_void_p(handle), fn["name"].encode()) == 0 and (
-            not is_lib or self.as_func(ctypes.byref(f), f) == 0
-        ):
-            return "loaded image"
-        return ""
+        return "loaded image" if self._function(handle, is_lib, fn["name"], f) else ""
 
     def _from_saved(self, fn: dict[str, Any], f: c_void_p) -> str | None:
         """None once found in the image the artifact saved; else why not."""
@@ -152,10 +151,7 @@ class KernelFinder:
             return f"its saved image does not load ({self.error('cuLibraryLoadData', code)}" + (
                 f": {message})" if message else ")"
             )
-        if (
-            self.lib_kernel(ctypes.byref(f), lib, fn["name"].encode()) == 0
-            and self.as_func(ctypes.byref(f), f) == 0
-        ):
+        if self._function(int(lib.value or 0), True, fn["name"], f):
             self.libs[sha] = (int(lib.value or 0), True)
             return None
         return "its saved image does not hold it"

@@ -158,7 +158,7 @@ class Restorer:
 
     # ---- kernels and globals (kernels.py) ----
     def resolve_kernels(self) -> tuple[np.ndarray, Counter[str]]:
-        self._finder = KernelFinder(self.b, self.art, self._own_run().trace)
+        self._finder = KernelFinder(self.b, self.art, self._own_run().trace, self.builder.lib)
         return find_kernels(self._finder, self.plan["funcs"])
 
     def map_globals(self) -> None:
