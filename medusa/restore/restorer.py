@@ -8,7 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping
-from ctypes import c_size_t, c_uint, c_void_p
+from ctypes import c_int, c_size_t, c_uint, c_void_p
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,12 +182,22 @@ class Restorer:
 
     # ---- contents and graphs ----
     def write_contents(self) -> None:
+        """Each replayed allocation's saved contents, its pointers relocated: in place when this
+        returns."""
+        todo = []
         for idx, c in self.plan["contents"].items():
             data = bytearray(c["data"])
             relocs = np.array([tuple(r) for r in c["relocs"]], RELOC)
             if not self.builder.relocate(data, relocs):
                 raise RestoreError(f"allocation #{idx}'s saved contents point at nothing restored")
-            self.b.memcpy_htod(int(self.bases[DEVICE][int(idx)]), bytes(data))
+            todo.append((int(self.bases[DEVICE][int(idx)]), bytes(data)))
+        # NOTE: queued on the legacy stream and waited for once, by the last copy (synchronous):
+        # each synchronous copy is a round trip to the device (on simcuda, to its device thread).
+        for dst, data in todo[:-1]:
+            self.b.call("cudaMemcpyAsync", c_void_p(dst), data, c_size_t(len(data)), c_int(1),
+                        c_void_p(0))  # fmt: skip
+        for dst, data in todo[-1:]:
+            self.b.memcpy_htod(dst, data)
 
     def build_graphs(self, funcs: np.ndarray, stream: int) -> list[int]:
         kernels, layout = pack_funcs(funcs, self.plan["funcs"])
