@@ -2,6 +2,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "graph_driver.h"
 #include "restore.h"
@@ -57,10 +58,26 @@ const mr_driver *mr_driver_api(void) {
 EXPORT int mr_abi_version(void) { return MR_ABI_VERSION; }
 
 /* ---- finding kernels (medusa.restore.kernels): the driver functions are looked up once, here,
- * not through a Python lookup each, which was a visible share of a restore ---- */
-EXPORT int mr_func_name(CUfunction f, const char **name) {
+ * and a plan's stubs are all checked in one call (a few Python calls per kernel were a visible
+ * share of a restore) ---- */
+EXPORT int mr_find_stubs(uint32_t n, const char *const *symbols, const char *const *names,
+                         void *get_func_by_symbol, uint64_t *funcs) {
+    typedef int (*get_fn)(void **func, const void *symbol); /* cudaGetFuncBySymbol */
+    get_fn get = (get_fn)get_func_by_symbol;
     const mr_driver *d = mr_driver_api();
-    return d->func_name ? (int)d->func_name(name, f) : -1;
+    for (uint32_t i = 0; i < n; i++) {
+        funcs[i] = 0;
+        void *stub = symbols[i] ? dlsym(RTLD_DEFAULT, symbols[i]) : NULL;
+        void *f = NULL;
+        if (!stub || get(&f, stub) != 0)
+            continue;
+        if (!d->func_name)
+            return -1;
+        const char *got = NULL;
+        if (d->func_name(&got, (CUfunction)f) == CUDA_SUCCESS && got && !strcmp(got, names[i]))
+            funcs[i] = (uint64_t)(uintptr_t)f;
+    }
+    return 0;
 }
 
 EXPORT int mr_image_function(void *handle, int is_library, const char *name, CUfunction *out) {

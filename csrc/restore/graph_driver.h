@@ -22,7 +22,7 @@ typedef struct {
     PFN_cuCtxGetCurrent_v4000 ctx;
     PFN_cuGraphKernelNodeSetParams_v12000 kernel_set; /* optional: no graph is built anew then */
     PFN_cuGetErrorName_v6000 name;                    /* optional: only for messages */
-    /* optional: for finding kernels (mr_func_name, mr_image_function) */
+    /* optional: for finding kernels (mr_find_stubs, mr_image_function) */
     PFN_cuFuncGetName_v12030 func_name;
     PFN_cuLibraryGetKernel_v12000 library_kernel;
     PFN_cuKernelGetFunction_v12000 kernel_function;

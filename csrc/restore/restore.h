@@ -78,7 +78,7 @@ typedef struct {
                           4: mr_load_chunks; 5: mr_load.progress, mr_progress_*;
                           6: mr_build_graph keeps no graph (destroyed once instantiated);
                           7: mr_load.fd, file_offset (a store read, not mapped);
-                          8: mr_build_plan, mr_func_name, mr_image_function */
+                          8: mr_build_plan, mr_find_stubs, mr_image_function */
 int mr_abi_version(void);
 #define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
 /* Builds, instantiates and uploads one graph into *exec_out (the caller destroys it); the graph
@@ -110,10 +110,15 @@ typedef struct {
 int mr_build_plan(const mr_plan *p, const mr_kernels *k, const uint64_t *const bases[MR_KINDS],
                   const uint64_t num_bases[MR_KINDS], CUstream stream, CUgraphExec *execs,
                   double *secs, uint32_t *built, char *err, size_t errlen);
-/* Finding a kernel: the name of a CUfunction (cuFuncGetName), and the function NAME of a loaded
- * library (cuLibraryGetKernel, cuKernelGetFunction) or module (cuModuleGetFunction). A CUresult,
- * or -1 when the driver has no such function. */
-int mr_func_name(CUfunction f, const char **name);
+/* ---- finding kernels ---- */
+/* For each of n functions: funcs[i] its CUfunction when symbols[i] (NULL: none) names an exported
+ * host stub in the global scope, get_func_by_symbol (the runtime's cudaGetFuncBySymbol) gives a
+ * function for it, and its name (cuFuncGetName) is names[i]; else 0. Returns 0, or -1 when the
+ * driver has no cuFuncGetName. */
+int mr_find_stubs(uint32_t n, const char *const *symbols, const char *const *names,
+                  void *get_func_by_symbol, uint64_t *funcs);
+/* The function NAME of a loaded library (cuLibraryGetKernel, cuKernelGetFunction) or module
+ * (cuModuleGetFunction): a CUresult, or -1 when the driver has no such function. */
 int mr_image_function(void *handle, int is_library, const char *name, CUfunction *out);
 /* Patches pointer words into a buffer (a permanent buffer's saved contents). Returns 0, or -1 - i
  * for the first relocation i that lies outside the buffer or has no target. */

@@ -19,6 +19,7 @@ from medusa.trace.reader import Trace
 
 Images = dict[str, tuple[int, bool]]  # sha256 -> (handle, is_library)
 _PTR = POINTER(c_void_p)
+_STRS = POINTER(c_char_p)
 
 
 def driver_fn(b: Backend, name: str, version: int, restype: Any, argtypes: list[Any]) -> Any:
@@ -48,12 +49,13 @@ class KernelFinder:
     loaded (read from its own trace), and those loaded from the artifact along the way."""
 
     def __init__(self, b: Backend, art: Artifact, own: Trace, lib: ctypes.CDLL) -> None:
-        """lib: libmedusa_restore, whose mr_func_name and mr_image_function make the driver calls
-        that find a kernel (its driver functions looked up once, in C)."""
+        """lib: libmedusa_restore, whose mr_find_stubs and mr_image_function make the driver
+        calls that find a kernel (its driver functions looked up once, in C)."""
         self.b, self.art, self._own = b, art, own
-        self.get_by_stub = b._fn("cudaGetFuncBySymbol", c_int, [c_void_p, c_void_p])
-        self._name_of = lib.mr_func_name
-        self._name_of.argtypes, self._name_of.restype = [c_void_p, POINTER(c_char_p)], c_int
+        self._get_by_stub = b._fn("cudaGetFuncBySymbol", c_int, [c_void_p, c_void_p])
+        self._find_stubs = lib.mr_find_stubs
+        self._find_stubs.argtypes = [c_uint, _STRS, _STRS, c_void_p, POINTER(c_uint64)]
+        self._find_stubs.restype = c_int
         self._in_image = lib.mr_image_function
         self._in_image.argtypes = [c_void_p, c_int, c_char_p, _PTR]
         self._in_image.restype = c_int
@@ -66,14 +68,6 @@ class KernelFinder:
         for handle, is_library, sha256 in self._own.loads():
             libs.setdefault(sha256, (handle, is_library))
         return libs
-
-    def _named(self, f: c_void_p) -> bytes | None:
-        """The name of the CUfunction F (cuFuncGetName), None if the driver cannot say."""
-        got = c_char_p()
-        code = self._name_of(f, ctypes.byref(got))
-        if code == -1:
-            raise RestoreError("the driver has no cuFuncGetName")
-        return None if code else got.value
 
     def _function(self, handle: int, is_library: bool, name: str, f: c_void_p) -> bool:
         """F := the function NAME of a loaded library or module; whether it has one. A library
@@ -104,10 +98,26 @@ class KernelFinder:
             return f"{call}: CUDA error {code}"
         return f"{call}: {name.value.decode()} ({code})"
 
+    def by_stubs(self, funcs: list[dict[str, Any]]) -> list[int]:
+        """Each of the plan's functions found through its exported host stub (the runtime's
+        cudaGetFuncBySymbol, its name checked with cuFuncGetName), 0 where it is not; all in one
+        call (mr_find_stubs: a few ctypes calls per kernel were a visible share of a restore)."""
+        n = len(funcs)
+        # NOTE: a name with a NUL in it is no C string: never found through a stub.
+        plain = [bool(f["symbol"]) and "\0" not in f["symbol"] + f["name"] for f in funcs]
+        symbols = [f["symbol"].encode() if ok else None for f, ok in zip(funcs, plain, strict=True)]
+        out = (c_uint64 * max(n, 1))()
+        stub = ctypes.cast(self._get_by_stub, c_void_p)
+        names = (c_char_p * max(n, 1))(*[f["name"].encode() for f in funcs])
+        if self._find_stubs(n, (c_char_p * max(n, 1))(*symbols), names, stub, out) == -1:
+            raise RestoreError("the driver has no cuFuncGetName")
+        return out[:n]
+
     def find(self, fn: dict[str, Any]) -> tuple[c_void_p, str]:
-        """The CUfunction of the plan's function FN, and how it was found."""
+        """The CUfunction of the plan's function FN not found through a stub (by_stubs), and
+        how it was found."""
         f = c_void_p()
-        method = self._by_stub(fn, f) or self._in_loaded(fn, f)
+        method = self._in_loaded(fn, f)
         if method:
             return f, method
         why = self._from_saved(fn, f)
@@ -117,20 +127,6 @@ class KernelFinder:
             f"kernel {fn['name']} (image {fn['sha256'][:12]}) cannot be found: no exported "
             f"symbol names it, no loaded image holds it, and {why}"
         )
-
-    def _by_stub(self, fn: dict[str, Any], f: c_void_p) -> str:
-        if not fn["symbol"]:
-            return ""
-        try:
-            stub = self.b.symbol(fn["symbol"])
-        except AttributeError:
-            stub = 0
-        found = (
-            stub
-            and self.get_by_stub(ctypes.byref(f), c_void_p(stub)) == 0
-            and self._named(f) == fn["name"].encode()
-        )
-        return "exported stub" if found else ""
 
     def _in_loaded(self, fn: dict[str, Any], f: c_void_p) -> str:
         if fn["sha256"] not in self.libs:
@@ -163,8 +159,9 @@ def find_kernels(
     """The plan's functions as CUfunctions, their attributes re-applied; how many each way."""
     out = np.zeros(len(funcs), np.uint64)
     methods: Counter[str] = Counter()
+    stubs = finder.by_stubs(funcs)
     for i, fn in enumerate(funcs):
-        f, method = finder.find(fn)
+        f, method = (c_void_p(stubs[i]), "exported stub") if stubs[i] else finder.find(fn)
         for attr, value in fn["attrs"]:
             if code := finder.set_attr(f, attr, value):
                 raise RestoreError(
