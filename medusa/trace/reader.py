@@ -30,7 +30,7 @@ from medusa.trace.validate import (
 
 E = TypeVar("E", bound=R.Event)
 _SHA256 = re.compile("[0-9a-f]{64}")
-STOPPED = int(Ev.STOPPED)
+STOPPED, LOAD = int(Ev.STOPPED), int(Ev.LOAD)
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,13 @@ class Trace:
     def loads(self) -> list[tuple[int, bool, str]]:
         """(handle, is_library, image sha256) of each successful load, in order; without building
         the records (a restore reads them on every cold start)."""
-        rows = self.select(Ev.LOAD)
-        u = rows["u"][rows["result"] == 0]
-        return [(w[0], bool(w[2]), decode.image_digest(w[3:7])) for w in u.tolist()]
+        rows = self.records[self.records["type"] == LOAD]
+        results, words = rows["result"].tolist(), rows["u"].tolist()
+        return [
+            (w[0], bool(w[2]), decode.image_digest(w[3:7]))
+            for r, w in zip(results, words, strict=True)
+            if r == 0
+        ]
 
     @property
     def stopped(self) -> str:
