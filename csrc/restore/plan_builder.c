@@ -44,7 +44,8 @@ static const char *check_ref(const mr_plan *p, uint32_t i) {
         return "its idx and rows differ in length";
     if (tl[MR_T_NODES] / sizeof(mr_node) > UINT32_MAX ||
         (tl[MR_T_RELOCS] + gl[MR_G_RELOCS]) / sizeof(mr_reloc) > UINT32_MAX ||
-        tl[MR_T_EDGES] / sizeof(mr_edge) > UINT32_MAX || gl[MR_G_ATTRS] / sizeof(mr_attr) > UINT32_MAX)
+        tl[MR_T_EDGES] / sizeof(mr_edge) > UINT32_MAX ||
+        gl[MR_G_ATTRS] / sizeof(mr_attr) > UINT32_MAX)
         return "it has more nodes, relocations, edges or attributes than one graph may";
     const uint8_t *idx = p->graphs[(size_t)i * MR_G_ARRAYS + MR_G_IDX];
     for (uint64_t r = 0; r < gl[MR_G_IDX] / sizeof(uint32_t); r++) {
