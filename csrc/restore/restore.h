@@ -74,10 +74,11 @@ typedef struct {
 } mr_graph;
 
 #define MR_KINDS 4
-#define MR_ABI_VERSION 7 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
+#define MR_ABI_VERSION 8 /* 3: kernelParams from parameter layouts; attribute relocations; depth;
                           4: mr_load_chunks; 5: mr_load.progress, mr_progress_*;
                           6: mr_build_graph keeps no graph (destroyed once instantiated);
-                          7: mr_load.fd, file_offset (a store read, not mapped) */
+                          7: mr_load.fd, file_offset (a store read, not mapped);
+                          8: mr_build_plan, mr_find_stubs, mr_image_function */
 int mr_abi_version(void);
 #define MR_MAX_PARAM_BYTES 32764u /* CUDA's limit on a kernel's parameter buffer */
 /* Builds, instantiates and uploads one graph into *exec_out (the caller destroys it); the graph
@@ -85,6 +86,40 @@ int mr_abi_version(void);
 int mr_build_graph(const mr_graph *g, const mr_kernels *k,
                    const uint64_t *const bases[MR_KINDS], const uint64_t num_bases[MR_KINDS],
                    CUstream stream, CUgraphExec *exec_out, char *err, size_t errlen);
+/* A plan's graphs as the artifact stores them (medusa.artifact.layout), each array where the
+ * caller holds it (lengths in bytes, whole records each): per template its rows, parameter bytes,
+ * relocations and edges; per graph its template, the rows that replace its template's (idx says
+ * which), its own parameter bytes and relocations, which follow its template's (a row's offsets
+ * count from the template's start), and its node attributes. */
+enum { MR_T_NODES, MR_T_PARAMS, MR_T_RELOCS, MR_T_EDGES, MR_T_ARRAYS };
+enum { MR_G_IDX, MR_G_ROWS, MR_G_PARAMS, MR_G_RELOCS, MR_G_ATTRS, MR_G_ARRAYS };
+typedef struct {
+    uint32_t num_templates, num_graphs;
+    const uint8_t *const *templates; /* MR_T_ARRAYS per template */
+    const uint64_t *template_lens;
+    const uint32_t *graph_template; /* per graph */
+    const uint8_t *const *graphs;   /* MR_G_ARRAYS per graph */
+    const uint64_t *graph_lens;
+} mr_plan;
+
+/* Each graph of a plan, in order, into execs[i] (secs[i]: the seconds it took), as mr_build_graph
+ * would build it; a graph of a template already built is had from that graph by setting the
+ * kernel nodes that differ. *built: how many were built. On failure the CUresult of the first
+ * graph that failed (graph *built; err says why), and the execs before it stay (the caller
+ * destroys them). */
+int mr_build_plan(const mr_plan *p, const mr_kernels *k, const uint64_t *const bases[MR_KINDS],
+                  const uint64_t num_bases[MR_KINDS], CUstream stream, CUgraphExec *execs,
+                  double *secs, uint32_t *built, char *err, size_t errlen);
+/* ---- finding kernels ---- */
+/* For each of n functions: funcs[i] its CUfunction when symbols[i] (NULL: none) names an exported
+ * host stub in the global scope, get_func_by_symbol (the runtime's cudaGetFuncBySymbol) gives a
+ * function for it, and its name (cuFuncGetName) is names[i]; else 0. Returns 0, or -1 when the
+ * driver has no cuFuncGetName. */
+int mr_find_stubs(uint32_t n, const char *const *symbols, const char *const *names,
+                  void *get_func_by_symbol, uint64_t *funcs);
+/* The function NAME of a loaded library (cuLibraryGetKernel, cuKernelGetFunction) or module
+ * (cuModuleGetFunction): a CUresult, or -1 when the driver has no such function. */
+int mr_image_function(void *handle, int is_library, const char *name, CUfunction *out);
 /* Patches pointer words into a buffer (a permanent buffer's saved contents). Returns 0, or -1 - i
  * for the first relocation i that lies outside the buffer or has no target. */
 int mr_relocate(uint8_t *data, size_t len, const mr_reloc *relocs, uint32_t n,

@@ -53,6 +53,7 @@ static void image_free(sim_exec_image *img) {
     free(img->dep_start);
     free(img->dep);
     free(img->reach);
+    free(img->params);
     free(img);
 }
 
@@ -61,13 +62,23 @@ void sim_exec_image_unref(sim_exec_image *img) {
         image_free(img);
 }
 
-static void copy_kernel(sim_kernel_op *dst, const sim_kernel_op *src) {
+/* A kernel op's parameters take this many bytes of an image's block (aligned as malloc's). */
+static size_t pooled_size(const sim_kernel_op *k) { return (k->func->param_bytes + 16u) & ~15u; }
+
+/* dst a copy of src, its parameters at *pool (then past them), or allocated when pool is NULL. */
+static void copy_kernel(sim_kernel_op *dst, const sim_kernel_op *src, unsigned char **pool) {
     *dst = *src;
-    dst->params = malloc(src->func->param_bytes ? src->func->param_bytes : 1);
+    dst->pooled = pool != NULL;
+    if (pool) {
+        dst->params = *pool;
+        *pool += pooled_size(src);
+    } else {
+        dst->params = malloc(src->func->param_bytes ? src->func->param_bytes : 1);
+    }
     memcpy(dst->params, src->params, src->func->param_bytes);
 }
 
-static void copy_node(sim_exec_node *en, const sim_node *n) {
+static void copy_node(sim_exec_node *en, const sim_node *n, unsigned char **pool) {
     en->type = n->type;
     en->num_deps = n->deps.n;
     en->c = n->c;
@@ -75,7 +86,17 @@ static void copy_node(sim_exec_node *en, const sim_node *n) {
     en->h = n->h;
     sim_kernel_op_free(&en->k);
     if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
-        copy_kernel(&en->k, &n->k);
+        copy_kernel(&en->k, &n->k, pool);
+}
+
+/* One block for the parameters of a new image's kernel nodes: one allocation per instantiation,
+ * not one per node (a visible share of a restore's instantiations). NULL: none needed. */
+static unsigned char *params_block(const sim_graph *g) {
+    size_t bytes = 0;
+    for (size_t i = 0; i < g->n; i++)
+        if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_KERNEL)
+            bytes += pooled_size(&g->nodes[i]->k);
+    return bytes ? malloc(bytes) : NULL;
 }
 
 /* Node i's dependencies as indices into order (topological: each is below i). */
@@ -112,7 +133,7 @@ static sim_exec_image *writable(sim_exec *x) {
     for (size_t i = 0; i < old->n; i++) {
         img->v[i] = old->v[i];
         if (old->v[i].type == CU_GRAPH_NODE_TYPE_KERNEL)
-            copy_kernel(&img->v[i].k, &old->v[i].k);
+            copy_kernel(&img->v[i].k, &old->v[i].k, NULL);
     }
     size_t bytes = (old->n + 1) * sizeof *img->dep_start;
     img->dep_start = malloc(bytes);
@@ -161,8 +182,9 @@ static CUresult instantiate(CUgraphExec *out, CUgraph h) {
     img->refs = 1;
     img->n = g->n;
     img->v = calloc(g->n + 1, sizeof *img->v);
+    unsigned char *pool = img->params = params_block(g);
     for (size_t i = 0; i < g->n; i++) {
-        copy_node(&img->v[i], order[i]);
+        copy_node(&img->v[i], order[i], pool ? &pool : NULL);
         img->v[i].origin = order[i];
     }
     set_deps(img, order);
@@ -252,7 +274,7 @@ static CUresult update(sim_exec *x, sim_graph *g, CUgraphExecUpdateResultInfo *i
     }
     sim_exec_image *img = res ? NULL : writable(x);
     for (size_t i = 0; img && i < g->n; i++)
-        copy_node(&img->v[i], order[i]);
+        copy_node(&img->v[i], order[i], NULL);
     if (img)
         set_deps(img, order);
     free(order);

@@ -23,6 +23,7 @@ typedef struct sim_exec_image {
     size_t *dep_start; /* node i depends on dep[dep_start[i] .. dep_start[i + 1]) */
     uint32_t *dep;
     uint64_t *reach; /* racecheck: row i has bit j set when a path leads from node j to node i */
+    unsigned char *params; /* the kernel nodes' parameters as instantiated (pooled), or NULL */
 } sim_exec_image;
 
 typedef struct sim_exec {

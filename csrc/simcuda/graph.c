@@ -13,10 +13,20 @@ CUresult sim_graph_add_node(sim_graph *g, CUgraphNodeType type, const sim_dep *d
         if (!deps[i].node || deps[i].node->graph != g)
             return CUDA_ERROR_INVALID_VALUE;
     if (g->n == g->cap) {
-        g->cap = g->cap ? g->cap * 2 : 16;
-        g->nodes = realloc(g->nodes, g->cap * sizeof *g->nodes);
+        size_t cap = g->cap ? g->cap * 2 : 16;
+        sim_node **nodes = realloc(g->nodes, cap * sizeof *nodes);
+        if (!nodes)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        g->nodes = nodes, g->cap = cap;
     }
-    sim_node *n = calloc(1, sizeof *n);
+    if (!g->blocks || g->blocks->used == SIM_NODE_BLOCK) {
+        sim_node_block *b = calloc(1, sizeof *b);
+        if (!b)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        b->next = g->blocks;
+        g->blocks = b;
+    }
+    sim_node *n = &g->blocks->v[g->blocks->used++];
     n->type = type;
     n->graph = g;
     sim_deps_set(&n->deps, deps, ndeps);
@@ -31,7 +41,11 @@ void sim_graph_destroy(sim_graph *g) {
         sim_handle_del(g->nodes[i]);
         sim_kernel_op_free(&g->nodes[i]->k);
         sim_deps_free(&g->nodes[i]->deps);
-        free(g->nodes[i]);
+        free(g->nodes[i]->param_ptrs);
+    }
+    for (sim_node_block *b = g->blocks, *next; b; b = next) {
+        next = b->next;
+        free(b);
     }
     sim_handle_del(g);
     free(g->nodes);
@@ -69,14 +83,20 @@ static CUresult add_node(CUgraphNode *out, CUgraph h, const CUgraphNode *deps, c
     sim_graph *g = as_graph(h);
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
-    sim_dep *d = calloc(n ? n : 1, sizeof *d);
+    /* NOTE: most nodes have a few dependencies or none (a restore adds edges afterwards): no heap
+     * allocation for those, it was a visible share of building a graph. */
+    sim_dep few[8] = {0};
+    sim_dep *d = n <= 8 ? few : calloc(n, sizeof *d);
+    if (!d)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     for (size_t i = 0; i < n; i++) {
         d[i].node = as_node(deps[i]);
         if (ed)
             d[i].data = ed[i];
     }
     CUresult e = sim_graph_add_node(g, type, d, n, node);
-    free(d);
+    if (d != few)
+        free(d);
     if (!e)
         *out = (CUgraphNode)*node;
     return e;

@@ -197,6 +197,7 @@ typedef struct sim_kernel_op {
     sim_func *func;
     unsigned grid[3], block[3], smem;
     unsigned char *params; /* packed, func->param_bytes long */
+    bool pooled;           /* params lie in a block its owner frees (an exec image's) */
 } sim_kernel_op;
 
 typedef struct sim_memcpy_op {
@@ -217,7 +218,7 @@ struct sim_node {
     sim_deps deps;
     sim_kernel_op k;
     bool params_by_extra; /* given as a packed buffer (extra): refused for a cooperative node */
-    void *param_ptrs[SIM_MAX_PARAMS]; /* kernelParams as returned by GetParams */
+    void **param_ptrs; /* kernelParams as returned by GetParams (made on the first call) */
     sim_memcpy_op c;
     sim_memset_op s;
     CUDA_HOST_NODE_PARAMS h;
@@ -226,9 +227,19 @@ struct sim_node {
     CUlaunchAttributeValue attr_vals[SIM_MAX_ATTRS];
 };
 
+/* Nodes live in blocks that their graph frees (no node is ever freed alone): one allocation per
+ * block, not per node, which was a visible share of building a graph. */
+#define SIM_NODE_BLOCK 32
+typedef struct sim_node_block {
+    struct sim_node_block *next;
+    size_t used;
+    sim_node v[SIM_NODE_BLOCK];
+} sim_node_block;
+
 struct sim_graph {
     sim_node **nodes;
     size_t n, cap;
+    sim_node_block *blocks; /* the newest first */
 };
 
 CUresult sim_graph_add_node(sim_graph *g, CUgraphNodeType type, const sim_dep *deps, size_t ndeps,
@@ -236,6 +247,11 @@ CUresult sim_graph_add_node(sim_graph *g, CUgraphNodeType type, const sim_dep *d
 CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
                             const unsigned block[3], unsigned smem, void **kernelParams,
                             void **extra);
+/* As sim_kernel_op_init on an op that holds parameters already: their buffer is kept when the
+ * function stays the same. On failure the op is as it was. */
+CUresult sim_kernel_op_set(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
+                           const unsigned block[3], unsigned smem, void **kernelParams,
+                           void **extra);
 void sim_kernel_op_free(sim_kernel_op *op);
 
 /* ---- execution ---- */

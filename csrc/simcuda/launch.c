@@ -179,9 +179,11 @@ static CUresult kernel_fault(const sim_func *f, uintptr_t addr, int sig, int cod
     return e;
 }
 
-CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
-                            const unsigned block[3], unsigned smem, void **kernelParams,
-                            void **extra) {
+/* Why a launch of f so configured, with these parameters, is refused, or CUDA_SUCCESS; *packed:
+ * the parameter buffer given through extra, if any. */
+static CUresult check_launch(sim_func *f, const unsigned grid[3], const unsigned block[3],
+                             unsigned smem, void **kernelParams, void **extra,
+                             const void **packed) {
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || block[0] == 0 || block[1] == 0 ||
         block[2] == 0 || grid[1] > 65535 || grid[2] > 65535 || block[0] > 1024 ||
         block[1] > 1024 || block[2] > 64 || (uint64_t)block[0] * block[1] * block[2] > 1024)
@@ -191,40 +193,79 @@ CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[
                         "%s: %u bytes of dynamic shared memory asked, %d allowed (set "
                         "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)",
                         f->name, smem, f->max_dynamic_smem);
-    const void *packed = NULL;
+    *packed = NULL;
     if (extra && kernelParams)
         return CUDA_ERROR_INVALID_VALUE;
     if (extra) {
         size_t *size = NULL;
         for (void **x = extra; *x != CU_LAUNCH_PARAM_END; x += 2) {
             if (x[0] == CU_LAUNCH_PARAM_BUFFER_POINTER)
-                packed = x[1];
+                *packed = x[1];
             else if (x[0] == CU_LAUNCH_PARAM_BUFFER_SIZE)
                 size = x[1];
             else
                 return CUDA_ERROR_INVALID_VALUE;
         }
-        if (!packed || !size || *size < f->param_bytes)
+        if (!*packed || !size || *size < f->param_bytes)
             return sim_fail(CUDA_ERROR_INVALID_VALUE, "%s: parameter buffer missing or short", f->name);
     } else if (!kernelParams && f->num_params) {
         return sim_fail(CUDA_ERROR_INVALID_VALUE, "%s: no kernel parameters given", f->name);
     }
+    return CUDA_SUCCESS;
+}
+
+/* op becomes a launch of f, its parameters copied into op->params (f->param_bytes of them). */
+static void fill_op(sim_kernel_op *op, sim_func *f, const unsigned grid[3], const unsigned block[3],
+                    unsigned smem, void **kernelParams, const void *packed) {
     op->func = f;
     memcpy(op->grid, grid, sizeof op->grid);
     memcpy(op->block, block, sizeof op->block);
     op->smem = smem;
-    op->params = malloc(f->param_bytes ? f->param_bytes : 1);
     if (packed)
         memcpy(op->params, packed, f->param_bytes);
     else
         for (uint32_t i = 0; i < f->num_params; i++)
             memcpy(op->params + f->params[i].offset, kernelParams[i], f->params[i].size);
+}
+
+CUresult sim_kernel_op_init(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
+                            const unsigned block[3], unsigned smem, void **kernelParams,
+                            void **extra) {
+    const void *packed = NULL;
+    CUresult e = check_launch(f, grid, block, smem, kernelParams, extra, &packed);
+    if (e)
+        return e;
+    op->params = malloc(f->param_bytes ? f->param_bytes : 1);
+    if (!op->params)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    fill_op(op, f, grid, block, smem, kernelParams, packed);
     return CUDA_SUCCESS;
 }
 
+CUresult sim_kernel_op_set(sim_kernel_op *op, sim_func *f, const unsigned grid[3],
+                           const unsigned block[3], unsigned smem, void **kernelParams,
+                           void **extra) {
+    if (op->func != f || !op->params || op->pooled) {
+        sim_kernel_op fresh = {0};
+        CUresult e = sim_kernel_op_init(&fresh, f, grid, block, smem, kernelParams, extra);
+        if (e)
+            return e;
+        sim_kernel_op_free(op);
+        *op = fresh;
+        return CUDA_SUCCESS;
+    }
+    const void *packed = NULL;
+    CUresult e = check_launch(f, grid, block, smem, kernelParams, extra, &packed);
+    if (!e) /* NOTE: the same function: its parameter buffer is the right size already */
+        fill_op(op, f, grid, block, smem, kernelParams, packed);
+    return e;
+}
+
 void sim_kernel_op_free(sim_kernel_op *op) {
-    free(op->params);
+    if (!op->pooled)
+        free(op->params);
     op->params = NULL;
+    op->pooled = false;
 }
 
 /* Every pointer argument inside a live allocation; a failure poisons the context, as the

@@ -1,4 +1,5 @@
 /* Graph node parameters and attributes (driver API). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -13,6 +14,8 @@ static CUresult kernel_get(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS *p) {
     if (!n || !p)
         return CUDA_ERROR_INVALID_VALUE;
     const sim_kernel_op *k = &n->k;
+    if (!n->param_ptrs && !(n->param_ptrs = calloc(SIM_MAX_PARAMS, sizeof *n->param_ptrs)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     memset(p, 0, sizeof *p);
     p->func = SIM_FUNC_HANDLE(k->func);
     p->gridDimX = k->grid[0], p->gridDimY = k->grid[1], p->gridDimZ = k->grid[2];
@@ -65,7 +68,12 @@ static CUresult kernel_set(CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS *p) {
         return CUDA_ERROR_INVALID_VALUE;
     if (p->extra && is_cooperative(n))
         return refuse_extra(n);
-    CUresult e = sim_kernel_op_replace(&n->k, p);
+    sim_func *f = sim_param_func(p);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    const unsigned g[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+    const unsigned b[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+    CUresult e = sim_kernel_op_set(&n->k, f, g, b, p->sharedMemBytes, p->kernelParams, p->extra);
     if (!e)
         n->params_by_extra = p->extra != NULL;
     return e;

@@ -3,6 +3,8 @@ for the C builder that restores them."""
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 
 NODE = np.dtype([("type", "<u4"), ("func", "<u4"), ("grid", "<u4", 3), ("block", "<u4", 3),
@@ -81,13 +83,8 @@ def pack_attrs(attrs: list, reloc_base: int = 0) -> tuple[np.ndarray, np.ndarray
 def pack_funcs(handles: np.ndarray, funcs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(kernel rows, parameter layout rows) for the C builder: each resolved handle with where
     its recorded (offset, size) parameters lie in the layout table."""
-    rows = np.zeros(len(funcs), FUNC)
-    rows["func"] = handles
-    sizes = np.array([len(f["layout"]) for f in funcs], np.int64)
-    rows["layout_len"] = sizes
-    rows["layout_off"] = np.cumsum(sizes) - sizes
-    layout = np.zeros(int(sizes.sum()), PARAM)
+    sizes = [len(f["layout"]) for f in funcs]
+    offsets = accumulate(sizes[:-1], initial=0) if sizes else []
+    rows = np.array(list(zip(handles.tolist(), offsets, sizes, strict=True)), FUNC)
     flat = [tuple(p) for f in funcs for p in f["layout"]]
-    if flat:
-        layout[:] = flat
-    return rows, layout
+    return rows, np.array(flat, PARAM) if flat else np.zeros(0, PARAM)

@@ -9,7 +9,7 @@ import functools
 from medusa.cuda import paths
 from medusa.cuda.errors import LibraryVersionError
 
-ABI_VERSION = 7  # MR_ABI_VERSION in csrc/restore/restore.h
+ABI_VERSION = 8  # MR_ABI_VERSION in csrc/restore/restore.h
 
 
 @functools.cache

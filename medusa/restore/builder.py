@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from medusa.artifact.layout import RELOC
+from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC
 from medusa.cuda.errors import LibraryVersionError
 from medusa.cuda.native import restore_library
 from medusa.restore.errors import RestoreError
 from medusa.trace import NodeType
 
 KINDS = 4  # relocation kinds (medusa.trace.run_view): DEVICE, HOST, GLOBAL, VMM
+_ROW = np.dtype((np.void, NODE.itemsize))  # a node row as opaque bytes
 
 
 class _Graph(ctypes.Structure):
@@ -43,6 +44,45 @@ class _Kernels(ctypes.Structure):
     ]
 
 
+class _Plan(ctypes.Structure):  # mr_plan; the arrays are the plan's bytes, kept alive by it
+    _fields_ = [
+        ("num_templates", c_uint),
+        ("num_graphs", c_uint),
+        ("templates", POINTER(c_char_p)),
+        ("template_lens", POINTER(c_uint64)),
+        ("graph_template", POINTER(c_uint)),
+        ("graphs", POINTER(c_char_p)),
+        ("graph_lens", POINTER(c_uint64)),
+    ]
+
+
+T_ARRAYS = ("nodes", "params", "relocs", "edges")  # mr_plan's order (MR_T_*)
+G_ARRAYS = ("idx", "rows", "params", "relocs", "attrs")  # (MR_G_*)
+
+
+def pack_plan(plan: dict[str, Any]) -> _Plan:
+    """A checked plan's graphs as mr_build_plan takes them: pointers to each template's and
+    graph's arrays where the plan holds them (nothing copied), and their lengths."""
+    ts, gs = plan["templates"], plan["graphs"]
+    t = [x[k] for x in ts for k in T_ARRAYS]
+    g = [x[k] for x in gs for k in G_ARRAYS]
+    # NOTE: one ctypes array per table (each made in C): a restore runs in a fresh process, where
+    # each Python-level call costs its first time.
+    nt, ng = max(len(t), 1), max(len(g), 1)
+    return _Plan(len(ts), len(gs), (c_char_p * nt)(*t), (c_uint64 * nt)(*map(len, t)),
+                 (c_uint * max(len(gs), 1))(*[x["template"] for x in gs]),
+                 (c_char_p * ng)(*g), (c_uint64 * ng)(*map(len, g)))  # fmt: skip
+
+
+def _kernels(funcs: np.ndarray, layout: np.ndarray) -> _Kernels:
+    return _Kernels(
+        funcs.ctypes.data if len(funcs) else None,
+        len(funcs),
+        len(layout),
+        layout.ctypes.data if len(layout) else None,
+    )
+
+
 def load_library() -> ctypes.CDLL:
     """libmedusa_restore; RestoreError when it was built from other sources than this package."""
     try:
@@ -52,7 +92,8 @@ def load_library() -> ctypes.CDLL:
 
 
 class GraphBuilder:
-    """One graph at a time: returns the CUresult and the C side's message, never raises."""
+    """One graph, or a plan's graphs: returns the CUresult and the C side's message, never
+    raises."""
 
     def __init__(self, bases: list[np.ndarray]) -> None:
         self.lib = load_library()
@@ -64,6 +105,19 @@ class GraphBuilder:
             c_void_p,
             c_void_p,
             POINTER(c_void_p),
+            c_char_p,
+            c_size_t,
+        ]
+        self.lib.mr_build_plan.restype = c_int
+        self.lib.mr_build_plan.argtypes = [
+            POINTER(_Plan),
+            POINTER(_Kernels),
+            c_void_p,
+            c_void_p,
+            c_void_p,
+            c_void_p,
+            c_void_p,
+            POINTER(c_uint),
             c_char_p,
             c_size_t,
         ]
@@ -90,12 +144,7 @@ class GraphBuilder:
         """(CUresult, message, graph exec) for one graph; arrays in the layout's dtypes (funcs
         and layout from layout.pack_funcs)."""
         ptrs, sizes = self._tables()
-        kernels = _Kernels(
-            funcs.ctypes.data if len(funcs) else None,
-            len(funcs),
-            len(layout),
-            layout.ctypes.data if len(layout) else None,
-        )
+        kernels = _kernels(funcs, layout)
         spec = _Graph(
             nodes.ctypes.data,
             len(nodes),
@@ -122,6 +171,30 @@ class GraphBuilder:
         )
         return code, err.value.decode(errors="replace"), int(exec_.value or 0)
 
+    def build_plan(
+        self, plan: dict[str, Any], funcs: np.ndarray, layout: np.ndarray, stream: int
+    ) -> tuple[int, str, list[int], list[float]]:
+        """(CUresult, message, graph execs, seconds per graph) for every graph of a checked plan,
+        in one call; on failure the execs built before the graph that failed (graph len(execs))."""
+        ptrs, sizes = self._tables()
+        n = len(plan["graphs"])
+        execs, secs, built = (c_void_p * max(n, 1))(), (ctypes.c_double * max(n, 1))(), c_uint()
+        err = ctypes.create_string_buffer(512)
+        code = self.lib.mr_build_plan(
+            ctypes.byref(pack_plan(plan)),
+            ctypes.byref(_kernels(funcs, layout)),
+            ptrs,
+            sizes,
+            c_void_p(stream),
+            execs,
+            secs,
+            ctypes.byref(built),
+            err,
+            512,
+        )
+        done = built.value
+        return code, err.value.decode(errors="replace"), [e or 0 for e in execs[:done]], secs[:done]
+
     def relocate(self, data: bytearray, relocs: np.ndarray) -> bool:
         """Patches the pointer words of a saved buffer; False if one points at nothing."""
         if not len(relocs):
@@ -131,6 +204,23 @@ class GraphBuilder:
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
         n = self.lib.mr_relocate(buf, len(data), relocs.ctypes.data, len(relocs), ptrs, sizes)
         return n == 0
+
+
+def graph_arrays(plan: dict[str, Any], gi: int) -> tuple[np.ndarray, ...]:
+    """Graph GI of a checked plan as the builder takes it: (nodes, params, relocs, edges, attrs),
+    its template's rows with the graph's own rows put in their places."""
+    g = plan["graphs"][gi]
+    t = plan["templates"][g["template"]]
+    if g["idx"]:
+        nodes = np.frombuffer(bytearray(t["nodes"]), NODE)
+        # NOTE: rows copied as opaque records: a structured assignment converts field by field,
+        # ten times slower (a visible share of a restore's cost).
+        nodes.view(_ROW)[np.frombuffer(g["idx"], "<u4")] = np.frombuffer(g["rows"], _ROW)
+    else:
+        nodes = np.frombuffer(t["nodes"], NODE)
+    params = np.frombuffer(t["params"] + g["params"] + b"\0", np.uint8)
+    relocs = np.frombuffer(t["relocs"] + g["relocs"], RELOC)
+    return nodes, params, relocs, np.frombuffer(t["edges"], EDGE), np.frombuffer(g["attrs"], ATTR)
 
 
 def name_kernel(err: str, nodes: np.ndarray, funcs: list[dict[str, Any]]) -> str:

@@ -4,31 +4,25 @@ allocated, resolve kernels, write permanent buffers, and build every graph in C.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Mapping
-from ctypes import c_size_t, c_uint, c_void_p
+from ctypes import c_int, c_size_t, c_uint, c_void_p
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from medusa import env
 from medusa.artifact import Artifact, ArtifactError
-from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
+from medusa.artifact.layout import RELOC, pack_funcs
 from medusa.cuda.backend import Backend
-from medusa.restore.builder import KINDS, GraphBuilder, name_kernel
+from medusa.restore.builder import KINDS, GraphBuilder, graph_arrays, name_kernel
 from medusa.restore.errors import RestoreError
-from medusa.restore.kernels import Images, KernelFinder, find_kernels, global_addresses
+from medusa.restore.kernels import KernelFinder, find_kernels, global_addresses
+from medusa.restore.own_run import OwnRun, map_allocations, read_own
 from medusa.restore.scaled import scaled_allocs, scaled_plan
 from medusa.restore.validate import validate_plan
-from medusa.trace import Ev, read_trace
-from medusa.trace import control as trace
-from medusa.trace import records as R
-from medusa.trace.run_view import DEVICE, GLOBAL, HOST, VMM, RunView
+from medusa.trace.run_view import DEVICE, GLOBAL, HOST, VMM
 
 log = logging.getLogger("medusa.restore")
 
@@ -38,19 +32,6 @@ class RestoreResult:
     execs: list[int]
     methods: Counter[str] = field(default_factory=Counter)
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def _check_counts(own: RunView, plan_allocs: list[list[Any]], phases: set[str]) -> None:
-    """Each recorded phase of PHASES that this start-up ran made as many allocations as then."""
-    ran = {a.phase for a in own.allocs}
-    for phase in ran & phases:
-        n_plan = sum(1 for x in plan_allocs if x[0] == phase)
-        n_own = sum(1 for a in own.allocs if a.phase == phase)
-        if phase in {x[0] for x in plan_allocs} and n_own != n_plan:
-            raise RestoreError(
-                f"phase {phase!r} made {n_own} allocations here, {n_plan} when "
-                "recorded: the start-up diverges"
-            )
 
 
 class Restorer:
@@ -87,61 +68,25 @@ class Restorer:
         self.builder = GraphBuilder(self.bases)
         self._execs: list[int] = []
         self.last_timings: dict[str, float] = {}
-        self._own: RunView | None = None
+        self._own: OwnRun | None = None
+        self._index: dict[tuple[str, int], int] | None = None
         self.funcs: np.ndarray = np.zeros(0)
-        self._libs: Images = {}
+        self._finder: KernelFinder | None = None
 
     # ---- allocations ----
-    def _own_run(self) -> RunView:
+    def _own_run(self) -> OwnRun:
         if self._own is None:
-            self._own = self._read_own()
+            self._own = read_own(self.since)
         return self._own
-
-    def _read_own(self) -> RunView:
-        path = env.TRACE.get()
-        if not trace.active() or not path:
-            raise RestoreError(
-                "restore needs the recorder in restore mode (MEDUSA_TRACE, "
-                "MEDUSA_MODE=restore, LD_PRELOAD): `medusa run --artifact` sets it; for "
-                "another program, start it with `medusa trace record --mode restore -o "
-                "restore-%p.mtr -- COMMAND`"
-            )
-        trace.flush()
-        path = path.replace("%p", str(os.getpid()))
-        full = read_trace(path, allow_truncated=True)
-        if not self.since:
-            return RunView.build(full, graphs=False)
-        later = dataclasses.replace(full, records=full.records[full.records["seq"] > self.since])
-        return dataclasses.replace(RunView.build(later, graphs=False), trace=full)
 
     def map_allocations(self) -> None:
         """Checks this start-up allocated what the recorded one did in the phases it ran, then
         replays the skipped phases' allocations (and frees) in recorded order."""
         own = self._own_run()
         plan_allocs = self.plan["allocs"]
-        skipped = set(self.plan["skipped_phases"])
-        entered = self._entered(own)
-        mine = {(a.phase, a.ordinal): a for a in own.allocs}
-        base = np.zeros(len(plan_allocs), np.uint64)
+        phases = own.entered - set(self.plan["skipped_phases"])
+        base = map_allocations(plan_allocs, own, phases, self.sizes, self.any_size)
         self.bases[DEVICE] = self.bases[HOST] = base
-        for i, (phase, ordinal, kind, size, _freed) in enumerate(plan_allocs):
-            if phase in skipped or phase not in entered:
-                continue
-            a = mine.get((phase, ordinal))
-            if a is None:
-                raise RestoreError(
-                    f"allocation #{i} (phase {phase!r} #{ordinal}, {size} bytes) was "
-                    "not made in this start-up: it diverges from the recorded one"
-                )
-            if i in self.any_size:
-                self.sizes[(phase, ordinal)] = a.size  # sized by this start-up's count
-            if (a.size, a.kind) != (self.sizes.get((phase, ordinal), size), kind):
-                raise RestoreError(
-                    f"allocation #{i} (phase {phase!r} #{ordinal}) is {a.size} bytes "
-                    f"here, {size} bytes in the artifact: the start-up diverges"
-                )
-            base[i] = a.addr
-        _check_counts(own, plan_allocs, entered - skipped)
         self._check_resized()
         for op, i in self.plan["replay"]:
             kind, size = plan_allocs[i][2], plan_allocs[i][3]
@@ -154,12 +99,12 @@ class Restorer:
     def _check_resized(self) -> None:
         """The plan checked again with the sizes this start-up chose, where one is smaller than
         recorded: no relocation, copy or fill of a graph may reach past the end."""
+        sizes = self.sizes
         smaller = {
-            i: self.sizes.get((p, o))
+            i: sizes[(p, o)]
             for i, (p, o, _k, size, _f) in enumerate(self.plan["allocs"])
-            if self.sizes.get((p, o), size) < size or i in self.any_size
+            if (p, o) in sizes and (sizes[(p, o)] < size or i in self.any_size)
         }
-        smaller = {i: n for i, n in smaller.items() if n is not None}
         if not smaller and self.plan is self.art.plan:
             return
         try:
@@ -171,19 +116,15 @@ class Restorer:
                 "(--gpu-memory-utilization, --kv-cache-memory) or materialize on this device"
             ) from None
 
-    @staticmethod
-    def _entered(own: RunView) -> set[str]:
-        """The phases this start-up has begun. A recorded phase it has not is still to come (under
-        vLLM the restore runs inside capture_model, before the phases after it): its allocations
-        cannot be checked yet, and no graph points into them (a graph holds only what was
-        allocated before its capture)."""
-        return {"start"} | {m.phase for m in own.trace.of(R.Mark, Ev.MARK)}
-
     def address(self, phase: str, ordinal: int) -> int:
         """Where the recorded allocation (phase, ordinal) lives in this process."""
-        for i, (p, o, *_rest) in enumerate(self.plan["allocs"]):
-            if (p, o) == (phase, ordinal):
-                return int(self.bases[DEVICE][i])
+        if self._index is None:  # NOTE: the first of a (phase, ordinal) listed twice
+            self._index = {}
+            for i, (p, o, *_rest) in enumerate(self.plan["allocs"]):
+                self._index.setdefault((p, o), i)
+        i = self._index.get((phase, ordinal))
+        if i is not None:
+            return int(self.bases[DEVICE][i])
         raise RestoreError(f"the artifact has no allocation #{ordinal} in phase {phase!r}")
 
     def release(self, *, graphs: bool = True) -> None:
@@ -217,18 +158,18 @@ class Restorer:
 
     # ---- kernels and globals (kernels.py) ----
     def resolve_kernels(self) -> tuple[np.ndarray, Counter[str]]:
-        finder = KernelFinder(self.b, self.art, self._own_run().trace)
-        funcs, methods = find_kernels(finder, self.plan["funcs"])
-        self._libs = finder.libs
-        return funcs, methods
+        self._finder = KernelFinder(self.b, self.art, self._own_run().trace, self.builder.lib)
+        return find_kernels(self._finder, self.plan["funcs"])
 
     def map_globals(self) -> None:
-        self.bases[GLOBAL] = global_addresses(self.b, self.plan["globals"], self._libs)
+        globals_ = self.plan["globals"]
+        libs = self._finder.libs if globals_ and self._finder else {}
+        self.bases[GLOBAL] = global_addresses(self.b, globals_, libs)
 
     def map_vmm(self) -> None:
         entries = self.plan.get("vmm", [])
         base = np.zeros(max((v["index"] for v in entries), default=-1) + 1, np.uint64)
-        mine = {(m[0], m[1]): m for m in self._own_run().vmm}
+        mine = {(m[0], m[1]): m for m in self._own_run().memory.vmm}
         for v in entries:
             m = mine.get((v["phase"], v["ordinal"]))
             if m is None or m[3] != v["size"]:
@@ -241,36 +182,33 @@ class Restorer:
 
     # ---- contents and graphs ----
     def write_contents(self) -> None:
+        """Each replayed allocation's saved contents, its pointers relocated: in place when this
+        returns."""
+        todo = []
         for idx, c in self.plan["contents"].items():
             data = bytearray(c["data"])
             relocs = np.array([tuple(r) for r in c["relocs"]], RELOC)
             if not self.builder.relocate(data, relocs):
                 raise RestoreError(f"allocation #{idx}'s saved contents point at nothing restored")
-            self.b.memcpy_htod(int(self.bases[DEVICE][int(idx)]), bytes(data))
+            todo.append((int(self.bases[DEVICE][int(idx)]), bytes(data)))
+        # NOTE: queued on the legacy stream and waited for once, by the last copy (synchronous):
+        # each synchronous copy is a round trip to the device (on simcuda, to its device thread).
+        for dst, data in todo[:-1]:
+            self.b.call("cudaMemcpyAsync", c_void_p(dst), data, c_size_t(len(data)), c_int(1),
+                        c_void_p(0))  # fmt: skip
+        for dst, data in todo[-1:]:
+            self.b.memcpy_htod(dst, data)
 
     def build_graphs(self, funcs: np.ndarray, stream: int) -> list[int]:
-        execs = []
-        templates = self.plan["templates"]
         kernels, layout = pack_funcs(funcs, self.plan["funcs"])
-        self.graph_seconds = []
-        for gi, g in enumerate(self.plan["graphs"]):
-            t0 = time.perf_counter()
-            t = templates[g["template"]]
-            nodes = np.frombuffer(t["nodes"], NODE).copy()
-            if g["idx"]:
-                nodes[np.frombuffer(g["idx"], "<u4")] = np.frombuffer(g["rows"], NODE)
-            params = np.frombuffer(t["params"] + g["params"] + b"\0", np.uint8)
-            relocs = np.frombuffer(t["relocs"] + g["relocs"], RELOC)
-            edges = np.frombuffer(t["edges"], EDGE)
-            attrs = np.frombuffer(g["attrs"], ATTR)
-            code, err, exec_ = self.builder.build(
-                nodes, params, relocs, edges, attrs, kernels, layout, stream
-            )
-            if code:
-                raise RestoreError(f"graph {gi}: {name_kernel(err, nodes, self.plan['funcs'])}")
-            execs.append(exec_)
-            self._execs.append(exec_)
-            self.graph_seconds.append(time.perf_counter() - t0)
+        code, err, execs, self.graph_seconds = self.builder.build_plan(
+            self.plan, kernels, layout, stream
+        )
+        self._execs += execs
+        if code:
+            gi = len(execs)
+            nodes = graph_arrays(self.plan, gi)[0] if gi < len(self.plan["graphs"]) else []
+            raise RestoreError(f"graph {gi}: {name_kernel(err, nodes, self.plan['funcs'])}")
         return execs
 
     def restore(self, stream: int) -> RestoreResult:

@@ -27,8 +27,9 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from medusa.artifact.layout import ATTR, EDGE, NODE, RELOC, pack_funcs
+from medusa.artifact.layout import pack_funcs
 from medusa.errors import EngineDeadError
+from medusa.restore.builder import graph_arrays
 from medusa.restore.restorer import Restorer
 from medusa.tessera.accesses import WRITE, Key, analyze
 from medusa.tessera.depgraph import LastWriter, build
@@ -221,21 +222,14 @@ class PartitionedGraph:
 
     def _build(self, graph: int, keep: list[int]) -> int:
         """A graph exec of graph `graph`'s nodes `keep` only (edges among them), restored."""
-        p, g = self.r.plan, self.r.plan["graphs"][graph]
-        t = p["templates"][g["template"]]
-        nodes = np.frombuffer(t["nodes"], NODE).copy()
-        if g["idx"]:
-            nodes[np.frombuffer(g["idx"], "<u4")] = np.frombuffer(g["rows"], NODE)
+        p = self.r.plan
+        nodes, params, relocs, edges, attrs = graph_arrays(p, graph)
         new = {old: i for i, old in enumerate(keep)}
-        edges = np.frombuffer(t["edges"], EDGE)
         edges = edges[np.isin(edges["from"], keep) & np.isin(edges["to"], keep)].copy()
         edges["from"] = [new[int(x)] for x in edges["from"]]
         edges["to"] = [new[int(x)] for x in edges["to"]]
-        attrs = np.frombuffer(g["attrs"], ATTR)
         attrs = attrs[np.isin(attrs["node"], keep)].copy()
         attrs["node"] = [new[int(x)] for x in attrs["node"]]
-        params = np.frombuffer(t["params"] + g["params"] + b"\0", np.uint8)
-        relocs = np.frombuffer(t["relocs"] + g["relocs"], RELOC)
         kernels, layout = pack_funcs(self.r.funcs, p["funcs"])
         code, err, exec_ = self.r.builder.build(
             nodes[keep], params, relocs, edges, attrs, kernels, layout, self.stream

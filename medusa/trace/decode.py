@@ -42,10 +42,14 @@ def _options(blob: bytes) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int,
     return tuple(pairs[:nj]), tuple(pairs[nj:]), _s(blob[8 + 16 * (nj + nl) :])
 
 
+def image_digest(words: list[int]) -> str:
+    """A LOAD record's image sha256 (u[3:7]), in hex."""
+    return struct.pack("<4Q", *words).hex()
+
+
 def _load(h: Head, u: list[int], blob: bytes) -> R.Load:
     jit, lib, fname = _options(blob)
-    digest = struct.pack("<4Q", *u[3:7]).hex()
-    return R.Load(*h, u[0], u[1], bool(u[2]), digest, fname, jit, lib, u[7])
+    return R.Load(*h, u[0], u[1], bool(u[2]), image_digest(u[3:7]), fname, jit, lib, u[7])
 
 
 def _func(h: Head, u: list[int], blob: bytes) -> R.Func:

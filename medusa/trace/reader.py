@@ -19,6 +19,7 @@ from medusa.trace import decode
 from medusa.trace import records as R
 from medusa.trace.format import HEADER_SIZE, RECORD_DTYPE, RECORD_SIZE, Ev, Mode
 from medusa.trace.validate import (
+    EV_MAX,
     TraceError,
     blob_lengths,
     check_header,
@@ -29,6 +30,7 @@ from medusa.trace.validate import (
 
 E = TypeVar("E", bound=R.Event)
 _SHA256 = re.compile("[0-9a-f]{64}")
+STOPPED, LOAD = int(Ev.STOPPED), int(Ev.LOAD)
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,23 @@ class Trace:
                     out[x.module] = x.sha256
         return out
 
+    def loads(self) -> list[tuple[int, bool, str]]:
+        """(handle, is_library, image sha256) of each successful load, in order; without building
+        the records (a restore reads them on every cold start)."""
+        rows = self.records[self.records["type"] == LOAD]
+        results, words = rows["result"].tolist(), rows["u"].tolist()
+        return [
+            (w[0], bool(w[2]), decode.image_digest(w[3:7]))
+            for r, w in zip(results, words, strict=True)
+            if r == 0
+        ]
+
     @property
     def stopped(self) -> str:
         """Why the recorder stopped before the program ended ("" if it did not): such a trace
         cannot make an artifact."""
+        if not (self.records["type"] == STOPPED).any():
+            return ""
         return "; ".join(x.reason for x in self.of(R.Stopped, Ev.STOPPED))
 
     def __len__(self) -> int:
@@ -97,7 +112,10 @@ class Trace:
         """The raw records of the given types (all of them when none are given)."""
         if not types:
             return self.records
-        return self.records[np.isin(self.records["type"], [int(t) for t in types])]
+        # NOTE: a table lookup, not np.isin (which sorts): this runs on every restore.
+        wanted = np.zeros(EV_MAX + 1, bool)
+        wanted[[int(t) for t in types]] = True
+        return self.records[wanted[self.records["type"]]]
 
     def events(self, *types: Ev) -> Iterator[R.Event]:
         """Typed records, in order; only the given types when some are given."""
@@ -181,9 +199,14 @@ def read_trace(path: str | Path, *, allow_truncated: bool = False) -> Trace:
     """Reads and validates a trace. A partial last record (the process was killed mid-write) is
     an error naming its offset, unless allow_truncated, which drops it."""
     path = Path(path)
-    if not path.exists():
-        raise TraceError(f"{path}: no such trace (MEDUSA_TRACE names the file to create)")
-    raw = read_regular(path, "trace")
+    try:
+        raw = read_regular(path, "trace")
+    except TraceError:  # NOTE: looked into only then: a restore reads its trace on every start
+        if not path.exists():
+            raise TraceError(
+                f"{path}: no such trace (MEDUSA_TRACE names the file to create)"
+            ) from None
+        raise
     h = check_header(path, raw)
     body = len(raw) - HEADER_SIZE
     extra = body % RECORD_SIZE
@@ -198,8 +221,7 @@ def read_trace(path: str | Path, *, allow_truncated: bool = False) -> Trace:
     recs = np.frombuffer(raw, RECORD_DTYPE, count=body // RECORD_SIZE, offset=HEADER_SIZE)
     bpath = path.with_name(path.name + ".blobs")
     blobs = read_regular(bpath, "blob side table") if os.path.lexists(bpath) else b""
-    check_records(path, recs, blobs)
-    apis = decode_apis(path, recs, blobs, blob_lengths(recs, blobs))
+    apis = decode_apis(path, recs, blobs, check_records(path, recs, blobs))
     complete = bool(recs.size) and int(recs["type"][-1]) == Ev.END
     return Trace(
         path, int(h["pid"]), Mode(int(h["mode"])), int(h["start_unix_ns"]), recs, blobs, apis,

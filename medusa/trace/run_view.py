@@ -5,18 +5,17 @@ online restore both use."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from medusa.trace import Ev, Trace, TraceError
 from medusa.trace import records as R
 from medusa.trace.captures import captures
+from medusa.trace.memory import DEVICE, HOST, NEVER, Vmm, memory
 
-DEVICE, HOST, GLOBAL, VMM = 0, 1, 2, 3
+__all__ = ["DEVICE", "GLOBAL", "HOST", "KIND_NAMES", "NEVER", "VMM", "Alloc", "Func", "RunView"]
+
+GLOBAL, VMM = 2, 3  # after DEVICE and HOST (medusa.trace.memory)
 KIND_NAMES = ("device", "host-mapped", "module global", "vmm")
-NEVER = np.iinfo(np.int64).max
 
 
 @dataclass
@@ -94,43 +93,16 @@ class RunView:
         )
 
 
-Vmm = tuple[str, int, int, int, int, int]  # phase, ordinal, address, size, seq, free seq
-
-
 def _memory(trace: Trace) -> tuple[list[Alloc], list[tuple[str, int]], list[Vmm]]:
     """The allocations (each numbered within its phase), the order they were made and freed in,
     and the VMM reservations, of a recording."""
-    allocs: list[Alloc] = []
-    events: list[tuple[str, int]] = []
-    by_seq: dict[int, int] = {}
-    phase, ordinals = "start", defaultdict[str, int](int)
-    vmm: list[Vmm] = []
-    vmm_ordinals: dict[str, int] = defaultdict(int)
-    kinds = (Ev.MARK, Ev.ALLOC, Ev.FREE, Ev.HOST_ALLOC, Ev.HOST_REGISTER, Ev.HOST_FREE,
-             Ev.VMM_RESERVE, Ev.VMM_FREE)  # fmt: skip
-    for e in trace.events(*kinds):
-        if isinstance(e, R.Mark):
-            phase = e.phase
-        elif isinstance(e, R.VmmReserve) and e.result == 0:
-            vmm.append((phase, vmm_ordinals[phase], e.addr, e.size, e.seq, NEVER))
-            vmm_ordinals[phase] += 1
-        elif isinstance(e, R.VmmFree) and e.result == 0:
-            for j, m in enumerate(vmm):
-                if m[2] == e.addr and m[5] == NEVER:
-                    vmm[j] = (*m[:5], e.seq)
-        elif isinstance(e, R.Alloc | R.HostAlloc | R.HostRegister) and e.result == 0:
-            kind = DEVICE if isinstance(e, R.Alloc) else HOST
-            addr = e.addr if isinstance(e, R.Alloc) else (e.device or e.host)
-            a = Alloc(len(allocs), phase, ordinals[phase], kind, e.size, e.api, addr, e.seq)
-            ordinals[phase] += 1
-            by_seq[e.seq] = a.index
-            allocs.append(a)
-            events.append(("a", a.index))
-        elif isinstance(e, R.Free | R.HostFree) and e.alloc_seq in by_seq:
-            i = by_seq[e.alloc_seq]
-            allocs[i].free_seq = e.seq
-            events.append(("f", i))
-    return allocs, events, vmm
+    m = memory(trace)
+    names = {a: trace.api_name(a) for a in set(m.api)}
+    allocs = list(
+        map(Alloc, range(len(m)), m.names(), m.ordinal, m.kind, m.size,
+            map(names.__getitem__, m.api), m.addr, m.seq, m.free_seq)
+    )  # fmt: skip
+    return allocs, m.events, m.vmm
 
 
 def _funcs(trace: Trace, loads: dict[int, str]) -> dict[int, Func]:

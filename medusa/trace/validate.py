@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,12 +54,20 @@ def _field(name: str) -> int:
     return HEADER_DTYPE.fields[name][1]  # type: ignore[index]
 
 
-def check_header(path: Path, raw: bytes) -> np.void:
+# HEADER_DTYPE's fields (its reserved bytes aside), read without numpy: a restore reads a trace
+# in a fresh process, where a numpy call's first time is what it costs.
+_HEADER = struct.Struct("<8sIIIIQII24x")
+_HEADER_FIELDS = ("magic", "version", "header_size", "record_size", "pid", "start_unix_ns",
+                  "mode", "minor")  # fmt: skip
+assert _HEADER.size == HEADER_SIZE and HEADER_DTYPE.names[:-1] == _HEADER_FIELDS  # type: ignore[index]
+
+
+def check_header(path: Path, raw: bytes) -> dict[str, Any]:
     if len(raw) < HEADER_SIZE:
         raise TraceError(
             f"{path}: ends at offset {len(raw)}, inside the {HEADER_SIZE}-byte trace header"
         )
-    h = np.frombuffer(raw[:HEADER_SIZE], HEADER_DTYPE)[0]
+    h = dict(zip(_HEADER_FIELDS, _HEADER.unpack_from(raw), strict=True))
     if bytes(h["magic"]) != MAGIC:
         raise TraceError(
             f"{path}: not a Medusa trace (offset 0 holds {raw[:8]!r}, expected {MAGIC!r}); "
@@ -86,27 +96,37 @@ def _at(i: int) -> str:
     return f"record {i} at offset {HEADER_SIZE + i * RECORD_SIZE}"
 
 
-def check_records(path: Path, recs: np.ndarray, blobs: bytes) -> None:
+# NOTE: plain ints, not Ev members: an enum member costs a lookup each time it is named, and these
+# checks run on every restore.
+EV_MIN, EV_MAX = min(map(int, Ev)), max(map(int, Ev))
+FUNC, LOAD, APIS, CONTENT, ACCESS = map(int, (Ev.FUNC, Ev.LOAD, Ev.APIS, Ev.CONTENT, Ev.ACCESS))
+
+
+def check_records(path: Path, recs: np.ndarray, blobs: bytes) -> np.ndarray:
+    """Checks every record; returns each one's blob length (blob_lengths)."""
     if not recs.size:
-        return
+        return np.zeros(0, np.int64)
     types = recs["type"]
-    bad = np.flatnonzero((types < min(Ev)) | (types > max(Ev)))
-    if bad.size:
-        i = int(bad[0])
+    present = np.bincount(types, minlength=EV_MAX + 1)  # how many records of each type
+    if len(present) > EV_MAX + 1 or any(present[:EV_MIN].tolist()):
+        i = int(np.flatnonzero((types < EV_MIN) | (types > EV_MAX))[0])
         raise TraceError(
             f"{path}: {_at(i)} has unknown type {int(types[i])}; the file is corrupt or from a "
             "newer medusa"
         )
     seqs = recs["seq"]
-    if seqs.size > 1 and not bool(np.all(seqs[1:] > seqs[:-1])):
+    if seqs.size > 1 and not (seqs[1:] > seqs[:-1]).all():
         i = int(np.flatnonzero(seqs[1:] <= seqs[:-1])[0]) + 1
         raise TraceError(
             f"{path}: {_at(i)} is out of sequence; two processes wrote one file "
             "(put %p in MEDUSA_TRACE)"
         )
     lens = _check_blob_refs(path, recs, blobs)
-    _check_counts(path, recs, lens)
-    _check_load_options(path, recs, blobs, lens)
+    if present[FUNC] or present[CONTENT] or present[ACCESS]:
+        _check_counts(path, recs, lens)
+    if present[LOAD]:
+        _check_load_options(path, recs, blobs, lens)
+    return lens
 
 
 def _check_blob_refs(path: Path, recs: np.ndarray, blobs: bytes) -> np.ndarray:
@@ -150,12 +170,12 @@ def _check_counts(path: Path, recs: np.ndarray, lens: np.ndarray) -> None:
     """Counts and sizes in the words that say how to cut a blob must fit the blob."""
     types, u = recs["type"], recs["u"]
     # FUNC: u[3] (offset, size) pairs of 8 bytes, then the name.
-    bad = (types == Ev.FUNC) & (u[:, 3] > (lens // 8).astype(np.uint64))
+    bad = (types == FUNC) & (u[:, 3] > (lens // 8).astype(np.uint64))
     # CONTENT: the bytes of an allocation of u[1] bytes, when it was read (result 0).
     ok = recs["result"] == 0
-    bad |= (types == Ev.CONTENT) & ok & (u[:, 1] != lens.astype(np.uint64))
+    bad |= (types == CONTENT) & ok & (u[:, 1] != lens.astype(np.uint64))
     # ACCESS: u[2] extents of 24 bytes.
-    bad |= (types == Ev.ACCESS) & (u[:, 2] * np.uint64(24) != lens.astype(np.uint64))
+    bad |= (types == ACCESS) & (u[:, 2] * np.uint64(24) != lens.astype(np.uint64))
     i = int(np.argmax(bad)) if bad.any() else -1
     if i >= 0:
         word = {Ev.FUNC: 3, Ev.ACCESS: 2}.get(Ev(int(types[i])), 1)
@@ -167,7 +187,7 @@ def _check_counts(path: Path, recs: np.ndarray, lens: np.ndarray) -> None:
 
 def _check_load_options(path: Path, recs: np.ndarray, blobs: bytes, lens: np.ndarray) -> None:
     """LOAD: u32 jit and library option counts, then 16 bytes per option, then the file name."""
-    rows = np.flatnonzero((recs["type"] == Ev.LOAD) & (lens >= 8))
+    rows = np.flatnonzero((recs["type"] == LOAD) & (lens >= 8))
     if not rows.size:
         return
     words = np.frombuffer(blobs, "<u4", count=len(blobs) // 4)
@@ -183,7 +203,7 @@ def _check_load_options(path: Path, recs: np.ndarray, blobs: bytes, lens: np.nda
 
 
 def decode_apis(path: Path, recs: np.ndarray, blobs: bytes, lens: np.ndarray) -> tuple[str, ...]:
-    at = np.flatnonzero(recs["type"] == Ev.APIS)
+    at = np.flatnonzero(recs["type"] == APIS)
     if not at.size:
         return ()
     i = int(at[0])

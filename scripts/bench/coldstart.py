@@ -3,10 +3,11 @@ side by side in one run: seconds per start-up stage, the ratios the targets name
 per 1000 nodes, analysis time, artifact size, and time to first token after process start.
 
 Targets (issue 5): KV sizing >= 20x faster; graph stage >= 20x faster; start-up excluding weight
-load >= 5x faster; restore cost of our own code <= 5 ms per 1000 nodes; analysis of 35 graphs
-in under 10 s. Issue 17: with the weight store, time to first token >= 10x faster at the default
-batch sizes and >= 20x at 35 graphs. before_engine is the interpreter's start and the imports;
-first_step the first token's prefill once the engine is ready.
+load >= 5x faster; restore cost of our own code <= 5 ms per 1000 nodes (issue 35: <= 1 ms, the
+median of the restored starts); analysis of 35 graphs in under 10 s. Issue 17: with the weight
+store, time to first token >= 10x faster at the default batch sizes and >= 20x at 35 graphs.
+before_engine is the interpreter's start and the imports; first_step the first token's prefill
+once the engine is ready.
 Issue 35: beside the restored start, the floor it cannot go below, measured in the same run: a
 bare interpreter doing exactly the imports a worker needs (IMPORTS), a plain cudaMemcpy of the
 weight store's bytes into fresh device memory (COPY), and one step of the same batch on a
@@ -189,8 +190,7 @@ def main() -> None:
         return t["weights_load"] + t.get("weights_wait", 0.0)
 
     ex = (b["total"] - weights(b)) / (r["total"] - weights(r))
-    rs = restored["restore"] or {}
-    own = sum(rs.values()) * 1000 / nodes * 1000 if rs else float("nan")
+    rs, own, owns = restore_cost([r for r, _ in runs[1]], nodes)
     print(f"KV sizing: {kv:.0f}x faster (target >= 20x)")
     print(f"graph stage ({graphs} graphs, {nodes} nodes): {gr:.1f}x faster (target >= 20x)")
     print(
@@ -205,7 +205,8 @@ def main() -> None:
             f"waited {r.get('weights_wait', 0.0):.3f} s"
         )
     print(
-        f"restore cost of our code: {own:.2f} ms per 1000 nodes (target <= 5); "
+        f"restore cost of our code: {own:.2f} ms per 1000 nodes (target <= 1; the median of "
+        f"the restored starts' {', '.join(f'{x:.2f}' for x in owns)}); "
         + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in rs.items())
     )
     ana = manifest["materialize_seconds"]["analyze"]
@@ -239,6 +240,18 @@ def main() -> None:
         + ", ".join(f"{t:.2f}" for _, t in sorted(runs[1], key=lambda r: r[1]))
         + " s"
     )
+
+
+def restore_cost(restored: list[dict], nodes: int) -> tuple[dict, float, list[float]]:
+    """The restorer's own timings (Restorer.last_timings) of the start whose sum is the median,
+    that sum per 1000 nodes in ms, and every start's, sorted: one start's restore is a few ms, so
+    a single one is at the mercy of the machine's other load."""
+    timed = sorted(((sum(t.values()) * 1e6 / nodes, t) for r in restored if (t := r["restore"])),
+                   key=lambda x: x[0])  # fmt: skip
+    if not timed:
+        return {}, float("nan"), []
+    own, rs = timed[len(timed) // 2]
+    return rs, own, [x for x, _ in timed]
 
 
 def print_floor(

@@ -178,6 +178,7 @@ def test_the_real_plan_is_accepted_and_builds(plan, tmp_path):
     validate_plan(plan, "general")
     (out,) = build_in_subprocess([plan], tmp_path)
     assert all(code == 0 for code, _ in out["graphs"]) and all(out["contents"])
+    assert out["plan_build"] == [0, "", len(plan["graphs"])]
 
 
 @pytest.mark.parametrize("name", list(CRAFTED))
@@ -195,6 +196,9 @@ def test_the_C_builder_refuses_crafted_plans_without_the_validator(plan, tmp_pat
             "contents" for ok in out["contents"] if not ok
         ]
         assert failed, f"{name}: the C builder accepted it"
+        if any(code for code, _ in out["graphs"]):  # all graphs in one call: refused the same
+            code, err, built = out["plan_build"]
+            assert code and err and built < len(out["graphs"]), f"{name}: mr_build_plan accepted it"
 
 
 VALUES = [0, 1, 7, 8, 255, 1 << 16, (1 << 31) - 1, 1 << 31, (1 << 32) - 8, (1 << 32) - 1,

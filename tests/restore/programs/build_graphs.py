@@ -6,7 +6,8 @@ process of its own so that a crash shows as a signal, not as a dead test runner.
 PLANS holds a list of plans of the general program's artifact (its kernels are simcuda's test
 kernels). Each allocation, module global and VMM reservation a plan declares gets a fresh device
 allocation of its recorded size; saved contents are relocated (not written); graphs are built,
-instantiated and uploaded (not launched). Prints one JSON line per plan: its C return codes."""
+instantiated and uploaded (not launched), one call per graph, then all in one call
+(mr_build_plan). Prints one JSON line per plan: its C return codes."""
 
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ def build(plan: dict) -> dict:
         edges, attrs = np.frombuffer(t["edges"], EDGE), np.frombuffer(g["attrs"], ATTR)
         code, err, _ = builder.build(nodes, params, relocs, edges, attrs, funcs, layout, 0)
         out["graphs"].append([code, err])
+    code, err, execs, _ = builder.build_plan(plan, funcs, layout, 0)
+    out["plan_build"] = [code, err, len(execs)]  # all graphs in one call, as a restore does
     for a in bases[0]:
         b.free(int(a))
     return out
