@@ -8,6 +8,7 @@ normal start does; the gateway logs why it has no checked copy and serves on."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -47,7 +48,8 @@ def test_a_device_store_cut_short_while_a_worker_loads_it_falls_back(
     finally:
         log = w.stop()
     assert "weight store not used, loading the model file" in log
-    assert f"{store}: chunk 1 of 3 could not be read" in log
+    # chunks 1 and 2 are both cut: the copy's two threads (one per core) may meet either first
+    assert re.search(rf"{re.escape(str(store))}: chunk [12] of 3 could not be read", log), log
 
 
 def test_a_host_store_cut_short_while_the_gateway_copies_it_leaves_the_gateway_up(
