@@ -55,7 +55,7 @@ def group(n: int, cfg: dict, artifact: str, work: Path) -> tuple[float, list[dic
     t0 = time.time()
     procs = [
         subprocess.Popen([sys.executable, "-c", RANK], env={**env, SIM_DEVICE: str(r)},
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
         for r in range(n)
     ]  # fmt: skip
@@ -64,14 +64,14 @@ def group(n: int, cfg: dict, artifact: str, work: Path) -> tuple[float, list[dic
         assert p.stdin is not None
         p.stdin.write(json.dumps({**msg, "rank": r}) + "\n")
         p.stdin.close()
-    outs = [(p.stdout.read(), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
-    for p in procs:
-        p.wait(timeout=900)
-    for r, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
-        if p.returncode:
+    # NOTE: stderr joined to stdout: one pipe per rank, so no rank waits on a second pipe of its
+    # own that this is not reading (its output is a few lines; the report is its last JSON line)
+    outs = [p.stdout.read() for p in procs]  # type: ignore[union-attr]
+    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        if p.wait(timeout=900):
             sys.exit(f"rank {r} of a {'restored' if artifact else 'normal'} start failed:\n"
-                     f"{err[-3000:]}")  # fmt: skip
-    reports = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+                     f"{out[-3000:]}")  # fmt: skip
+    reports = [json.loads([x for x in o.splitlines() if x.startswith("{")][-1]) for o in outs]
     return reports[0]["first_token_unix"] - t0, reports
 
 
