@@ -13,8 +13,8 @@ def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
 
 def default_prefill_sizes(most: int) -> tuple[int, ...]:
     """Prefill token buckets: powers of two from 64 below `most` (the tokens a prefill step
-    holds at most), and `most` (a step pads its tokens to the next bucket: at most twice the
-    tokens run, or 64)."""
+    holds at most), and `most`. A step pads its tokens to the next bucket where that at most
+    doubles them; a shorter step runs eagerly (PrefillGraphs.bucket)."""
     sizes, t = [], 64
     while t < most:
         sizes.append(t)
@@ -56,9 +56,10 @@ class EngineConfig:
         default=None,
         metadata={
             "help": "Token counts to capture prefill graphs for, comma-separated: a prefill or "
-            "chunked-prefill step pads its tokens to the next one and replays its graph; '' for "
-            "none (eager prefill). Default: powers of two from 64 below max_num_batched_tokens, "
-            "and max_num_batched_tokens.",
+            "chunked-prefill step pads its tokens to the next one and replays its graph, if "
+            "that at most doubles them (a shorter step runs eagerly); '' for none (eager "
+            "prefill). Default: powers of two from 64 below max_num_batched_tokens, and "
+            "max_num_batched_tokens.",
             "empty": True,
         },
     )

@@ -76,6 +76,7 @@ class LLMEngine:
         self.timings = s.timings  # NOTE: the same dict: a store's load may settle while serving
         self.kv_profile, self.restorer = s.kv_profile, s.restorer
         self.kv_size = s.kv_size  # the block count and how it came about (medusa.engine.kv_size)
+        self.prefill_steps = self.runner.prefill.steps  # {"graph": n, "eager": n}: the same dict
         self.restored, self.restore_error, self.restore_methods = (
             s.restored, s.restore_error, s.restore_methods)  # fmt: skip
         if self.runner.kv_cache is None:

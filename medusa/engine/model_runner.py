@@ -210,6 +210,7 @@ class ModelRunner:
                 [s.num_computed for s in seqs],
             )
             tokens = self.prefill.bucket(batch.num_tokens, batch.num_seqs)
+            self.prefill.count(tokens)
             if tokens is not None:
                 return self.prefill.replay(batch, tokens)
             return self.run_batch(batch, self.kv, self.ws["tokens"])[: len(seqs)]

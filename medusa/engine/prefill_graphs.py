@@ -66,13 +66,20 @@ class PrefillGraphs:
         self.runner = runner
         self.graphs: dict[int, int] = {}  # tokens -> graph exec
         self.out: dict[int, Buffer] = {}
+        self.steps = {"graph": 0, "eager": 0}  # prefill steps by how they ran (GET /metrics)
 
     def bucket(self, num_tokens: int, num_seqs: int) -> int | None:
-        """The smallest bucket a step of that many tokens fits, if any. None while weights still
-        arrive (serve while loading): the eager step waits for each layer's own weights."""
+        """The smallest bucket a step of that many tokens fits, if it at most doubles them (a
+        padded token costs what a real one does wherever compute, not launches, bounds a step:
+        on a CPU, 1 token padded to 64 took 11x as long as run eagerly). None while weights
+        still arrive (serve while loading): the eager step waits for each layer's own weights."""
         if num_seqs > self.runner.config.max_num_seqs or self.runner.weights.gate is not None:
             return None
-        return next((b for b in sorted(self.graphs) if b >= num_tokens), None)
+        fits = next((b for b in sorted(self.graphs) if b >= num_tokens), None)
+        return fits if fits is not None and fits <= 2 * num_tokens else None
+
+    def count(self, bucket: int | None) -> None:
+        self.steps["eager" if bucket is None else "graph"] += 1
 
     def capture(self, warm: bool) -> list[Buffer]:
         """Captures every bucket, largest first (after the decode graphs: their warm-up loaded

@@ -40,6 +40,8 @@ async def prometheus(request: Request) -> Response:
     engine, metrics = state.engine, state.metrics
     metrics.queue.set(engine.num_pending)
     if engine.engine is not None:
+        for ran, steps in engine.engine.prefill_steps.items():
+            metrics.prefill_steps.labels(ran).set(steps)
         for stage, secs in engine.engine.timings.items():
             metrics.startup.labels(stage).set(secs)
         kv = engine.engine.kv_size

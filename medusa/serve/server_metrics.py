@@ -23,6 +23,11 @@ class ServerMetrics:
             registry=r,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         )
+        # graph: a prefill graph replayed; eager: launched kernel by kernel (no graphs, no bucket
+        # within twice the step's tokens, or the weights still arriving)
+        self.prefill_steps = Gauge(
+            "medusa_prefill_steps", "prefill steps run, by how they ran", ["ran"], registry=r
+        )
         self.queue = Gauge("medusa_queue_length", "requests waiting or running", registry=r)
         self.startup = Gauge(
             "medusa_startup_seconds", "engine start-up seconds by stage", ["stage"], registry=r

@@ -26,23 +26,37 @@ def source(request, tmp_path_factory):
     return open_model(path)
 
 
-def completions(source, **settings) -> tuple[list[list[int]], list[int]]:
-    """The greedy completions of LENGTHS' prompts, and the prefill graphs' buckets."""
+def completions(source, **settings) -> tuple[list[list[int]], list[int], dict[str, int]]:
+    """The greedy completions of LENGTHS' prompts, the prefill graphs' buckets, and the prefill
+    steps by how they ran."""
     rng = np.random.default_rng(1)
     prompts = [[int(x) for x in rng.integers(1, 250, n)] for n in LENGTHS]
     with LLMEngine(EngineConfig(**{**CONFIG, **settings}), source=source) as e:
         seqs = [e.add_request(p, SamplingParams(max_tokens=8)) for p in prompts]
         while e.has_unfinished():
             e.step()
-        return [s.completion_ids for s in seqs], sorted(e.runner.prefill.graphs)
+        return [s.completion_ids for s in seqs], sorted(e.runner.prefill.graphs), e.prefill_steps
 
 
 def test_prefill_graphs_sample_what_eager_prefill_samples(source):
-    eager, none = completions(source, prefill_graph_sizes=())
-    graphs, buckets = completions(source, prefill_graph_sizes=(16, 32, 64))
-    assert none == [] and buckets == [16, 32, 64]
+    eager, none, _ = completions(source, prefill_graph_sizes=())
+    graphs, buckets, steps = completions(source, prefill_graph_sizes=(16, 32, 64))
+    assert none == [] and buckets == [16, 32, 64] and steps["graph"] >= 4
     assert graphs == eager
     assert completions(source)[1] == [64]  # the default: max_num_batched_tokens, here
+
+
+def test_a_step_replays_a_bucket_only_where_padding_at_most_doubles_its_tokens(source):
+    """Buckets 16 and 64: 8 tokens pad to 16, 20 would pad to 64 (3.2x) and run eagerly."""
+    ran = []
+    with LLMEngine(EngineConfig(**CONFIG, prefill_graph_sizes=(16, 64)), source=source) as e:
+        for n in (1, 8, 9, 16, 20, 31, 32, 64):
+            before = dict(e.prefill_steps)
+            e.add_request(list(range(10, 10 + n)), SamplingParams(max_tokens=1))
+            while e.has_unfinished():
+                e.step()
+            ran.append(next(k for k in before if e.prefill_steps[k] != before[k]))
+    assert ran == ["eager", "graph", "graph", "graph", "eager", "eager", "graph", "graph"]
 
 
 def test_a_probe_of_each_bucket_replays_as_eager_execution_runs(source):

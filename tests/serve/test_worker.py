@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -149,6 +150,28 @@ def test_models_health_and_metrics(client, server):
     assert 'medusa_startup_seconds{stage="kv_profile"}' in text
     assert 'medusa_kv_cache_blocks{source="profiled"}' in text
     assert "medusa_ttft_seconds_count" in text and "medusa_queue_length" in text
+
+
+def _prefill_steps(server: str) -> dict[str, float]:
+    found = re.findall(
+        r'^medusa_prefill_steps\{ran="(\w+)"\} (\S+)$', httpx.get(f"{server}/metrics").text, re.M
+    )
+    return {ran: float(n) for ran, n in found}
+
+
+@pytest.mark.e2e
+def test_a_short_prompt_prefills_eagerly_a_longer_one_by_its_graph(client, server):
+    """Prefill graphs here are for 64, 128 and 256 tokens: a 2-token prompt padded to 64 would
+    cost 32 prompts' compute on a CPU, so it runs eagerly; 40 tokens replay the 64 graph."""
+    before = _prefill_steps(server)
+    client.completions.create(model="smollm2", prompt=[100, 101], max_tokens=1)
+    after_short = _prefill_steps(server)
+    assert after_short["eager"] == before.get("eager", 0) + 1
+    assert after_short["graph"] == before.get("graph", 0)
+    client.completions.create(model="smollm2", prompt=list(range(100, 140)), max_tokens=1)
+    after_long = _prefill_steps(server)
+    assert after_long["graph"] == after_short["graph"] + 1
+    assert after_long["eager"] == after_short["eager"]
 
 
 def _post(server: str, route: str, raw: bytes) -> httpx.Response:
