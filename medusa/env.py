@@ -169,6 +169,13 @@ STORE_CHECKED = EnvVar(
     "in-memory copy of the weight store that it checked in full: the worker maps that copy "
     "(/proc/<parent>/fd/N) and does not hash it again (the gateway sets it)",
 )
+POOL_STORES_CHECKED = EnvVar(
+    "MEDUSA_POOL_STORES_CHECKED",
+    "",
+    "medusa run --pool: the gateway's checked copies of its resident models' weight stores, as "
+    'JSON {"artifact directory": descriptor number}: the pooled worker maps the copy of each '
+    "--prepare-artifact it names at warm-up, its pages read in (the gateway sets it)",
+)
 HOLD_WEIGHTS = EnvVar(
     "MEDUSA_HOLD_WEIGHTS",
     "",
@@ -207,6 +214,7 @@ ALL: tuple[EnvVar, ...] = (
     WORKER_TOKEN,
     WEAVING_DIR,
     STORE_CHECKED,
+    POOL_STORES_CHECKED,
     HOLD_WEIGHTS,
     PARENT_PID,
     ARTIFACT,

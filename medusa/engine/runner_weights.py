@@ -50,6 +50,7 @@ class RunnerWeights:
             if not store.sealed:
                 raise ValueError(f"{store.path}: weights='host' maps a sealed copy of a store")
             base = self.dev.host_register(store.address, store.nbytes, read_only=True)
+            store.prefault()  # NOTE: the first step's pages, mapped while the start goes on
             self._registered = store.address
             data = base + store.header.data_offset
             offsets = {t.name: data + t.offset for t in store.header.tensors if len(t.shape) == 2}

@@ -86,7 +86,10 @@ class WeightStartUp:
     def _in_memory(self, store: WeightStore) -> WeightStore:
         """The gateway's checked copy of `store` (MEDUSA_STORE_CHECKED) if it gave one; else,
         for weights="host" (the device reads the store's pages while serving), a sealed copy of
-        this worker's own; else the file, read as it loads."""
+        this worker's own; else the file, read as it loads. A store given as that copy already
+        (a pooled worker's, mapped at warm-up) is taken as it is."""
+        if store.sealed and store.vouched:
+            return store
         if self._store_checked:
             try:
                 copy = open_vouched(int(self._store_checked), store.path, store.header.digest)

@@ -8,6 +8,7 @@ start-up."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from medusa import scratch
+from medusa import env, scratch
 from medusa.engine.config import EngineConfig
 from medusa.serve.api_server import create_app
 from medusa.serve.async_engine import AsyncEngine, StageFn
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
     from medusa.engine.llm_engine import LLMEngine
     from medusa.serve.listeners import Listener
     from medusa.weights import WeightStore
+
+# Seconds after a start before the other models' prepared stores are closed: after its first
+# request, which they would slow (an unmap holds the process's memory map).
+RELEASE_AFTER = 1.0
 
 log = logging.getLogger("medusa.pool")
 
@@ -118,10 +123,11 @@ class PooledServer:
             except (ModelError, OSError, ValueError) as e:
                 # NOTE: not fatal: a start of that model opens it itself and reports the error.
                 log.warning("pooled worker: cannot open %s ahead: %s", model, e)
+        copies = _checked_copies()
         for d in self.prepare_artifacts if self.error is None else []:
             try:
                 where = Path(d).resolve()
-                self.artifacts[str(where)] = PreparedArtifact(where)
+                self.artifacts[str(where)] = PreparedArtifact(where, copies.get(str(where)))
             except Exception as e:  # noqa: BLE001 - its start loads it itself and says why
                 log.warning("pooled worker: cannot prepare the artifact %s: %s", d, e)
         log.info("pooled worker: warm in %.2f s", time.perf_counter() - t0)
@@ -168,6 +174,9 @@ class PooledServer:
         if engine.error:
             return self._failed(engine.error)
         self.inner = app
+        release = threading.Timer(RELEASE_AFTER, self._release)
+        release.daemon = True
+        release.start()
         assert engine.engine is not None
         timings = dict(engine.engine.timings)
         log.info("pooled worker: serving %s, ready in %.3f s", job.served_name, timings["total"])
@@ -187,13 +196,13 @@ class PooledServer:
         source = self.sources.get(str(locate_model(job.model)))
         artifact: str | Artifact | None = job.artifact
         store: WeightStore | None = None
-        prep = self.artifacts.pop(str(Path(job.artifact).resolve()), None) if job.artifact else None
-        for other in self.artifacts.values():  # NOTE: a worker serves one model: unmap the rest
-            other.close()
-        self.artifacts.clear()
+        prep = self.artifacts.get(str(Path(job.artifact).resolve())) if job.artifact else None
+        # NOTE: a worker serves one model: what was prepared for the rest (and a copy of this
+        # one's store it was not given) is closed once it serves (_release), not now: unmapping
+        # a mapped copy of SmolLM2's store took 16-29 ms (2-core VM)
         if prep is not None and job.trust is None and prep.unchanged(Path(job.artifact or "")):
             log.info("pooled worker: %s was checked and its store opened at warm-up", job.artifact)
-            artifact, store = prep.artifact, prep.store
+            artifact, store = prep.artifact, prep.store_for(store_checked)
         return LLMEngine(
             job.config,
             source=source,  # type: ignore[arg-type]
@@ -207,6 +216,12 @@ class PooledServer:
             on_stage=on_stage,
         )
 
+    def _release(self) -> None:
+        """Closes what was prepared and not handed to the start (PreparedArtifact.store_for)."""
+        others, self.artifacts = list(self.artifacts.values()), {}
+        for other in others:
+            other.close()
+
     def _failed(self, reason: str) -> JSONResponse:
         """The reason goes to the gateway and, as the last line, to stderr; then the worker exits
         (its device state after a failed start is not worth trusting)."""
@@ -218,6 +233,22 @@ class PooledServer:
     def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
+
+
+def _checked_copies() -> dict[str, int]:
+    """MEDUSA_POOL_STORES_CHECKED: the gateway's checked store copies by artifact directory."""
+    raw = env.POOL_STORES_CHECKED.get()
+    try:
+        copies = json.loads(raw) if raw else {}
+    except ValueError:
+        copies = None
+    if not isinstance(copies, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in copies.items()
+    ):
+        log.warning("pooled worker: %s=%r is not used: not a JSON object of descriptor numbers",
+                    env.POOL_STORES_CHECKED.name, raw)  # fmt: skip
+        return {}
+    return copies
 
 
 def serve_pooled(

@@ -10,6 +10,7 @@ import json
 import mmap
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ class WeightStore:
         self._data = np.frombuffer(mapping, np.uint8) if mapping is not None else None
         self.tensors = {t.name: t for t in header.tensors}
         self._tokenizer: dict[str, Any] | None = None
+        self._prefault: threading.Thread | None = None
 
     @property
     def model(self) -> dict[str, Any]:
@@ -82,6 +84,23 @@ class WeightStore:
         if self._data is None:
             raise RuntimeError(f"{self.path}: read from its file, not mapped (seal it first)")
         return int(self._data.ctypes.data)
+
+    def prefault(self) -> threading.Thread:
+        """Maps a sealed copy's pages into this process on a background thread (a read of one
+        byte per page; numpy lets go of the GIL), so that the first forward does not fault them
+        in one at a time: a fresh worker reading SmolLM2's 514 MiB of host weights spent about
+        26 ms in page faults on the 2-core VM. Once per store: later calls return the same
+        thread (join it to wait)."""
+        data = self._data
+        if data is None:
+            raise RuntimeError(f"{self.path}: read from its file, not mapped (seal it first)")
+        if self._prefault is None:
+            self._prefault = threading.Thread(
+                target=lambda: int(data[:: mmap.PAGESIZE].sum()), daemon=True,
+                name="weights-prefault",
+            )  # fmt: skip
+            self._prefault.start()
+        return self._prefault
 
     def data(self, start: int, end: int) -> np.ndarray:
         """Bytes [start, end) of a sealed copy's data, a view of its mapping (not checked)."""

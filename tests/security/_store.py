@@ -219,13 +219,15 @@ class Gateway:
     """`medusa gateway` over a catalog of one model, `h`, on two simulated slices."""
 
     def __init__(self, tmp: Path, model: Path, artifact: Path, engine: str,
-                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 env: dict[str, str] | None = None, *, keep_alive: float = 120,
+                 warm_pool: int = 0) -> None:  # fmt: skip
         (tmp / "slices.yaml").write_text(
             "slices:\n  - {name: s0, memory_gb: 8}\n  - {name: s1, memory_gb: 8}\n"
         )
         (tmp / "models.yaml").write_text(
             f"models:\n  h: {{model: {model}, artifact: {artifact}, max_instances: 2, "
-            f"keep_alive: 120, engine: {engine}}}\nslices: slices.yaml\n"
+            f"keep_alive: {keep_alive}, host_keep_alive: 600, engine: {engine}}}\n"
+            f"slices: slices.yaml\nwarm_pool: {warm_pool}\n"
         )
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
@@ -253,6 +255,12 @@ class Gateway:
         r = httpx.post(f"{self.base}/v1/completions", json={"model": "h", **PROMPT}, timeout=180)
         assert r.status_code == 200, r.text
         return str(r.json()["choices"][0]["text"])
+
+    def pooled(self, state: str = "idle") -> list[int]:
+        """Its pooled workers in `state` (idle: warm, waiting for a model)."""
+        return [
+            w["pid"] for w in httpx.get(f"{self.base}/admin/pool").json() if w["state"] == state
+        ]
 
     def workers(self) -> list[int]:
         return [i["pid"] for i in httpx.get(f"{self.base}/admin/instances").json()["h"]]

@@ -80,3 +80,31 @@ def test_a_running_workers_host_store_changed_in_place_changes_nothing_it_serves
         assert _damaged(store)
         assert w.complete() == expected_host
         assert memfd_inode(w.proc.pid) is not None  # it serves its own sealed copy
+
+
+def test_a_pooled_worker_maps_the_gateways_checked_copy_at_warm_up_and_serves_from_it(
+    tiny_model, host_artifact, expected_host, tmp_path
+):
+    """Once the gateway holds a checked copy of h's store, a pooled worker warming up maps it
+    (its pages read in then, not by h's first request) and h's start from the pool uses it."""
+    gw = Gateway(tmp_path, tiny_model, host_artifact, ENGINE, keep_alive=1, warm_pool=1)
+    try:
+        assert gw.complete() == expected_host  # h starts; the gateway copies its store
+        deadline = time.monotonic() + 90
+        copied = False
+        while not (copied and not gw.workers() and (idle := gw.pooled())):
+            assert time.monotonic() < deadline, f"no pooled worker after h scaled down:\n{gw.log()}"
+            copied = copied or gw.metric('medusa_gateway_host_weight_bytes{model="h"}') > 0
+            time.sleep(0.1)
+        # a worker spawned before the copy existed has none: wait for one spawned after it
+        while memfd_inode(idle[0]) is None:
+            assert time.monotonic() < deadline, "no pooled worker mapped the gateway's copy"
+            kill_and_wait(idle[0])
+            while not (idle := gw.pooled()):
+                assert time.monotonic() < deadline, "the pool did not refill"
+                time.sleep(0.1)
+        assert memfd_inode(idle[0]) == memfd_inode(gw.proc.pid)
+        assert gw.complete() == expected_host
+        assert gw.workers() == idle  # h's start took that worker
+    finally:
+        gw.stop()

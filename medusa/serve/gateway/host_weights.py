@@ -12,12 +12,13 @@ is ready makes and checks a copy of its own.)"""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from medusa.env import STORE_CHECKED
+from medusa.env import POOL_STORES_CHECKED, STORE_CHECKED
 from medusa.serve.gateway.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -66,6 +67,14 @@ class HostWeights:
         """`vouched` as a started worker's environment (MEDUSA_STORE_CHECKED)."""
         number = self.vouched(model)
         return {STORE_CHECKED.name: number} if number else {}
+
+    def pool_env(self) -> dict[str, str]:
+        """A pooled worker's environment: the checked copy of each resident model's store, by
+        its artifact (MEDUSA_POOL_STORES_CHECKED), for the worker to map at warm-up."""
+        copies = {
+            str(Path(self.models[m].artifact or "").resolve()): s.fd for m, s in self.stores.items()
+        }
+        return {POOL_STORES_CHECKED.name: json.dumps(copies)} if copies else {}
 
     def need(self, model: str) -> None:
         """A worker of `model` serves: copy and check its store (in the background) unless done."""

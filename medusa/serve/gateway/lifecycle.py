@@ -63,7 +63,7 @@ class WorkerLifecycle:
             prepare,
             self.spawn,
             warm_timeout=startup_timeout,
-            launch=lambda slc, args: self.backend.launch(slc, args, {}),
+            launch=lambda slc, args: self.backend.launch(slc, args, self.host_weights.pool_env()),
             prepare_artifacts=sorted({m.artifact for m in one if m.artifact}),
             busy=lambda: any(i.inflight for i in self.live()),
         )
