@@ -57,6 +57,13 @@ BLAS_THREADS = EnvVar(
     "simcuda: threads of the CPU BLAS behind mblas (0: its own default; a tensor-parallel rank "
     "sets its share of the cores)",
 )
+SIM_THREADS = EnvVar(
+    "MEDUSA_SIM_THREADS",
+    0,
+    "simcuda: host threads a kernel's parts run on (simcudaParallel: HybridGEMM's tiles), the "
+    "kernel's own among them (0: one per CPU this process may use, at most 16; a "
+    "tensor-parallel rank sets its share of the cores)",
+)
 WEIGHT_COPY_THREADS = EnvVar(
     "MEDUSA_WEIGHT_COPY_THREADS",
     0,
@@ -196,6 +203,7 @@ ALL: tuple[EnvVar, ...] = (
     NCCL_TIMEOUT,
     NCCL_SLOT_BYTES,
     BLAS_THREADS,
+    SIM_THREADS,
     WEIGHT_COPY_THREADS,
     SIM_MEMCHECK,
     SIM_VERBOSE,

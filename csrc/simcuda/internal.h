@@ -260,6 +260,17 @@ CUresult sim_run_memcpy(const sim_memcpy_op *op);
 CUresult sim_run_memset(const sim_memset_op *op);
 CUresult sim_check_range(uintptr_t p, size_t n, bool device_only);
 /* accesses.c: MEDUSA_SIM_ACCESSES=1 records the pages each kernel run touches. */
+/* simcudaParallel (parts.c): a part of the running kernel, run with its faults and traps caught
+ * as the kernel's are (launch.c), on any thread; 0, or 1 with *out filled. sim_part_raise, on the
+ * kernel's own thread once every part has ended, makes such a fault the kernel's. */
+typedef struct {
+    uintptr_t addr;
+    int sig, code;
+    char why[256];
+} sim_part_fault;
+int sim_part_run(void (*fn)(void *, int), void *arg, int part, sim_part_fault *out);
+_Noreturn void sim_part_raise(const sim_part_fault *f);
+bool sim_parts_parallel(void); /* inside a kernel no checker watches thread by thread */
 bool sim_acc_begin(void);
 void sim_acc_end(const sim_func *f, bool completed);
 bool sim_acc_fault(uintptr_t addr, const void *uc); /* from the fault handler */

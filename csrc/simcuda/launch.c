@@ -19,6 +19,7 @@ static __thread volatile uintptr_t t_fault_addr;
 static __thread volatile int t_fault_sig, t_fault_code; /* the fault's signal and si_code */
 #define TRAP_SIG (-1)                /* t_fault_sig of a kernel that called simcudaTrap */
 static __thread char t_trap_why[256];
+static __thread bool t_parts_ok; /* the running kernel's parts may run on other threads */
 
 SIMCUDA_EXPORT void simcudaTrap(const char *why) {
     if (!t_in_kernel)
@@ -330,6 +331,8 @@ static CUresult run_kernel(const sim_kernel_op *op) {
         return kernel_fault(f, t_fault_addr, t_fault_sig, t_fault_code);
     }
     t_in_kernel = 1;
+    /* a checker or the slowdown watches this thread alone: parts stay on it */
+    t_parts_ok = !traced && !guard && !g_sim.cfg.racecheck && g_sim.cfg.slowdown <= 1.0;
     f->fn(&ctx, op->params);
     t_in_kernel = 0;
     if (traced)
@@ -337,6 +340,33 @@ static CUresult run_kernel(const sim_kernel_op *op) {
     if (guard)
         ro_guard(false);
     return CUDA_SUCCESS;
+}
+
+bool sim_parts_parallel(void) { return t_in_kernel && t_parts_ok; }
+
+int sim_part_run(void (*fn)(void *, int), void *arg, int part, sim_part_fault *out) {
+    sigjmp_buf saved; /* the kernel's, on its own thread: its part returns here, not past it */
+    memcpy(&saved, &t_jmp, sizeof saved);
+    int was = t_in_kernel, failed = 0;
+    if (sigsetjmp(t_jmp, 1)) {
+        *out = (sim_part_fault){t_fault_addr, t_fault_sig, t_fault_code, {0}};
+        memcpy(out->why, t_trap_why, sizeof out->why);
+        failed = 1;
+    } else {
+        t_in_kernel = 1;
+        fn(arg, part);
+    }
+    t_in_kernel = was;
+    memcpy(&t_jmp, &saved, sizeof saved);
+    return failed;
+}
+
+void sim_part_raise(const sim_part_fault *f) {
+    t_fault_addr = f->addr;
+    t_fault_sig = f->sig;
+    t_fault_code = f->code;
+    memcpy(t_trap_why, f->why, sizeof t_trap_why);
+    siglongjmp(t_jmp, 1);
 }
 
 /* A slower device (MEDUSA_SIM_SLOWDOWN=F): the kernel's thread waits (F - 1) times the CPU time

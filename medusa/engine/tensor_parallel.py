@@ -154,12 +154,14 @@ def unshard_rows(n: int, size: int) -> np.ndarray:
 
 
 def share_cores(ranks: int) -> None:
-    """On simcuda the ranks share the machine's cores: each rank's CPU BLAS (behind mblas) gets
-    its share, unless MEDUSA_BLAS_THREADS says otherwise. Read at the first GEMM, which comes
+    """On simcuda the ranks share the machine's cores: each rank's CPU BLAS (behind mblas) and
+    simcuda's kernel threads get its share, unless MEDUSA_BLAS_THREADS / MEDUSA_SIM_THREADS say
+    otherwise. Read at the first GEMM, which comes
     after the communicator (a group's pools of a thread per core each starved the rank a
     collective waited on: a decode step 7x slower at 2 ranks on 2 cores)."""
     share = max(1, (os.cpu_count() or 1) // ranks)
     os.environ.setdefault(env.BLAS_THREADS.name, str(share))
+    os.environ.setdefault(env.SIM_THREADS.name, str(share))  # simcuda's kernel threads, likewise
 
 
 class TPGroup:

@@ -88,6 +88,13 @@ SIMCUDA_EXPORT int simcudaRegisterModule(const simcuda_module_desc *desc);
 #define SIMCUDA_WRITE 2
 SIMCUDA_EXPORT void simcudaAccess(const void *ptr, size_t bytes, int mode);
 
+/* From inside a kernel: runs fn(arg, i) for every i in [0, parts), on several host threads when
+ * it may (MEDUSA_SIM_THREADS; as a GPU runs a kernel's blocks on many SMs), the calling thread
+ * among them, and returns once all have run. The parts must write disjoint bytes; each may call
+ * simcudaCountRead and simcudaTrap, and a fault or trap in any is the kernel's. Under memcheck,
+ * racecheck, access tracing or the slowdown they run in order on the calling thread. */
+SIMCUDA_EXPORT void simcudaParallel(int parts, void (*fn)(void *arg, int part), void *arg);
+
 /* Kernels call this for each read they make, so traffic by memory class can be measured. */
 SIMCUDA_EXPORT void simcudaCountRead(const void *ptr, size_t bytes);
 

@@ -138,76 +138,121 @@ static void count_tile(const void *base, size_t elem, int ld, int r0, int rows, 
                          (size_t)rows * cols * elem);
 }
 
-static void output_stationary(const struct hg_args *a, size_t e) {
+static size_t elem_size(const struct hg_args *a) { return a->dtype == 0 ? 4 : 2; }
+
+/* Output-stationary part p: output columns [p * BN, +BN) of [0, split), every row tile. */
+static void output_stationary(void *arg, int part) {
+    const struct hg_args *a = arg;
+    size_t e = elem_size(a);
+    int n0 = part * a->bn, bn = min_i(a->bn, a->split - n0);
     float *acc = malloc((size_t)a->bm * a->bn * sizeof *acc);
-    for (int n0 = 0; acc && n0 < a->split; n0 += a->bn)
-        for (int m0 = 0; m0 < a->m; m0 += a->bm) {
-            int bn = min_i(a->bn, a->split - n0), bm = min_i(a->bm, a->m - m0);
-            memset(acc, 0, (size_t)a->bm * a->bn * sizeof *acc);
-            for (int k0 = 0; k0 < a->k; k0 += a->bk) {
-                int bk = min_i(a->bk, a->k - k0);
-                count_tile(a->x, e, a->k, m0, bm, k0, bk);
-                count_tile(a->w, e, a->k, n0, bn, k0, bk);
-                for (int i = 0; i < bm; i++)
-                    for (int j = 0; j < bn; j++)
-                        acc[i * a->bn + j] += dot(a, (size_t)(m0 + i) * a->k + k0,
-                                                  (size_t)(n0 + j) * a->k + k0, bk);
-            }
+    for (int m0 = 0; acc && m0 < a->m; m0 += a->bm) {
+        int bm = min_i(a->bm, a->m - m0);
+        memset(acc, 0, (size_t)a->bm * a->bn * sizeof *acc);
+        for (int k0 = 0; k0 < a->k; k0 += a->bk) {
+            int bk = min_i(a->bk, a->k - k0);
+            count_tile(a->x, e, a->k, m0, bm, k0, bk);
+            count_tile(a->w, e, a->k, n0, bn, k0, bk);
             for (int i = 0; i < bm; i++)
-                memcpy(a->o + (size_t)(m0 + i) * a->n + n0, acc + (size_t)i * a->bn, (size_t)bn * 4);
+                for (int j = 0; j < bn; j++)
+                    acc[i * a->bn + j] += dot(a, (size_t)(m0 + i) * a->k + k0,
+                                              (size_t)(n0 + j) * a->k + k0, bk);
         }
+        for (int i = 0; i < bm; i++)
+            memcpy(a->o + (size_t)(m0 + i) * a->n + n0, acc + (size_t)i * a->bn, (size_t)bn * 4);
+    }
     free(acc);
 }
 
-static void weight_stationary(const struct hg_args *a, size_t e) {
+/* The bytes weight-stationary part p's tile schedule reads (a W tile once, kept on chip; per row
+ * tile, X and the O that the atomic adds read), counted as that schedule would. */
+static void count_weight_stationary(const struct hg_args *a, int n0, int bn) {
+    size_t e = elem_size(a);
+    for (int k0 = 0; k0 < a->k; k0 += a->wbk) {
+        int bk = min_i(a->wbk, a->k - k0);
+        count_tile(a->w, e, a->k, n0, bn, k0, bk);
+        for (int m0 = 0; m0 < a->m; m0 += a->wbm) {
+            int bm = min_i(a->wbm, a->m - m0);
+            count_tile(a->x, e, a->k, m0, bm, k0, bk);
+            count_tile(a->o, 4, a->n, m0, bm, n0, bn);
+        }
+    }
+}
+
+/* fp32 W where it lies (a CPU's cache is its "chip"): each output's K tiles are summed and added
+ * in K order as the tile schedule adds them, but a group of four W rows is read from start to
+ * end, which the CPU prefetches far better than 128-element pieces of 64 rows. */
+static void weight_stationary_f32(const struct hg_args *a, int n0, int bn) {
+    const float *x = a->x, *w = (const float *)a->w + (size_t)n0 * a->k;
+    for (int i = 0; i < a->m; i++) {
+        float *o = a->o + (size_t)i * a->n + n0;
+        const float *xr = x + (size_t)i * a->k;
+        int j = 0;
+        for (; j + 4 <= bn; j += 4)
+            for (int k0 = 0; k0 < a->k; k0 += a->wbk)
+                dot4_f32(xr + k0, w + (size_t)j * a->k + k0, (size_t)a->k,
+                         min_i(a->wbk, a->k - k0), o + j);
+        for (; j < bn; j++)
+            for (int k0 = 0; k0 < a->k; k0 += a->wbk)
+                o[j] += dot_f32(xr + k0, w + (size_t)j * a->k + k0, min_i(a->wbk, a->k - k0));
+    }
+}
+
+/* fp16/bf16 W: each W tile converted once, then swept over the rows. */
+static void weight_stationary_half(const struct hg_args *a, int n0, int bn) {
     float *wt = malloc((size_t)a->wbn * a->wbk * sizeof *wt);
     float *xbuf = malloc((size_t)a->wbk * sizeof *xbuf);
-    if (!wt || !xbuf) {
-        free(wt);
-        free(xbuf);
-        return;
-    }
-    for (int n0 = a->split; n0 < a->n; n0 += a->wbn)
-        for (int k0 = 0; k0 < a->k; k0 += a->wbk) {
-            int bn = min_i(a->wbn, a->n - n0), bk = min_i(a->wbk, a->k - k0);
-            count_tile(a->w, e, a->k, n0, bn, k0, bk); /* the W tile, read once, kept on chip */
-            /* fp32 W is used where it lies (a CPU's cache is its "chip"); others are converted */
-            const float *wbase = a->dtype == 0 ? (const float *)a->w + (size_t)n0 * a->k + k0 : wt;
-            size_t wld = a->dtype == 0 ? (size_t)a->k : (size_t)a->wbk;
-            for (int j = 0; a->dtype != 0 && j < bn; j++)
-                for (int l = 0; l < bk; l++)
-                    wt[j * a->wbk + l] = load(a->w, a->dtype, (size_t)(n0 + j) * a->k + k0 + l);
-            for (int m0 = 0; m0 < a->m; m0 += a->wbm) {
-                int bm = min_i(a->wbm, a->m - m0);
-                count_tile(a->x, e, a->k, m0, bm, k0, bk);
-                count_tile(a->o, 4, a->n, m0, bm, n0, bn); /* the atomic adds read O */
-                for (int i = 0; i < bm; i++) {
-                    const float *xr = row(a, xbuf, (size_t)(m0 + i) * a->k + k0, bk);
-                    float *o = a->o + (size_t)(m0 + i) * a->n + n0;
-                    int j = 0;
-                    for (; j + 4 <= bn; j += 4)
-                        dot4_f32(xr, wbase + (size_t)j * wld, wld, bk, o + j);
-                    for (; j < bn; j++)
-                        o[j] += dot_f32(xr, wbase + (size_t)j * wld, bk);
-                }
-            }
+    for (int k0 = 0; k0 < a->k && wt && xbuf; k0 += a->wbk) {
+        int bk = min_i(a->wbk, a->k - k0);
+        for (int j = 0; j < bn; j++)
+            for (int l = 0; l < bk; l++)
+                wt[j * a->wbk + l] = load(a->w, a->dtype, (size_t)(n0 + j) * a->k + k0 + l);
+        for (int i = 0; i < a->m; i++) {
+            const float *xr = row(a, xbuf, (size_t)i * a->k + k0, bk);
+            float *o = a->o + (size_t)i * a->n + n0;
+            for (int j = 0; j < bn; j++)
+                o[j] += dot_f32(xr, wt + (size_t)j * a->wbk, bk);
         }
+    }
     free(wt);
     free(xbuf);
+}
+
+/* Weight-stationary part p: output columns [split + p * WBN, +WBN). */
+static void weight_stationary(void *arg, int part) {
+    const struct hg_args *a = arg;
+    int n0 = a->split + part * a->wbn, bn = min_i(a->wbn, a->n - n0);
+    count_weight_stationary(a, n0, bn);
+    if (a->dtype == 0)
+        weight_stationary_f32(a, n0, bn);
+    else
+        weight_stationary_half(a, n0, bn);
+}
+
+/* W of at least this many elements is split over simcuda's threads (smaller: the hand-off
+ * would cost more than it saves). */
+enum { PARALLEL_ELEMS = 1 << 16 };
+
+static void run_parts(const struct hg_args *a, int parts, void (*fn)(void *, int)) {
+    if ((size_t)a->n * a->k >= PARALLEL_ELEMS)
+        simcudaParallel(parts, fn, (void *)a);
+    else
+        for (int i = 0; i < parts; i++)
+            fn((void *)a, i);
 }
 
 static void hybrid_gemm(const simcuda_kctx *ctx, const void *p) {
     (void)ctx;
     const struct hg_args *a = p;
-    size_t e = a->dtype == 0 ? 4 : 2;
+    size_t e = elem_size(a);
     simcudaAccess(a->x, (size_t)a->m * a->k * e, SIMCUDA_READ);
     simcudaAccess(a->w, (size_t)a->n * a->k * e, SIMCUDA_READ);
     simcudaAccess(a->o, (size_t)a->m * a->n * 4, /* columns [split, n) accumulate */
                   a->split < a->n ? SIMCUDA_READ | SIMCUDA_WRITE : SIMCUDA_WRITE);
     if (a->split > 0)
-        output_stationary(a, e);
+        run_parts(a, (a->split + a->bn - 1) / a->bn, output_stationary);
     if (a->split < a->n)
-        weight_stationary(a, e);
+        run_parts(a, (a->n - a->split + a->wbn - 1) / a->wbn, weight_stationary);
 }
 
 SIMCUDA_STUB(hybrid_gemm_kernel)

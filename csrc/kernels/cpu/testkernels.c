@@ -1,7 +1,11 @@
 /* Test kernels for simcuda: exported like nvcc output (host stubs dlsym can find). Each one is
  * shaped after a case Medusa must handle: plain pointers, a pointer inside a by-value struct,
  * a device-side array of pointers, a module global, dynamic shared memory. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "simcuda/simcuda.h"
 
@@ -84,6 +88,38 @@ static void noop(const simcuda_kctx *ctx, const void *p) {
     simcudaAccess(NULL, 0, 0); /* touches nothing */
 }
 
+/* simcudaParallel's parts: each adds 1 to out[part]. Part 0 waits (up to 2 s) until another
+ * part has begun, so those run on other threads, and adds 1000 more if none did; part `bad`
+ * faults (mode 1) or traps (mode 2). */
+struct parts_args { int *out; int parts, bad, mode; };
+static _Atomic int g_parts_begun;
+static int *volatile g_nowhere = (int *)(uintptr_t)8; /* no page there */
+static void one_part(void *arg, int part) {
+    const struct parts_args *a = arg;
+    if (part == 0) {
+        struct timespec ts = {0, 1000000};
+        int i = 0;
+        for (; i < 2000 && atomic_load(&g_parts_begun) == 0; i++)
+            nanosleep(&ts, NULL);
+        if (i == 2000)
+            a->out[0] += 1000; /* no other part began: they run after it, on this thread */
+    } else {
+        atomic_fetch_add(&g_parts_begun, 1);
+    }
+    if (part == a->bad && a->mode == 1)
+        *g_nowhere = 1;
+    if (part == a->bad && a->mode == 2)
+        simcudaTrap("part trapped");
+    a->out[part] += 1;
+}
+static void parts(const simcuda_kctx *ctx, const void *p) {
+    (void)ctx;
+    const struct parts_args *a = p;
+    simcudaAccess(a->out, (size_t)a->parts * 4, SIMCUDA_READ | SIMCUDA_WRITE);
+    atomic_store(&g_parts_begun, 0);
+    simcudaParallel(a->parts, one_part, (void *)a);
+}
+
 SIMCUDA_STUB(vector_add)
 SIMCUDA_STUB(scale_inplace)
 SIMCUDA_STUB(axpy_struct)
@@ -91,6 +127,7 @@ SIMCUDA_STUB(gather_ptrs)
 SIMCUDA_STUB(add_global_bias)
 SIMCUDA_STUB(reverse_smem_kernel)
 SIMCUDA_STUB(noop_kernel)
+SIMCUDA_STUB(parts_kernel)
 
 static const simcuda_kernel_desc kernels[] = {
     {"vector_add", "p p p i", vadd, vector_add},
@@ -100,6 +137,7 @@ static const simcuda_kernel_desc kernels[] = {
     {"add_global_bias", "p i", add_bias, add_global_bias},
     {"reverse_smem_kernel", "p i", reverse_smem, reverse_smem_kernel},
     {"noop_kernel", "p i", noop, noop_kernel},
+    {"parts_kernel", "p i i i", parts, parts_kernel},
 };
 
 static const float bias_init = 1.5f;
