@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 # Seconds after a start before the other models' prepared stores are closed: after its first
 # request, which they would slow (an unmap holds the process's memory map).
 RELEASE_AFTER = 1.0
+COPY_CHECK = 1.0
 
 log = logging.getLogger("medusa.pool")
 
@@ -91,6 +92,7 @@ class PooledServer:
         self.engine: AsyncEngine | None = None
         self.server: uvicorn.Server | None = None
         self._assigned = False
+        self._prepared_lock = threading.Lock()  # the artifacts: the copy watch, the assignment
         handlers: dict[Any, Any] = {APIError: api_error}
         app = FastAPI(title="medusa pooled worker", exception_handlers=handlers, **NO_DOCS)
         app.state.pooled = self
@@ -132,6 +134,21 @@ class PooledServer:
                 log.warning("pooled worker: cannot prepare the artifact %s: %s", d, e)
         log.info("pooled worker: warm in %.2f s", time.perf_counter() - t0)
         self.prepared.set()
+        if any(a.copy is not None for a in self.artifacts.values()):
+            threading.Thread(
+                target=self._watch_copies, name="medusa-pool-copies", daemon=True
+            ).start()
+
+    def _watch_copies(self) -> None:
+        """While idle: each mapped copy of a gateway's store is unmapped once the gateway frees
+        it (checked every COPY_CHECK seconds)."""
+        while True:
+            time.sleep(COPY_CHECK)
+            with self._prepared_lock:
+                if self._assigned:
+                    return
+                for prep in self.artifacts.values():
+                    prep.drop_copy_if_freed()
 
     async def assign(self, body: Any) -> JSONResponse:
         """POST /pool/assign {argv: [medusa run arguments], store_checked}: once."""
@@ -196,7 +213,9 @@ class PooledServer:
         source = self.sources.get(str(locate_model(job.model)))
         artifact: str | Artifact | None = job.artifact
         store: WeightStore | None = None
-        prep = self.artifacts.get(str(Path(job.artifact).resolve())) if job.artifact else None
+        with self._prepared_lock:  # NOTE: the copy watch ends (self._assigned is set)
+            key = str(Path(job.artifact).resolve()) if job.artifact else None
+            prep = self.artifacts.get(key) if key else None
         # NOTE: a worker serves one model: what was prepared for the rest (and a copy of this
         # one's store it was not given) is closed once it serves (_release), not now: unmapping
         # a mapped copy of SmolLM2's store took 16-29 ms (2-core VM)

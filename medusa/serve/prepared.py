@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,24 @@ class PreparedArtifact:
                 self.copy.prefault().join()
             except WeightStoreError as e:  # gone, or not this store's: a start maps its own
                 log.info("the gateway's copy of %s is not mapped ahead: %s", self.store.path, e)
+
+    def drop_copy_if_freed(self) -> None:
+        """Closes the mapped copy once the gateway no longer holds it (it frees a copy a model
+        has not used for host_keep_alive): an idle worker's mapping would keep its memory."""
+        if self.copy is None:
+            return
+        try:
+            held, mine = (
+                os.stat(f"/proc/{os.getppid()}/fd/{self.copy_number}"),
+                os.fstat(self.copy.fd),
+            )
+            same = (held.st_dev, held.st_ino) == (mine.st_dev, mine.st_ino)
+        except OSError:
+            same = False
+        if not same:
+            log.info("the gateway freed its copy of %s: unmapped", self.copy.path)
+            self.copy.close()
+            self.copy = None
 
     def store_for(self, checked: str) -> WeightStore | None:
         """The store a start given the gateway's copy `checked` uses, handed over (close() no

@@ -220,13 +220,13 @@ class Gateway:
 
     def __init__(self, tmp: Path, model: Path, artifact: Path, engine: str,
                  env: dict[str, str] | None = None, *, keep_alive: float = 120,
-                 warm_pool: int = 0) -> None:  # fmt: skip
+                 warm_pool: int = 0, host_keep_alive: float = 600) -> None:  # fmt: skip
         (tmp / "slices.yaml").write_text(
             "slices:\n  - {name: s0, memory_gb: 8}\n  - {name: s1, memory_gb: 8}\n"
         )
         (tmp / "models.yaml").write_text(
             f"models:\n  h: {{model: {model}, artifact: {artifact}, max_instances: 2, "
-            f"keep_alive: {keep_alive}, host_keep_alive: 600, engine: {engine}}}\n"
+            f"keep_alive: {keep_alive}, host_keep_alive: {host_keep_alive}, engine: {engine}}}\n"
             f"slices: slices.yaml\nwarm_pool: {warm_pool}\n"
         )
         port = free_port()

@@ -82,6 +82,23 @@ def test_a_running_workers_host_store_changed_in_place_changes_nothing_it_serves
         assert memfd_inode(w.proc.pid) is not None  # it serves its own sealed copy
 
 
+def _pooled_with_the_copy(gw: Gateway, deadline: float) -> int:
+    """An idle pooled worker mapping the gateway's copy of h's store, once h has scaled down. A
+    worker spawned before the copy existed has none: such a one is stopped, and the pool refills."""
+    copied, idle = False, []
+    while not (copied and not gw.workers() and (idle := gw.pooled())):
+        assert time.monotonic() < deadline, f"no pooled worker after h scaled down:\n{gw.log()}"
+        copied = copied or gw.metric('medusa_gateway_host_weight_bytes{model="h"}') > 0
+        time.sleep(0.1)
+    while memfd_inode(idle[0]) is None:
+        assert time.monotonic() < deadline, "no pooled worker mapped the gateway's copy"
+        kill_and_wait(idle[0])
+        while not (idle := gw.pooled()):
+            assert time.monotonic() < deadline, "the pool did not refill"
+            time.sleep(0.1)
+    return idle[0]
+
+
 def test_a_pooled_worker_maps_the_gateways_checked_copy_at_warm_up_and_serves_from_it(
     tiny_model, host_artifact, expected_host, tmp_path
 ):
@@ -90,21 +107,31 @@ def test_a_pooled_worker_maps_the_gateways_checked_copy_at_warm_up_and_serves_fr
     gw = Gateway(tmp_path, tiny_model, host_artifact, ENGINE, keep_alive=1, warm_pool=1)
     try:
         assert gw.complete() == expected_host  # h starts; the gateway copies its store
-        deadline = time.monotonic() + 90
-        copied = False
-        while not (copied and not gw.workers() and (idle := gw.pooled())):
-            assert time.monotonic() < deadline, f"no pooled worker after h scaled down:\n{gw.log()}"
-            copied = copied or gw.metric('medusa_gateway_host_weight_bytes{model="h"}') > 0
-            time.sleep(0.1)
-        # a worker spawned before the copy existed has none: wait for one spawned after it
-        while memfd_inode(idle[0]) is None:
-            assert time.monotonic() < deadline, "no pooled worker mapped the gateway's copy"
-            kill_and_wait(idle[0])
-            while not (idle := gw.pooled()):
-                assert time.monotonic() < deadline, "the pool did not refill"
-                time.sleep(0.1)
-        assert memfd_inode(idle[0]) == memfd_inode(gw.proc.pid)
+        pooled = _pooled_with_the_copy(gw, time.monotonic() + 90)
+        assert memfd_inode(pooled) == memfd_inode(gw.proc.pid)
         assert gw.complete() == expected_host
-        assert gw.workers() == idle  # h's start took that worker
+        assert gw.workers() == [pooled]  # h's start took that worker
+    finally:
+        gw.stop()
+
+
+def test_an_idle_pooled_worker_unmaps_a_copy_the_gateway_frees(
+    tiny_model, host_artifact, expected_host, tmp_path
+):
+    """The gateway frees h's copy host_keep_alive after h's last worker; an idle pooled worker
+    that mapped it lets it go too (else it would hold the copy's memory while it waits)."""
+    gw = Gateway(tmp_path, tiny_model, host_artifact, ENGINE, keep_alive=1, warm_pool=1,
+                 host_keep_alive=8)  # fmt: skip
+    try:
+        assert gw.complete() == expected_host
+        pooled = _pooled_with_the_copy(gw, time.monotonic() + 90)
+        deadline = time.monotonic() + 60
+        while gw.metric('medusa_gateway_host_weight_bytes{model="h"}') > 0:
+            assert time.monotonic() < deadline, "the gateway kept h's copy past host_keep_alive"
+            time.sleep(0.2)
+        while memfd_inode(pooled) is not None:
+            assert time.monotonic() < deadline, "the idle pooled worker kept the freed copy mapped"
+            time.sleep(0.2)
+        assert gw.complete() == expected_host  # and h still starts (from the file: no copy)
     finally:
         gw.stop()
