@@ -47,17 +47,18 @@ print(json.dumps({"bits": hashlib.sha256(got.tobytes()).hexdigest(),
 """
 
 
-def run(threads: int, alpha: float) -> dict:  # type: ignore[type-arg]
-    env = {**os.environ, "MEDUSA_SIM_THREADS": str(threads), "MEDUSA_SIM_RACECHECK": "0"}
+def _answer(script: str, args: list[str], threads: int, racecheck: str = "0") -> dict:  # type: ignore[type-arg]
+    """SCRIPT's last line (JSON), run in a fresh process with that many simcuda threads."""
+    env = {**os.environ, "MEDUSA_SIM_THREADS": str(threads), "MEDUSA_SIM_RACECHECK": racecheck}
     res = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(alpha)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=120
     )
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def run(threads: int, alpha: float) -> dict:  # type: ignore[type-arg]
+    return _answer(SCRIPT, [str(alpha)], threads)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.4, 1.0])
@@ -91,16 +92,7 @@ def parts(bad: int, mode: int, racecheck: str = "0") -> dict:  # type: ignore[ty
     """simcuda_testkernels' parts_kernel on 4 threads: 64 parts, part 0 held until another
     part has begun (so parts run on other threads; 1000 added to its count if none did), part
     `bad` faulting (1) or trapping (2). The suite's default racecheck keeps parts on one thread."""
-    env = {**os.environ, "MEDUSA_SIM_THREADS": "4", "MEDUSA_SIM_RACECHECK": racecheck}
-    res = subprocess.run(
-        [sys.executable, "-c", PARTS, str(bad), str(mode)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return _answer(PARTS, [str(bad), str(mode)], 4, racecheck)
 
 
 def test_every_part_runs_once_and_on_several_threads():
