@@ -13,6 +13,7 @@ import pytest
 from medusa import env
 from medusa.cuda.toolchain import compile_program
 from medusa.serve.gateway.private_dir import shm_dir
+from tests.docs.materialized import Materialized
 from tests.processes import ENGINE_OPTS, clean_env, without_medusa
 
 PROGRAMS = Path(__file__).parent / "cuda" / "programs"
@@ -79,6 +80,13 @@ def engine_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "decode  3, batch sizes [4, 2, 1]" in res.stdout
     assert "prefill 2, tokens [128, 64]" in res.stdout  # the default buckets
     return out
+
+
+@pytest.fixture(scope="session")
+def materialized(tmp_path_factory: pytest.TempPathFactory) -> Materialized:
+    """The `medusa materialize` commands docs pages and tests run word for word, each run once
+    a session (tests/docs/materialized.py)."""
+    return Materialized(tmp_path_factory.mktemp("materialized"))
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from medusa.child import medusa_cli, python_code
+from tests.docs.session import Session
 from tests.processes import GENERAL, materialize_general, without_medusa
 
 # Starts processes (see pyproject.toml's e2e marker): not in the fast subset.
@@ -272,14 +273,17 @@ def test_an_unknown_engine_setting_in_models_yaml_names_it_and_the_known_ones(tm
 
 # --- the artifact decides ----------------------------------------------------------------------
 
+HOST_EXAMPLE = "medusa materialize --weights host --max-num-seqs 4 --out a"
+
 
 @pytest.fixture(scope="module")
-def host_artifact(tmp_path_factory) -> Path:
-    """The issue's example: `medusa materialize --weights host --max-num-seqs 4 --out a`."""
-    out = tmp_path_factory.mktemp("unit") / "a"
-    res = run_medusa("materialize", "--weights", "host", "--max-num-seqs", "4", "--out", str(out))
-    assert res.returncode == 0, res.stderr
-    return out
+def host_artifact(tmp_path_factory, materialized) -> Path:
+    """The issue's example, docs/materialize.md's `medusa materialize --weights host
+    --max-num-seqs 4 --out a`, run as that page runs it (once a session, for both)."""
+    root = tmp_path_factory.mktemp("unit")
+    status, printed = Session(root, [], materialized).execute(HOST_EXAMPLE)
+    assert status == 0, printed
+    return root / "a"
 
 
 @pytest.mark.e2e

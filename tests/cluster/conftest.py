@@ -1,6 +1,8 @@
 """A local Ray cluster (a head without slices; one CPU and a small object store per node), shared
-by the session, and gateways that place their workers on it. Each gateway adds its own nodes (one
-simulated slice each) and removes those left when it stops, so the next starts from the head."""
+by this directory's tests and stopped after them (idle, its processes still take about 3% of a
+core from the rest of the suite), and gateways that place their workers on it. Each gateway
+adds its own nodes (one simulated slice each) and removes those left when it stops, so the next
+starts from the head."""
 
 from __future__ import annotations
 
@@ -95,7 +97,7 @@ def _wait_health(proc: subprocess.Popen[str], base: str) -> None:
     raise AssertionError(f"the gateway did not start:\n{proc.communicate()[0][-4000:]}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     tmp = tmp_path_factory.mktemp("ray")
     rc = RayCluster(None, tmp, tmp / "cache", {})

@@ -9,7 +9,9 @@ Ports: every port a page names (`--port N`, `localhost:N`, and 8000, `medusa run
 is mapped to a free one, in commands and documented output alike, and a `medusa run` that names
 no port is given the mapped 8000. A background command (`… &`) is waited for until its
 documented lines have been printed and, when it names a port, `/health` there answers 200;
-background commands are stopped (SIGTERM, then SIGKILL) when the page is done.
+background commands are stopped (SIGTERM, then SIGKILL) when the page is done. A `medusa
+materialize` that another page (or test) ran word for word before runs once a session
+(tests/docs/materialized.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.docs.examples import REPO, Block, Command, mask, matches
+from tests.docs.materialized import Materialized
 from tests.processes import clean_env
 
 COMMAND_TIMEOUT = 900
@@ -35,8 +38,11 @@ PORTS = re.compile(r"(?:--port\s+|localhost:|127\.0\.0\.1:)(\d{4,5})\b")
 
 
 class Session:
-    def __init__(self, root: Path, blocks: list[Block]) -> None:
+    def __init__(
+        self, root: Path, blocks: list[Block], materialized: Materialized | None = None
+    ) -> None:
         self.root = root
+        self.materialized = materialized
         self.background: list[tuple[subprocess.Popen[bytes], Path]] = []
         bin_dir = root / "bin"
         bin_dir.mkdir()
@@ -77,10 +83,7 @@ class Session:
             if command.background:
                 printed = self._start(line, documented)
             else:
-                res = subprocess.run(["bash", "-c", line], cwd=self.root, env=self.env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     timeout=COMMAND_TIMEOUT)  # fmt: skip
-                printed = res.stdout.decode(errors="replace")
+                _, printed = self.execute(line)
                 if matches(documented, mask(printed)):
                     continue
             if printed is None:
@@ -90,6 +93,18 @@ class Session:
                 + "\n".join(documented) + "\n--- printed (masked)\n" + "\n".join(mask(printed))
             )  # fmt: skip
         return problems
+
+    def execute(self, line: str) -> tuple[int, str]:
+        """Runs a command line to its end: its exit status and what it printed (a `medusa
+        materialize` that ran the same way before is not run again: tests/docs/materialized.py)."""
+
+        def run() -> tuple[int, str]:
+            res = subprocess.run(["bash", "-c", line], cwd=self.root, env=self.env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 timeout=COMMAND_TIMEOUT)  # fmt: skip
+            return res.returncode, res.stdout.decode(errors="replace")
+
+        return self.materialized.run(line, self.root, run) if self.materialized else run()
 
     def _start(self, line: str, documented: list[str]) -> str | None:
         """Starts a background command; None once it is ready, else what it printed."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.docs.examples import REPO, blocks, file_blocks, mask, matches, pages
+from tests.docs.materialized import reusable_out
 from tests.docs.session import Session
 
 ALL = {str(p.relative_to(REPO)): blocks(p) for p in pages()}
@@ -63,10 +64,31 @@ def test_an_ellipsis_stands_for_any_text_and_a_line_of_one_for_any_lines():
     assert matches(["a"], ["a", "b"], prefix=True)
 
 
+def test_a_materialize_is_reused_only_where_it_reads_nothing_a_page_made(tmp_path):
+    (tmp_path / "release.key").write_text("")
+    (tmp_path / "art").mkdir()
+    run = "medusa materialize --weights host --max-num-seqs 4 --out a"
+    assert reusable_out(run, tmp_path) == "a"
+    assert reusable_out("medusa materialize --no-weights --out x/art", tmp_path) == "x/art"
+    for line in (
+        "medusa materialize --sign release.key --out a",  # a file of the scratch directory
+        "medusa materialize --out art",  # already there
+        "medusa materialize /models/m.gguf --out a",
+        "medusa materialize --out /tmp/a",
+        "medusa materialize --command --out a -- python p.py",
+        "medusa materialize --out a; rm -r a",
+        "medusa materialize --out a > log",
+        "medusa materialize --out $HOME/a",
+        "medusa materialize --out",
+        "medusa run --out a",
+    ):
+        assert reusable_out(line, tmp_path) is None, line
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("page", [p for p, bs in RUN.items() if bs])
-def test_the_page_s_examples_print_what_it_says(page, tmp_path):
-    session = Session(tmp_path, RUN[page])
+def test_the_page_s_examples_print_what_it_says(page, tmp_path, materialized):
+    session = Session(tmp_path, RUN[page], materialized)
     problems = []
     try:
         for block in RUN[page]:

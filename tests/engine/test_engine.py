@@ -39,6 +39,20 @@ def engine(source):
 
 
 @pytest.fixture(scope="module")
+def eager(source):
+    """An engine that decodes eagerly: what the graphs' tokens are compared with."""
+    cfg = EngineConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+        enforce_eager=True,
+        kv_cache_memory=64 << 20,
+    )
+    with LLMEngine(cfg, source=source) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
 def reference(source):
     return Reference(source.spec, dict(source.weights()))
 
@@ -70,21 +84,13 @@ def test_greedy_chat_answer_matches_the_reference_token_for_token(engine, refere
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])
-def test_graph_replayed_decode_gives_the_tokens_eager_decode_gives(engine, source, batch):
+def test_graph_replayed_decode_gives_the_tokens_eager_decode_gives(engine, eager, batch):
     prompts = [f"Count from {i} to {i + 5}:" for i in range(batch)]
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     graphed = engine.generate(prompts, params)
     assert engine.runner.graphs, "the engine captured no decode graphs"
-    cfg = EngineConfig(
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        max_model_len=512,
-        enforce_eager=True,
-        kv_cache_memory=64 << 20,
-    )
-    with LLMEngine(cfg, source=source) as eager:
-        assert not eager.runner.graphs
-        assert eager.generate(prompts, params) == graphed
+    assert not eager.runner.graphs
+    assert eager.generate(prompts, params) == graphed
 
 
 def test_seeded_sampling_repeats_and_differs_by_seed(engine):

@@ -60,13 +60,16 @@ def _listening(pid: int) -> int:
     return port
 
 
-def _join(address: str, **env: str) -> str:
-    """What a client gets that tries to join the cluster with `env` (and no ~/.ray token)."""
+def _join(address: str, **env: str) -> tuple[str, str]:
+    """What a client gets that tries to join the cluster with `env` (and no ~/.ray token), and
+    what Ray logged. A client the cluster turns away tries again each second, with the cluster's
+    reason logged each time: 5 tries here, not Ray's 20 (RAY_gcs_server_port_wait_time_s)."""
     base = {k: v for k, v in clean_env().items() if not k.startswith("RAY_")}
     code = JOIN.format(address=address)
-    r = subprocess.run([sys.executable, "-c", code], env={**base, "HOME": "/nonexistent", **env},
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
-    return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
+    env = {**base, "HOME": "/nonexistent", "RAY_gcs_server_port_wait_time_s": "5", **env}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    return (r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]), r.stderr
 
 
 @pytest.fixture
@@ -112,10 +115,12 @@ def test_the_ray_cluster_the_gateway_starts_lets_no_one_in_without_its_token(
         node = inst["address"].rsplit(":", 1)[0]  # the node's address: where Ray listens too
         [gcs] = [pid for pid, c in _descendants(proc.pid) if "gcs_server" in c.split()[0]]
         address = f"{node}:{_listening(gcs)}"
-        assert _join(address).startswith("REFUSED")
-        assert _join(address, RAY_AUTH_MODE="token").startswith("REFUSED")  # no token to give
+        refused, log = _join(address)
+        assert refused.startswith("REFUSED")
+        assert "Authentication token is missing or incorrect" in log, log[-2000:]  # the reason
+        assert _join(address, RAY_AUTH_MODE="token")[0].startswith("REFUSED")  # no token to give
         with_token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-        assert _join(address, **with_token) == f"RAN AS {os.getuid()}"  # what the token opens
+        assert _join(address, **with_token)[0] == f"RAN AS {os.getuid()}"  # what the token opens
         ledgers = [p for pid, _ in _descendants(proc.pid)
                    for p in SHM.glob(f"medusa-shm-{pid}-*/ledger-*")]  # fmt: skip
         assert ledgers and all(
